@@ -1,0 +1,27 @@
+# Two set-up commands (see README.md): `make run` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint bench
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime tests/requirements.txt
+	$(PY) -m pip install -q -r tests/requirements.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	$(PY) app.py
+
+lint: $(VENV)/.test
+	$(PY) -m ruff check .
+
+test: $(VENV)/.test lint
+	$(PY) -m pytest tests
+
+bench: $(VENV)/.runtime
+	$(PY) -m bench.text_memory

@@ -1,0 +1,231 @@
+"""Settings of one run: a single source of truth for defaults, help, ranges and validation.
+
+Every setting is a field of :class:`RunConfig` declared with :func:`option`, which carries its
+default, help text, group, range and choices. CLI ``--set key=value``, preset YAML files and UI
+widgets are all derived from these fields, so a setting is declared once. The keys are flat
+(``lora_rank``, ``max_seq_len``...) because users type them; ``group`` orders them in the UI.
+
+A bad value raises :class:`ConfigError` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BUILTIN_MODEL_DIR = ASSETS / "base-model"
+BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
+                "builtin:finetune": ASSETS / "corpus" / "finetune.txt",
+                "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt"}
+MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or out of range; the message names it."""
+
+
+def option(default: Any, help: str, group: str, *, low: float | None = None,
+           high: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """Declares one setting with its default, help text, UI group, range and choices."""
+    meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunConfig:
+    """All settings of a training run (text now; image settings join with the image engine)."""
+
+    # -- task and model ----------------------------------------------------------------------
+    task: str = option("text", "What to train: a causal language model (text).", "task",
+                       choices=("text",))
+    model: str = option("builtin", "Base model: 'builtin' (bundled 4M-parameter Llama), a Hugging "
+                        "Face id (needs network) or a local directory saved with save_pretrained.",
+                        "task")
+    data: str = option("builtin", "Training data: 'builtin' (bundled fine-tune corpus), or a "
+                       ".txt / .jsonl / .csv file.", "task")
+    eval_fraction: float = option(0.05, "Share of documents held out for eval_loss.", "task",
+                                  low=0.0, high=0.5)
+    # -- the three memory switches -------------------------------------------------------------
+    mode: str = option("optimized", "traditional: pad to max_seq_len, eager attention, fixed "
+                       "batch. optimized: dynamic sizing, SDPA, token budget.", "memory",
+                       choices=("traditional", "optimized"))
+    batching: str = option("auto", "Batch builder; auto picks fixed (traditional) or bucketed "
+                           "(optimized).", "memory", choices=("auto", "fixed", "bucketed", "packed"))
+    attn_backend: str = option("auto", "Attention kernel; auto picks eager (traditional) or "
+                               "sdpa (optimized).", "memory", choices=("auto", "eager", "sdpa"))
+    token_budget: int = option(2048, "Bucketed/packed: at most this many (padded) tokens in one "
+                               "micro-batch; steps above it are split by gradient accumulation.",
+                               "memory", low=16, high=1 << 22)
+    pad_multiple: int = option(64, "Bucketed: pad each batch to its longest sample rounded up to "
+                               "this multiple (tensor-core friendly, fewer shapes).", "memory",
+                               low=1, high=4096)
+    gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
+                                          "about 30% more compute.", "memory")
+    precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
+                            "where bf16 autocast is slower.", "memory",
+                            choices=("auto", "fp32", "bf16", "fp16"))
+    budget_gb: float = option(0.0, "VRAM budget in GB (0 = none). Without a GPU it is a simulated "
+                              "budget enforced by the tracker.", "memory", low=0.0, high=4096.0)
+    # -- training ------------------------------------------------------------------------------
+    max_seq_len: int = option(1024, "Longest sample in tokens; longer documents are truncated.",
+                              "train", low=MIN_SEQ_LEN, high=1 << 20)
+    batch_size: int = option(8, "Samples per optimizer step (the effective batch).", "train",
+                             low=1, high=4096)
+    max_steps: int = option(0, "Stop after this many optimizer steps (0 = run all epochs).",
+                            "train", low=0, high=10_000_000)
+    epochs: int = option(1, "Passes over the training documents.", "train", low=1, high=1000)
+    lr: float = option(1e-3, "Peak learning rate (AdamW), cosine decay after warmup.", "train",
+                       low=1e-7, high=1.0)
+    warmup_steps: int = option(5, "Linear warmup steps.", "train", low=0, high=1_000_000)
+    weight_decay: float = option(0.0, "AdamW weight decay.", "train", low=0.0, high=1.0)
+    seed: int = option(0, "Seed for the data split, data order and LoRA init.", "train",
+                       low=0, high=2**31 - 1)
+    checkpoint_every: int = option(50, "Save a checkpoint every N steps (and always on stop).",
+                                   "train", low=1, high=10_000_000)
+    # -- LoRA ----------------------------------------------------------------------------------
+    lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
+    lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,
+                               high=1e4)
+    lora_dropout: float = option(0.0, "Dropout on the LoRA input.", "lora", low=0.0, high=0.9)
+    lora_targets: str = option("all-linear", "Modules that get LoRA: 'all-linear' or a comma list "
+                               "such as q_proj,v_proj.", "lora")
+
+    # -- derived -------------------------------------------------------------------------------
+    def resolved_batching(self) -> str:
+        """The batch builder this run uses once 'auto' is resolved by the mode."""
+        if self.batching != "auto":
+            return self.batching
+        return "fixed" if self.mode == "traditional" else "bucketed"
+
+    def resolved_attn_backend(self) -> str:
+        """The attention kernel this run uses once 'auto' is resolved by the mode."""
+        if self.attn_backend != "auto":
+            return self.attn_backend
+        return "eager" if self.mode == "traditional" else "sdpa"
+
+    def data_path(self) -> Path:
+        """The data file: a bundled corpus name resolved to its path, or the given path."""
+        return BUILTIN_DATA.get(self.data, Path(self.data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> RunConfig:
+        """Checks every field against its type, range and choices; returns self."""
+        hints = typing.get_type_hints(RunConfig)
+        for f in dataclasses.fields(self):
+            _check_value(f, hints[f.name], getattr(self, f.name))
+        return self
+
+
+def _check_value(f: dataclasses.Field, kind: type, value: Any) -> None:
+    meta = f.metadata
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{f.name}: expected true or false, got {value!r}")
+        return
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            kind is int and not float(value).is_integer()
+        ):
+            raise ConfigError(f"{f.name}: expected {kind.__name__}, got {value!r}")
+        low, high = meta["low"], meta["high"]
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ConfigError(f"{f.name}: {value} is out of range [{low}, {high}]")
+        return
+    if not isinstance(value, str):
+        raise ConfigError(f"{f.name}: expected text, got {value!r}")
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(f"{f.name}: {value!r} is not one of {', '.join(meta['choices'])}")
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+def unknown_key_message(key: str, where: str = "") -> str:
+    """'unknown key' with the closest known key suggested."""
+    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(field_names())}"
+    prefix = f"{where}: " if where else ""
+    return f"{prefix}unknown key '{key}'{hint}"
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Converts a command-line string to the field's type (YAML scalars: 1e-3, true, 8)."""
+    hints = typing.get_type_hints(RunConfig)
+    if key not in hints:
+        raise ConfigError(unknown_key_message(key))
+    kind = hints[key]
+    if kind is str:
+        return text
+    if kind in (int, float):
+        try:  # float() takes '3e-4', which YAML 1.1 would leave as a string
+            number = float(text)
+            return int(number) if kind is int and number.is_integer() and "." not in text else number
+        except ValueError:
+            return text  # validation names the field and the bad value
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], where: str = "") -> RunConfig:
+    """Returns a copy of cfg with overrides applied and validated; unknown keys are refused."""
+    hints = typing.get_type_hints(RunConfig)
+    values = cfg.to_dict()
+    for key, value in overrides.items():
+        if key not in values:
+            raise ConfigError(unknown_key_message(key, where))
+        if hints[key] in (int, float) and isinstance(value, str):
+            value = parse_value(key, value)  # YAML 1.1 reads 3e-4 as text
+        if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        values[key] = value
+    try:
+        return RunConfig(**values).validate()
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}" if where else str(err)) from None
+
+
+def parse_set_args(pairs: list[str]) -> dict[str, Any]:
+    """Parses ['key=value', ...] from --set into typed overrides."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        out[key.strip()] = parse_value(key.strip(), text.strip())
+    return out
+
+
+def load_yaml_overrides(path: str | Path) -> dict[str, Any]:
+    """Reads a preset/config YAML file of flat overrides; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: preset file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def dump_yaml(overrides: dict[str, Any]) -> str:
+    return yaml.safe_dump(overrides, sort_keys=False)
+
+
+def diff_from_defaults(cfg: RunConfig) -> dict[str, Any]:
+    """Only the settings that differ from the defaults (what a preset file holds)."""
+    default = RunConfig().to_dict()
+    return {k: v for k, v in cfg.to_dict().items() if default[k] != v}

@@ -1,0 +1,98 @@
+"""Text base models: resolve 'builtin' / a local directory / a Hugging Face id, load it with the
+requested attention kernel, attach LoRA (peft), and save the adapter in peft format."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig
+
+log = logging.getLogger(__name__)
+HUB_TIMEOUT_S = 5  # how long an online check may take before we call the machine offline
+
+
+class ModelError(ValueError):
+    """The base model cannot be found or loaded; the message says why and what to do."""
+
+
+def resolve_model_source(name: str) -> str:
+    """Returns a local directory or a Hugging Face id that is known to be reachable.
+
+    Raises:
+        ModelError: within seconds when the id is neither cached nor downloadable (offline).
+    """
+    if name == "builtin":
+        return str(BUILTIN_MODEL_DIR)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model: {path} has no config.json (save it with save_pretrained)")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelError(f"model: local directory {name} not found")
+    try:  # cached already? then no network is needed
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return name
+    except (OSError, ValueError):
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(f"model: '{name}' is not in the local cache and HF_HUB_OFFLINE=1 is set; "
+                         "use 'builtin' or a local directory")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelError(f"model: '{name}' is not a Hugging Face model id (not found, or gated)") from None
+    except Exception as err:  # connection refused, DNS failure, timeout
+        raise ModelError(f"model: cannot reach the Hugging Face Hub to download '{name}' "
+                         f"({type(err).__name__}); offline? use 'builtin' or a local directory") from None
+    return name
+
+
+def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token_id is None:  # many causal LMs ship without one; padding is masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def max_positions(source: str) -> int | None:
+    """The model's longest supported sequence (max_position_embeddings or n_positions)."""
+    cfg = AutoConfig.from_pretrained(source)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.float32):
+    """Loads the causal LM with the given attention implementation ('eager' or 'sdpa')."""
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn_backend, dtype=dtype)
+    model.config.use_cache = False  # training: no KV cache
+    return model
+
+
+def attach_lora(model, cfg: RunConfig) -> PeftModel:
+    """Wraps the model with trainable LoRA adapters; base weights are frozen."""
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
+        t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as err:
+        raise ModelError(f"lora_targets: {err}") from None
+
+
+def load_adapter(base_source: str, adapter_dir: str | Path, attn_backend: str = "sdpa") -> PeftModel:
+    """The base model with a saved adapter applied (as a user would load it)."""
+    return PeftModel.from_pretrained(load_base_model(base_source, attn_backend), str(adapter_dir))

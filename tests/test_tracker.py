@@ -1,0 +1,48 @@
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lora_gui.memory.tracker import StorageTracker
+
+
+def test_counts_new_storages_once_and_frees_them():
+    with StorageTracker() as t:
+        a = torch.zeros(1000)  # 4000 bytes
+        view = a.view(10, 100)  # same storage: free
+        b = torch.ones(500, dtype=torch.float64)  # 4000 bytes
+        assert t.live_bytes == 8000
+        del a, view
+        assert t.live_bytes == 4000
+        del b
+        assert t.live_bytes == 0 and t.peak_bytes == 8000
+        t.reset_peak()
+        assert t.peak_bytes == 0
+
+
+def test_tracks_existing_tensors_and_backward():
+    layer = torch.nn.Linear(64, 32)
+    with StorageTracker() as t:
+        t.track(layer.parameters())
+        assert t.live_bytes == (64 * 32 + 32) * 4
+        x = torch.randn(16, 64)
+        layer(x).sum().backward()
+        grads = (64 * 32 + 32) * 4
+        assert t.live_bytes >= (64 * 32 + 32) * 4 + grads
+
+
+def test_works_on_fake_tensors():
+    with FakeTensorMode(), StorageTracker() as t:
+        x = torch.empty(1024, 1024)
+        y = x @ x
+        assert t.live_bytes == 2 * 4 * 2**20
+        del y
+
+
+def test_budget_raises_out_of_memory_and_keeps_count_consistent():
+    with pytest.raises(torch.OutOfMemoryError, match="simulated VRAM budget"):
+        with StorageTracker(budget_bytes=10_000) as t:
+            keep = torch.zeros(1000)  # 4000: fits
+            torch.zeros(2000)  # 8000 more: would pass 10000
+    assert t.live_bytes == 4000
+    del keep
+    assert t.live_bytes == 0
