@@ -16,9 +16,9 @@ from peft import PeftModel
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step
 from lora_gui.engine import checkpoint as ckpt
+from lora_gui.engine.records import read_records
 from lora_gui.engine.rundir import RunDirError
 from lora_gui.engine.text import TrainControl, load_text_data, run_step, train_text
-from lora_gui.engine.records import read_records
 from lora_gui.models import text as text_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +141,8 @@ def test_crash_while_checkpointing_keeps_the_last_good_one(tmp_path, small_corpu
 
 def test_traditional_and_optimized_train_the_same_tokens(tmp_path, small_corpus):
     one_epoch = {"max_steps": 0, "epochs": 1, "pad_multiple": 8}
-    trad = train_text(small_cfg(small_corpus, mode="traditional", **one_epoch), tmp_path / "t", progress=False)
+    trad = train_text(small_cfg(small_corpus, mode="traditional", **one_epoch), tmp_path / "t",
+                      progress=False)
     opt = train_text(small_cfg(small_corpus, **one_epoch), tmp_path / "o", progress=False)
     packed = train_text(small_cfg(small_corpus, batching="packed", **one_epoch), tmp_path / "p",
                         progress=False)

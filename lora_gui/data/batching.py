@@ -139,7 +139,8 @@ def plan_epoch(
     raise ValueError(f"batching: unknown builder {batching!r}; use fixed, bucketed or packed")
 
 
-def collate(samples: Sequence[TokenizedSample], micro_batch: MicroBatch, pad_id: int) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[TokenizedSample], micro_batch: MicroBatch,
+            pad_id: int) -> dict[str, torch.Tensor]:
     """Tensors for one micro-batch: input_ids, labels, and attention_mask or position_ids."""
     rows = [samples[i] for i in micro_batch.indices]
     if micro_batch.packed:

@@ -1,0 +1,106 @@
+"""One background training job at a time, for the UI: start, stop, re-attach, events.
+
+The job runs the same ``train_text`` as the CLI in a worker thread (torch releases the GIL in
+its kernels, so the page stays responsive). The UI only reads: ``snapshot()`` returns the
+records so far; the engine never calls the UI.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lora_gui.config import RunConfig
+from lora_gui.engine.text import TrainControl, train_text
+
+log = logging.getLogger(__name__)
+
+
+class JobBusyError(RuntimeError):
+    """A job is already running; the message names it."""
+
+
+@dataclass
+class Job:
+    """A training run owned by the :class:`JobManager`."""
+
+    name: str
+    out: Path
+    cfg: RunConfig
+    control: TrainControl = field(default_factory=TrainControl)
+    status: str = "starting"  # starting | running | completed | stopped | failed
+    phase: str = "loading"  # loading | training | saving | done
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+    started: float = field(default_factory=time.time)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if not self.records:
+                self.phase = "training"
+                self.status = "running"
+            self.records.append(record)
+
+    def add_event(self, text: str) -> None:
+        with self._lock:
+            self.events.append({"time": time.time(), "event": text})
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        with self._lock:
+            return list(self.records), list(self.events)
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("starting", "running")
+
+
+class JobManager:
+    """Owns at most one running job; a second start is refused with the running job's name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.job: Job | None = None
+
+    def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False) -> Job:
+        with self._lock:
+            if self.job is not None and self.job.running:
+                raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
+                                   "stop it first")
+            job = Job(name=out.name, out=out, cfg=cfg)
+            self.job = job
+        job.control.on_record = job.add_record
+        job.add_event(f"{'resuming' if resume else 'starting'} {job.name}")
+        thread = threading.Thread(target=self._run, args=(job, resume, overwrite), daemon=True,
+                                  name=f"train-{job.name}")
+        thread.start()
+        return job
+
+    def _run(self, job: Job, resume: bool, overwrite: bool) -> None:
+        try:
+            job.summary = train_text(job.cfg, job.out, resume=resume, overwrite=overwrite,
+                                     control=job.control, progress=False)
+            job.status = job.summary["status"]
+            job.add_event(f"{job.status}: adapter saved in {job.summary['adapter']}")
+        except Exception as err:  # the job must never stay "running" after a failure
+            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+            job.add_event(f"failed: {job.error}")
+            log.debug("job %s failed:\n%s", job.name, traceback.format_exc())
+        finally:
+            job.phase = "done"
+
+    def stop(self) -> str:
+        """Asks the running job to checkpoint and stop after the current step."""
+        job = self.job
+        if job is None or not job.running:
+            return "no job is running"
+        job.control.stop.set()
+        job.add_event("stop requested: saving a checkpoint after the current step")
+        return f"stopping {job.name}"

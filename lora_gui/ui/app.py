@@ -1,0 +1,17 @@
+"""The dashboard: composes the tabs. Handlers live in handlers.py, figures in charts.py."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from lora_gui.ui.tabs import train
+
+
+def build_app() -> gr.Blocks:
+    with gr.Blocks(title="lora_gui") as demo:
+        gr.Markdown("# lora_gui — LoRA training that fits\nMemory figures name their source: "
+                    "`tracker` (live tensor bytes, CPU stand-in for the CUDA allocator) or "
+                    "`cuda_allocator`.")
+        with gr.Tab("Train"):
+            train.build()
+    return demo
