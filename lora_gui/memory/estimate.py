@@ -1,0 +1,236 @@
+"""Closed-form peak-memory estimate of a LoRA step, for instant feedback (source: predicted).
+
+In the style of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"): activations are counted per token per layer from what autograd saves,
+but for the step this project really runs (frozen base in ``dtype``, peft LoRA adapters in
+float32, no autocast), not for full fine-tuning. The rules that follow from it (checked
+against :mod:`lora_gui.memory.trace`, exact on the Llama family):
+
+- a frozen ``Linear`` saves no input (its weight gradient is never needed); only the LoRA
+  branch saves its input, cast to float32 (one copy per adapted module when ``dtype`` is not
+  float32; shared when it is), plus the rank-r output of ``lora_A`` (4*r bytes per token);
+- RMSNorm saves its float32 input copy and a float32 rsqrt per token;
+- SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token);
+- SDPA (flash / memory-efficient on CUDA, flash on CPU) saves q, k, v, out and a float32
+  logsumexp: no S x S term. Eager saves the float32 softmax and its ``dtype`` copy
+  (nh * S * (4 + d) bytes per token) and GQA-repeated k/v;
+- gradient checkpointing keeps only each layer's input (h * d bytes per token), and one
+  layer's activations plus its backward transients while that layer is recomputed;
+- logits and loss: 12 bytes per token per vocab entry at the start of backward (float32
+  log-softmax output, its gradient and the upcast logits gradient), for any ``dtype``.
+
+Supported in closed form: decoder configs with ``hidden_size``, ``intermediate_size``,
+``num_attention_heads`` (Llama, Mistral, Qwen2, Gemma, Phi-3 style, gated MLP). Other
+causal LMs (GPT-2, GPT-NeoX, ...) fall back to the Korthikanti full-training count
+(34*h + 5*nh*S bytes per token per layer in 16-bit), which is coarser: use the trace there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
+from lora_gui.memory.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
+
+LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo2", "granite", "cohere"}
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+F32 = 4  # bytes: LoRA weights, optimizer state, softmax, loss
+
+
+def _bytes(dtype: Any) -> int:
+    name = str(dtype).replace("torch.", "")
+    table = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+    if name not in table:
+        raise ValueError(f"dtype must be one of {sorted(table)}, got {dtype!r}")
+    return table[name]
+
+
+def _shapes(cfg: ModelConfig) -> dict[str, int]:
+    h = cfg.hidden_size
+    nh = cfg.num_attention_heads
+    hd = getattr(cfg, "head_dim", None) or h // nh
+    kv = getattr(cfg, "num_key_value_heads", None) or nh
+    return {"h": h, "I": cfg.intermediate_size, "nh": nh, "q": nh * hd, "kv": kv * hd, "hd": hd,
+            "L": cfg.num_hidden_layers, "V": cfg.vocab_size}
+
+
+def _targets(target_modules: Any) -> tuple[str, ...]:
+    if target_modules in ("all-linear", None):
+        return LINEAR_NAMES
+    names = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
+    unknown = [n for n in names if n not in LINEAR_NAMES]
+    if unknown:
+        raise ValueError(f"target_modules {unknown} unknown for this architecture; use {LINEAR_NAMES}")
+    return names
+
+
+def _linear_dims(s: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of one decoder layer."""
+    h, i, q, kv = s["h"], s["I"], s["q"], s["kv"]
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def _param_bytes(cfg: ModelConfig, s: dict[str, int], d: int, targets: tuple[str, ...],
+                 r: int) -> dict[str, int]:
+    dims = _linear_dims(s)
+    per_layer = sum(a * b for a, b in dims.values()) + 2 * s["h"]  # projections + two norms
+    if getattr(cfg, "attention_bias", False) or cfg.model_type == "qwen2":  # q/k/v biases
+        per_layer += s["q"] + 2 * s["kv"]
+    embed = s["V"] * s["h"] * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    frozen = (s["L"] * per_layer + embed + s["h"]) * d + s["hd"] // 2 * F32 * 2  # + inv_freq bufs
+    lora = s["L"] * sum(r * (dims[n][0] + dims[n][1]) for n in targets) * F32
+    n_tensors = s["L"] * len(targets) * 2  # lora_A and lora_B per adapted module
+    # AdamW: exp_avg + exp_avg_sq (float32, like the params) + a float32 `step` per tensor
+    return {"frozen_weights": frozen, "lora_params": lora, "optimizer_state": 2 * lora + 4 * n_tensors}
+
+
+def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
+                           seq: int) -> int:
+    """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute)."""
+    h, i, q, kv, nh = s["h"], s["I"], s["q"], s["kv"], s["nh"]
+    dims = _linear_dims(s)
+    total = 2 * (F32 * h + F32)  # two RMSNorms: float32 input copy + rsqrt
+    total += 3 * d * i  # SwiGLU: gate (for act), act(gate) and up (for the product)
+    total += d * q + d * kv  # rotated q and k
+    if attn == "sdpa":
+        total += d * kv + d * q + F32 * nh  # v, output, float32 logsumexp
+    else:
+        rep = kv if kv == q else q  # repeat_kv copies k and v to all heads (GQA)
+        total += (rep - kv) + d * rep + nh * seq * (F32 + (d if d != F32 else 0))  # softmax + copy
+        total += d * kv if rep == kv else 0
+    total += F32 * r * len(targets)  # lora_A outputs, saved by lora_B
+    if d != F32:  # each adapted module saves its own float32 copy of its input
+        total += sum(F32 * dims[n][0] for n in targets)
+    else:  # float32 inputs are saved as they are: once per distinct input
+        groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gu": ("gate_proj", "up_proj"),
+                  "down": ("down_proj",)}
+        total += sum(F32 * dims[g[0]][0] for g in groups.values() if any(n in targets for n in g))
+        if attn == "sdpa" and "o_proj" in targets:
+            total -= d * q  # the o_proj input is the SDPA output itself
+    return total
+
+
+def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
+    """Korthikanti 2022 per token per layer (16-bit: 34*h; + 5*nh*S for eager attention)."""
+    per = 34 * s["h"] * d // 2
+    return per + (5 * s["nh"] * seq * d // 2 if attn == "eager" else 0)
+
+
+def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: int = 16,
+                       target_modules: Any = "all-linear", attn_implementation: str = "sdpa",
+                       gradient_checkpointing: bool = False, dtype: Any = "bfloat16",
+                       device: str = "cuda", attention_window: int | None = None) -> TraceResult:
+    """Closed-form estimate of the peak of one LoRA training step of a causal LM.
+
+    Args: as :func:`lora_gui.memory.trace.trace_text_step` (no dropout, no fake run), plus
+        attention_window: keys per query of a windowed attention (sliding window / blocked
+            kernel): the S x S terms of eager attention shrink to S x window. No effect on SDPA,
+            which keeps no S x S term.
+
+    Returns:
+        A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
+        ``"predicted (closed form)"`` and ``info["exact_family"]`` says whether the Llama-family
+        formula (checked against the trace) or the generic fallback was used. Allocator rounding
+        is not estimated (0).
+    """
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+    if attn_implementation not in ("eager", "sdpa"):
+        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+    cfg = load_model_config(config)
+    if is_unet_config(cfg):
+        raise ValueError("this is a UNet config: use estimate_unet_step")
+    d = _bytes(dtype)
+    s = _shapes(cfg)
+    family = cfg.model_type in LLAMA_LIKE
+    targets = _targets(target_modules) if family else LINEAR_NAMES
+    params = _param_bytes(cfg, s, d, targets, lora_rank)
+    tokens = batch_size * seq_len
+    keys = min(seq_len, attention_window) if attention_window else seq_len  # key positions per query
+    if family:
+        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys)
+    else:
+        layer = _generic_layer_bytes(s, d, attn_implementation, keys)
+    head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
+    temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
+    # Backward of one layer frees its saved tensors while it allocates gradients; the net rise
+    # above "everything saved" measured with the trace on Llama-family configs is 0.1-0.33 x the
+    # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.2).
+    # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
+    # position per token; 4 used for float32, 2.5 for 16-bit weights).
+    eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
+    transient = layer // 4 + int(eager_grad)
+    if gradient_checkpointing:
+        base = s["L"] * d * s["h"] + head_in  # each layer's input is all that is kept
+        inside = layer + layer // 5 + int(eager_grad)  # recomputing a layer, then its backward
+    else:
+        base = s["L"] * layer + head_in
+        inside = transient  # backward of the last layer while all others are still saved
+    if inside * tokens > temporaries:  # the peak is inside a layer's backward, logits gone
+        activations, temporaries = (base + inside) * tokens, 0
+    else:  # the peak is at the start of backward: logits and loss gradients live
+        activations = base * tokens
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    breakdown.update(params, activations=activations, temporaries=temporaries)
+    traced = sum(breakdown.values())
+    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
+    if device == "cuda":
+        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
+    info = {"source": "predicted (closed form)", "exact_family": family, "model_type": cfg.model_type,
+            "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation}
+    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+
+
+def _unet_key(config: Any) -> str:
+    import json
+
+    return json.dumps(dict(load_model_config(config)), sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=16)
+def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
+                      text_seq_len: int) -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
+    import json
+
+    from lora_gui.memory.trace import trace_unet_step
+
+    cfg = json.loads(cfg_json)
+    kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
+          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
+    lo, hi = trace_unet_step(cfg, resolution=256, **kw), trace_unet_step(cfg, resolution=512, **kw)
+    fixed = {k: lo.breakdown[k] for k in ("frozen_weights", "lora_params", "optimizer_state")}
+    per = [r.breakdown["activations"] + r.breakdown["temporaries"] + r.breakdown["gradients"]
+           for r in (lo, hi)]
+    slope = (per[1] - per[0]) / (512 * 512 - 256 * 256)  # bytes per pixel per image
+    return fixed, per[0] - slope * 256 * 256, slope
+
+
+def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
+                       lora_rank: int = 16, gradient_checkpointing: bool = False,
+                       dtype: Any = "bfloat16", device: str = "cuda", text_seq_len: int = 77) -> TraceResult:
+    """Trace-calibrated estimate for a UNet2DConditionModel step (linear in pixels and batch).
+
+    A UNet's activations (convolutions, GroupNorm, SDPA attention: no S x S term) grow linearly
+    with the pixel count and the batch, so two fake traces at batch 1 (256 and 512 px, cached
+    per config) give the per-image line ``a + b * pixels``; the estimate is fixed weights +
+    batch * (a + b * h * w). Default LoRA targets (to_q, to_k, to_v, to_out.0).
+
+    Returns:
+        A :class:`TraceResult` (``info["source"] = "predicted (trace-calibrated)"``).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
+    fixed, a, b = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
+                                    str(dtype).replace("torch.", ""), text_seq_len)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    breakdown.update(fixed, activations=int(batch_size * (a + b * h * w)))
+    traced = sum(breakdown.values())
+    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
+    if device == "cuda":
+        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
+    info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
+    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)

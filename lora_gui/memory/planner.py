@@ -1,0 +1,251 @@
+"""Batch sizes that fit a VRAM budget, per sequence bucket or resolution (source: predicted).
+
+Text: a binary search on the closed-form estimate (instant) finds the largest micro-batch per
+bucket, then the fake-tensor trace confirms it and steps down while the trace says it does not
+fit (``confirm=True``; a trace of an 8B step takes seconds). Images: the trace-calibrated UNet
+estimate. Gradient accumulation keeps ``effective_batch`` = micro-batch x accumulation (rounded
+up, so the effective batch is at least the one asked for).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lora_gui.memory.estimate import estimate_text_step, estimate_unet_step
+from lora_gui.memory.model_configs import load_model_config, max_positions
+from lora_gui.memory.trace import TraceResult, trace_text_step
+
+GB = 1e9  # bytes; cards are sold in decimal GB
+MAX_BUDGET_BYTES = 2 * 10**12  # 2 TB: anything above is not a GPU budget
+CARDS_GB = (8, 12, 16, 24, 40, 48, 80)
+
+
+@dataclass
+class BucketPlan:
+    """Plan for one bucket: ``micro_batch`` 0 means batch 1 does not fit."""
+
+    bucket: int | tuple[int, int]
+    micro_batch: int
+    grad_accum: int
+    peak_bytes: int  # predicted peak at micro_batch (at batch 1 when it does not fit)
+    confirmed_by_trace: bool = False
+
+
+@dataclass
+class Suggestion:
+    """A switch that changes the peak of the largest bucket at batch 1."""
+
+    switch: str
+    peak_bytes: int
+    saving_bytes: int
+    fits: bool
+
+
+@dataclass
+class Plan:
+    """Result of :func:`plan_text` / :func:`plan_image`."""
+
+    budget_bytes: int
+    buckets: list[BucketPlan]
+    fits: bool  # batch 1 fits in every bucket
+    min_bytes_needed: int  # peak at batch 1 of the largest bucket
+    message: str
+    suggestions: list[Suggestion] = field(default_factory=list)
+    source: str = "predicted"
+
+    @property
+    def batch_by_bucket(self) -> dict[Any, int]:
+        """bucket -> micro-batch (0: does not fit)."""
+        return {b.bucket: b.micro_batch for b in self.buckets}
+
+
+def check_budget(budget_bytes: float) -> int:
+    """Validates a budget in bytes: positive and at most 2 TB.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    number = isinstance(budget_bytes, (int, float)) and not isinstance(budget_bytes, bool)
+    if not number or math.isnan(budget_bytes):
+        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}")
+    if budget_bytes <= 0 or budget_bytes > MAX_BUDGET_BYTES:
+        raise ValueError(f"budget_bytes={budget_bytes!r} is out of range: "
+                         f"must be > 0 and <= {MAX_BUDGET_BYTES} (2 TB)")
+    return int(budget_bytes)
+
+
+def _largest(peak: Callable[[int], int], budget: int, hi: int) -> int:
+    """Largest n in [1, hi] with peak(n) <= budget (peak increasing in n); 0 if none."""
+    if peak(1) > budget:
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if peak(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _needs(nbytes: int) -> str:
+    return f"does not fit even at batch 1: needs {nbytes / GB:.2f} GB"
+
+
+def _finish(budget: int, plans: list[BucketPlan], needed: int, frozen: int,
+            suggestions: list[Suggestion]) -> Plan:
+    fits = all(p.micro_batch > 0 for p in plans)
+    if frozen > budget:
+        msg = _needs(needed) + f" (the frozen weights alone are {frozen / GB:.2f} GB)"
+    elif not fits:
+        msg = _needs(needed) + "; see the suggestions"
+    else:
+        msg = "fits: " + ", ".join(f"{p.bucket}: batch {p.micro_batch} x {p.grad_accum}" for p in plans)
+    return Plan(budget, plans, fits, needed, msg, suggestions if not fits else [])
+
+
+def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effective_batch: int = 8,
+              max_batch: int = 256, confirm: bool = True, **step: Any) -> Plan:
+    """Largest micro-batch per sequence-length bucket under ``budget_bytes``.
+
+    Args:
+        config: model config (see :func:`load_model_config`).
+        budget_bytes: VRAM budget in bytes (``peak_bytes`` incl. CUDA overheads is compared).
+        buckets: sequence lengths (tokens), e.g. ``[256, 512, 1024, 2048]``.
+        effective_batch: sequences per optimizer step to keep via gradient accumulation.
+        max_batch: upper end of the search.
+        confirm: check each chosen batch with the fake-tensor trace and step down if needed.
+        **step: lora_rank, target_modules, attn_implementation, gradient_checkpointing, dtype,
+            device (passed to the estimate and the trace).
+
+    Returns:
+        A :class:`Plan`; when batch 1 does not fit, ``suggestions`` lists switches with savings.
+    """
+    budget = check_budget(budget_bytes)
+    cfg = load_model_config(config)
+    if not buckets or any(b < 1 for b in buckets):
+        raise ValueError(f"buckets must be positive sequence lengths, got {list(buckets)}")
+    plans = []
+    for seq in sorted(buckets):
+        def est(b: int, seq: int = seq) -> int:
+            return estimate_text_step(cfg, batch_size=b, seq_len=seq, **step).peak_bytes
+        mb = _largest(est, budget, max_batch)
+        peak, confirmed = est(max(mb, 1)), False
+        while confirm and mb > 0:
+            traced = trace_text_step(cfg, batch_size=mb, seq_len=seq, **step).peak_bytes
+            peak, confirmed = traced, True
+            if traced <= budget:
+                break
+            mb -= 1
+        accum = math.ceil(effective_batch / mb) if mb else 0
+        plans.append(BucketPlan(seq, mb, accum, peak, confirmed))
+    longest = max(buckets)
+    base = estimate_text_step(cfg, batch_size=1, seq_len=longest, **step)
+    fits_all = all(p.micro_batch for p in plans)
+    sugg = [] if fits_all else _text_suggestions(cfg, budget, longest, base, step)
+    return _finish(budget, plans, base.peak_bytes, base.breakdown["frozen_weights"], sugg)
+
+
+def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: dict) -> list[Suggestion]:
+    """Switches that lower the batch-1 peak of the longest bucket, with predicted savings."""
+    out = []
+
+    def add(name: str, **change: Any) -> None:
+        kw = {**step, **{k: v for k, v in change.items() if k != "seq_len"}}
+        peak = estimate_text_step(cfg, batch_size=1, seq_len=change.get("seq_len", seq), **kw).peak_bytes
+        out.append(Suggestion(name, peak, base.peak_bytes - peak, peak <= budget))
+
+    if not step.get("gradient_checkpointing"):
+        add("gradient_checkpointing=True", gradient_checkpointing=True)
+    if step.get("attn_implementation", "sdpa") == "eager":
+        add("attn_implementation='sdpa'", attn_implementation="sdpa")
+        add("windowed attention (window 512)", attention_window=512)
+    rank = step.get("lora_rank", 16)
+    if rank > 4:
+        add(f"lora_rank={rank // 2}", lora_rank=rank // 2)
+    def at_len(n: int) -> int:  # peak at batch 1 and n x 256 tokens
+        return estimate_text_step(cfg, batch_size=1, seq_len=n * 256, **step).peak_bytes
+
+    fit_len = _largest(at_len, budget, max(1, seq // 256 - 1))
+    if fit_len:
+        add(f"max length {fit_len * 256}", seq_len=fit_len * 256)
+    return sorted(out, key=lambda s: -s.saving_bytes)
+
+
+def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
+               effective_batch: int = 8, max_batch: int = 64, **step: Any) -> Plan:
+    """Largest micro-batch per resolution bucket (UNet), like :func:`plan_text`.
+
+    Args:
+        config: UNet config; budget_bytes: bytes; resolutions: pixels or (h, w) buckets.
+        effective_batch, max_batch: as in :func:`plan_text`.
+        **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len.
+
+    Returns:
+        A :class:`Plan` (predicted with the trace-calibrated estimate).
+    """
+    budget = check_budget(budget_bytes)
+    plans = []
+
+    def est(b: int, res: Any) -> TraceResult:
+        return estimate_unet_step(config, batch_size=b, resolution=res, **step)
+
+    for res in resolutions:
+        mb = _largest(lambda b, res=res: est(b, res).peak_bytes, budget, max_batch)
+        accum = math.ceil(effective_batch / mb) if mb else 0
+        plans.append(BucketPlan(res, mb, accum, est(max(mb, 1), res).peak_bytes))
+    largest = max(resolutions, key=lambda r: r * r if isinstance(r, int) else r[0] * r[1])
+    base = est(1, largest)
+    sugg: list[Suggestion] = []
+    if not all(p.micro_batch for p in plans):
+        if not step.get("gradient_checkpointing"):
+            peak = estimate_unet_step(config, batch_size=1, resolution=largest,
+                                      **{**step, "gradient_checkpointing": True}).peak_bytes
+            saving = base.peak_bytes - peak
+            sugg.append(Suggestion("gradient_checkpointing=True", peak, saving, peak <= budget))
+        for res in range(1536, 511, -64):
+            peak = est(1, res).peak_bytes
+            if peak <= budget:
+                sugg.append(Suggestion(f"resolution {res}", peak, base.peak_bytes - peak, True))
+                break
+    return _finish(budget, plans, base.peak_bytes, base.breakdown["frozen_weights"], sugg)
+
+
+@dataclass
+class CardFit:
+    """One row of the "what fits where" table (source: predicted)."""
+
+    card_gb: int
+    longest: int | None  # tokens (text) or pixels (image) at batch 1; None: nothing fits
+    batch_at_chosen: int  # largest batch at the chosen length / resolution (0: none)
+
+
+def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS_GB,
+                    max_batch: int = 256, **step: Any) -> list[CardFit]:
+    """For each card size: longest sequence (text, multiples of 256 up to the model's max
+    position) or largest resolution (image, 512-1536 step 64) at batch 1, and the largest batch
+    at ``chosen`` (tokens or pixels). Uses the estimates (instant).
+
+    Returns:
+        One :class:`CardFit` per card.
+    """
+    cfg = load_model_config(config)
+    rows = []
+    image = isinstance(cfg, dict)
+    for gb in cards_gb:
+        budget = check_budget(gb * GB)
+        if image:
+            def peak(b: int, res: int) -> int:
+                return estimate_unet_step(cfg, batch_size=b, resolution=res, **step).peak_bytes
+            sizes = list(range(512, 1537, 64))
+        else:
+            def peak(b: int, n: int) -> int:
+                return estimate_text_step(cfg, batch_size=b, seq_len=n, **step).peak_bytes
+            sizes = list(range(256, (max_positions(cfg) or 4096) + 1, 256))
+        k = _largest(lambda i, sizes=sizes: peak(1, sizes[i - 1]), budget, len(sizes))
+        batch = _largest(lambda b: peak(b, chosen), budget, max_batch)
+        rows.append(CardFit(gb, sizes[k - 1] if k else None, batch))
+    return rows

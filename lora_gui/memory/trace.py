@@ -1,0 +1,525 @@
+"""Exact peak memory of one LoRA training step, traced on a CPU with fake tensors.
+
+The real architecture is built from its config on the meta device, LoRA is attached with peft,
+and every parameter and buffer is then given a fake CPU tensor (shape, dtype and storage size,
+no data) under ``FakeTensorMode``. One real training step (forward, loss, backward, AdamW step,
+``zero_grad``) runs through autograd exactly as it would on a GPU, and a
+:class:`~lora_gui.memory.tracker.StorageTracker` counts every live storage. The same code with
+``fake=False`` runs the step on real CPU tensors (random weights): that is how the trace is
+checked (tests/memory, bench/trace_accuracy.py).
+
+The step that is traced (``_text_step`` / ``_unet_step``)::
+
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss   # outputs object dropped
+    loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
+
+Steady state: from the second step on, AdamW's ``exp_avg``/``exp_avg_sq``/``step`` exist before
+the forward. The trace materializes that state first (``_materialize_adamw_state``), so the
+peak is the one every step after the first reaches.
+
+Breakdown at the peak (sums exactly to ``traced_peak_bytes``): every counted storage gets a
+category, and the bytes of the storages alive at the moment of the peak are summed per category:
+
+- ``frozen_weights``: frozen parameters and all buffers (counted before the step).
+- ``lora_params``: trainable parameters (peft keeps them float32).
+- ``optimizer_state``: AdamW state, plus transients allocated inside ``optimizer.step()``.
+- ``gradients``: storages that are a trainable parameter's ``.grad`` at the end of backward.
+- ``temporaries``: logits and loss: everything allocated from the output head's input (the
+  ``get_output_embeddings()`` pre-hook) to the loss in the forward, and in the backward until the
+  gradient reaches the head's input. For a UNet: the loss computed from the predicted noise.
+- ``activations``: everything else: batch inputs, tensors saved for backward, activation
+  gradients and other transients of the layers.
+
+CUDA mapping (``device="cuda"``, the default for planning): the trace runs CPU kernels, so the
+choices a CUDA run makes are mimicked where they change memory. SDPA on CPU dispatches to
+``_scaled_dot_product_flash_attention_for_cpu``, which keeps the output and a float32
+logsumexp (B, H, S), the same as the CUDA flash / memory-efficient kernels; no S x S matrix is
+stored. Eager attention materializes the S x S scores, float32 softmax and probabilities per
+layer, on both. Dropout is rewritten to ``torch.native_dropout`` (bool mask, as on CUDA; the
+CPU path keeps a mask in the input dtype). Batches are assumed unpadded or packed (no attention
+mask tensor); a padding mask adds a (B, 1, S, S) mask. Not seen: the flash backward's float32
+``dq`` accumulator (one layer at a time, B*S*H*D*4 bytes), allocator caching/fragmentation
+(reserved vs allocated) and kernels' private workspaces; see ``CUDA_OVERHEADS_DOC``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
+from lora_gui.memory.tracker import StorageTracker
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations", "temporaries")
+UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+
+# -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
+# CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
+# A100/H100 as shown by nvidia-smi; it is outside torch.cuda.max_memory_allocated().
+CUDA_CONTEXT_BYTES = 500 * 2**20
+# cuBLAS workspace, allocated through the caching allocator on first matmul (so it IS inside
+# max_memory_allocated): torch's default CUBLAS_WORKSPACE_CONFIG on Hopper is ":4096:8"
+# = 8 chunks x 4096 KiB = 32 MiB per handle/stream; older GPUs use ":4096:2:16:8" (~8 MiB).
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+# The caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize).
+CUDA_ALLOC_ROUNDING = 512
+CUDA_OVERHEADS_DOC = (
+    "cuda_context: CUDA context and lazily loaded kernels (~500 MiB, nvidia-smi only); "
+    "cublas_workspace: 32 MiB (torch default ':4096:8' on Hopper); "
+    "allocator_rounding: every live block at the peak rounded up to 512 bytes (computed from "
+    "the traced storages). Not modelled: fragmentation (reserved - allocated)."
+)
+
+
+@dataclass
+class TraceResult:
+    """Peak memory of one steady-state training step.
+
+    Attributes:
+        peak_bytes: traced peak plus every CUDA overhead: what the card must hold.
+        traced_peak_bytes: peak of live tensor storages in the trace alone (source: tracker).
+        breakdown: category -> bytes alive at the traced peak; sums to ``traced_peak_bytes``.
+        cuda_overheads: name -> bytes (``cuda_context``, ``cublas_workspace``,
+            ``allocator_rounding``); all 0 for ``device="cpu"``.
+        device: the device the prediction is for ("cuda" or "cpu").
+        seconds: wall time of the trace.
+        info: parameter counts, model type, number of counted allocations, the phase of the peak.
+    """
+
+    peak_bytes: int
+    traced_peak_bytes: int
+    breakdown: dict[str, int]
+    cuda_overheads: dict[str, int]
+    device: str
+    seconds: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def allocator_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` should show: all but the CUDA context."""
+        return self.peak_bytes - self.cuda_overheads.get("cuda_context", 0)
+
+
+class _Record:
+    """One counted storage: size, category and the events at which it was born and died."""
+
+    __slots__ = ("nbytes", "category", "born", "died")
+
+    def __init__(self, nbytes: int, category: str, born: int) -> None:
+        self.nbytes, self.category, self.born, self.died = nbytes, category, born, None
+
+
+class _PhaseTracker(StorageTracker):
+    """StorageTracker that keeps a record per storage so the peak can be broken down exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.category = "activations"  # category given to storages counted from now on
+        self.phase = "forward"
+        self.events = 0  # incremented on every count and free
+        self.peak_event = 0
+        self.peak_phase = "forward"
+        self.records: list[_Record] = []
+        self.head_entered = False
+
+    def _count(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
+        for storage, nbytes in storages:
+            self.events += 1
+            rec = _Record(nbytes, self.category, self.events)
+            self.records.append(rec)
+            ref = torch.utils.weak.weakref.ref(storage, lambda _r, rec=rec: self._die(rec))
+            self._seen[storage] = (rec, ref)
+            self.live_bytes += nbytes
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes, self.peak_event, self.peak_phase = self.live_bytes, self.events, self.phase
+
+    def _die(self, rec: _Record) -> None:
+        self.events += 1
+        rec.died = self.events
+        self.live_bytes -= rec.nbytes
+
+    def enter_head(self, x: torch.Tensor) -> None:
+        """Marks the start of the head (logits + loss): allocations are temporaries until the
+        backward's gradient reaches ``x``, the head's input."""
+        self.category = self.phase = "temporaries"
+        self.head_entered = True
+        if x.requires_grad:
+            x.register_hook(lambda g: setattr(self, "category", "activations"))
+
+    def record_of(self, tensor: torch.Tensor) -> _Record | None:
+        entry = self._seen.get(tensor.untyped_storage())
+        return entry[0] if entry else None
+
+    def live_at_peak(self) -> list[_Record]:
+        p = self.peak_event
+        return [r for r in self.records if r.born <= p and (r.died is None or r.died > p)]
+
+
+# -- building the model ---------------------------------------------------------------------
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]
+
+
+def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    if rank < 1:
+        raise ValueError(f"lora rank must be >= 1, got {rank}")
+    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, lora_dropout=dropout,
+                     target_modules=list(targets) if isinstance(targets, (list, tuple)) else targets)
+    import warnings
+
+    with warnings.catch_warnings():  # peft calls a deprecated transformers alias; not ours to fix
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(model, cfg)
+
+
+def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replaces every meta parameter and buffer by ``make(meta)``, keeping tied weights tied."""
+    done: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(make(p), requires_grad=p.requires_grad)
+            module._parameters[name] = done[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in done:
+                    done[id(b)] = make(b)
+                module._buffers[name] = done[id(b)]
+
+
+def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
+                     lora_rank: int, lora_alpha: float | None, target_modules: Any,
+                     lora_dropout: float = 0.0) -> nn.Module:
+    """Builds a causal LM from its config on the meta device and attaches LoRA (still meta)."""
+    from transformers import AutoModelForCausalLM
+
+    if attn_implementation not in ("eager", "sdpa"):
+        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+
+
+def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
+               target_modules: Any, lora_dropout: float = 0.0) -> nn.Module:
+    """Builds a diffusers UNet2DConditionModel on the meta device and attaches LoRA (still meta)."""
+    from diffusers import UNet2DConditionModel
+
+    drop = ("architectures", "model_type")  # our preset labels, not UNet arguments
+    cfg = {k: v for k, v in dict(config).items() if not k.startswith("_") and k not in drop}
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(cfg)
+    nn.Module.to(unet, dtype)  # plain cast (diffusers' .to() warns about fp32 modules it has none of)
+    unet.train()
+    return _attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout)
+
+
+# -- the step -------------------------------------------------------------------------------
+def _materialize_adamw_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Creates AdamW's state as the first step leaves it (steady state for every later step)."""
+    made = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state[p]
+            st["step"] = torch.tensor(1.0, dtype=torch.float32)  # float32 scalar, as torch does
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            made += [st["step"], st["exp_avg"], st["exp_avg_sq"]]
+    return made
+
+
+@contextlib.contextmanager
+def _cuda_like_dropout(enabled: bool) -> Iterator[None]:
+    """Dropout as CUDA runs it: ``native_dropout`` keeps a bool mask (CPU keeps input-dtype)."""
+    if not enabled:
+        yield
+        return
+    orig = torch.nn.functional.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):  # noqa: ANN001, ANN202 (F.dropout API)
+        if not training or p == 0.0 or p >= 1.0:
+            return orig(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    torch.nn.functional.dropout = dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = orig
+
+
+@contextlib.contextmanager
+def _unpacked_batches() -> Iterator[None]:
+    """Tells transformers the batch holds one unpadded sequence per row, as the trace assumes.
+
+    transformers detects packed sequences by reading ``position_ids``; fake tensors have no
+    values, so it would assume packing and build a (B, 1, S, S) mask that a real run of an
+    unpacked batch never builds (and that would push SDPA off the flash kernel).
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover - transformers is a hard dependency
+        yield
+        return
+    orig = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if orig is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = orig
+
+
+def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTracker,
+              forward_loss: Callable[[], torch.Tensor], head: nn.Module | None) -> None:
+    """One training step with phase markers: forward, loss, backward, optimizer step."""
+    hooks = []
+    tracker.category = tracker.phase = "activations"
+    tracker.head_entered = False
+    if head is not None:
+        hooks.append(head.register_forward_pre_hook(lambda _m, args: tracker.enter_head(args[0])))
+    try:
+        loss = forward_loss()
+    finally:
+        for h in hooks:
+            h.remove()
+    tracker.phase = "backward"
+    # the loss/logits gradients come first; the head input's gradient hook ends them
+    tracker.category = "temporaries" if tracker.head_entered else "activations"
+    loss.backward()
+    del loss
+    for p in model.parameters():
+        if p.grad is not None and (rec := tracker.record_of(p.grad)) is not None:
+            rec.category = "gradients"
+    tracker.category = tracker.phase = "optimizer_state"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    tracker.category, tracker.phase = "activations", "done"
+
+
+def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[], dict],
+           loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
+           gradient_checkpointing: bool, warm_steps: int) -> TraceResult:
+    """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down."""
+    t0 = time.perf_counter()
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with mode:
+        if fake:
+            _materialize(model, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
+        else:
+            _materialize(model, _random_like)
+        if gradient_checkpointing:
+            _enable_checkpointing(model)
+        model.train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)  # per-param loop, as on CPU
+        tracker = _PhaseTracker()
+        frozen = [p for p in model.parameters() if not p.requires_grad] + list(model.buffers())
+        tracker.category = "frozen_weights"
+        tracker.track(frozen)
+        tracker.category = "lora_params"
+        tracker.track(trainable)
+        tracker.category = "optimizer_state"
+        with tracker, _cuda_like_dropout(device == "cuda"), _unpacked_batches():
+            for _ in range(warm_steps):  # real steps that create the optimizer state themselves
+                _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
+            if warm_steps == 0:
+                _materialize_adamw_state(opt)
+            tracker.reset_peak()
+            tracker.peak_event, tracker.peak_phase = tracker.events, "start"
+            _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
+    return _result(tracker, device, time.perf_counter() - t0, model, trainable)
+
+
+def _enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing: transformers' or diffusers' own switch."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "gradient_checkpointing_enable"):  # transformers
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:  # diffusers (non-reentrant by default)
+        base.enable_gradient_checkpointing()
+
+
+def _random_like(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+    if out.is_floating_point():
+        out.normal_(0.0, 0.02)
+    else:
+        out.zero_()
+    return out
+
+
+def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Module,
+            trainable: list[torch.Tensor]) -> TraceResult:
+    live = tracker.live_at_peak()
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for r in live:
+        breakdown[r.category] += r.nbytes
+    traced = tracker.peak_bytes
+    assert sum(breakdown.values()) == traced, (breakdown, traced)  # by construction
+    overheads = dict.fromkeys(("cuda_context", "cublas_workspace", "allocator_rounding"), 0)
+    if device == "cuda":
+        a = CUDA_ALLOC_ROUNDING
+        overheads["allocator_rounding"] = sum(-r.nbytes % a for r in live)  # bytes of padding
+        overheads["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
+        overheads["cuda_context"] = CUDA_CONTEXT_BYTES
+    n_train = sum(p.numel() for p in trainable)
+    info = {
+        "trainable_params": n_train,
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "allocations": len(tracker.records),
+        "peak_phase": tracker.peak_phase,
+    }
+    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, seconds, info)
+
+
+# -- public entry points --------------------------------------------------------------------
+def _check_common(batch_size: int, device: str) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+
+
+def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: int = 16,
+                    lora_alpha: float | None = None, target_modules: Any = "all-linear",
+                    attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
+                    dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
+                    lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0) -> TraceResult:
+    """Traces one LoRA training step of a causal LM and returns its peak memory.
+
+    Args:
+        config: a transformers ``PretrainedConfig``, a config dict, a bundled name
+            (``"llama-3.1-8b"``), a config.json path or a model directory.
+        batch_size: micro-batch size (sequences).
+        seq_len: tokens per sequence (no padding mask; see the module docstring).
+        lora_rank: LoRA rank r.
+        lora_alpha: LoRA alpha (default: r); does not change memory.
+        target_modules: peft ``target_modules`` (default ``"all-linear"``).
+        attn_implementation: ``"eager"`` (S x S scores kept per layer) or ``"sdpa"``.
+        gradient_checkpointing: recompute each layer in backward (non-reentrant).
+        dtype: dtype of the frozen weights (LoRA weights stay float32, as peft keeps them).
+        device: ``"cuda"`` adds CUDA overheads and CUDA-like dropout; ``"cpu"`` adds nothing.
+        lora_dropout: LoRA dropout probability (a mask of the layer input per LoRA layer).
+        fake: False runs the same step on real CPU tensors with random weights (a measurement,
+            slow for big models: use tiny configs).
+        warm_steps: real steps run before the measured one (instead of materializing the
+            AdamW state); used to check the steady-state shortcut.
+
+    Returns:
+        A :class:`TraceResult`.
+    """
+    _check_common(batch_size, device)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    cfg = load_model_config(config)
+    if is_unet_config(cfg):
+        raise ValueError("this is a UNet config: use trace_unet_step")
+    model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
+                             lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
+                             lora_dropout=lora_dropout)
+    vocab = cfg.vocab_size
+
+    def make_inputs() -> dict:
+        ids = torch.randint(0, vocab, (batch_size, seq_len))
+        return {"input_ids": ids, "labels": ids}
+
+    def loss_fn(m: nn.Module, batch: dict, _tracker: _PhaseTracker) -> torch.Tensor:
+        return m(**batch, use_cache=False).loss
+
+    head = model.get_output_embeddings()
+    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+    res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len,
+                    attn_implementation=attn_implementation, source="tracker" if not fake else "predicted")
+    return res
+
+
+def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
+                    lora_rank: int = 16, lora_alpha: float | None = None,
+                    target_modules: Any = UNET_LORA_TARGETS, gradient_checkpointing: bool = False,
+                    dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
+                    text_seq_len: int = 77, lora_dropout: float = 0.0, fake: bool = True,
+                    warm_steps: int = 0) -> TraceResult:
+    """Traces one LoRA training step of a diffusers ``UNet2DConditionModel`` (noise-prediction MSE).
+
+    Inputs: noisy latents (B, in_channels, res/8, res/8), timesteps, text-encoder hidden states
+    (B, text_seq_len, cross_attention_dim) and, for SDXL (``addition_embed_type="text_time"``),
+    ``added_cond_kwargs`` text_embeds (B, 1280) and time_ids (B, 6). The VAE and text encoders
+    are not part of the step (latents and embeddings are assumed cached).
+
+    Args:
+        config: a UNet config dict / path / bundled name (``"sd15-unet"``, ``"sdxl-unet"``).
+        batch_size: images per micro-batch.
+        resolution: pixels (square) or (height, width); both must be multiples of 8.
+        lora_rank, lora_alpha, target_modules, lora_dropout: LoRA settings (default targets:
+            to_q, to_k, to_v, to_out.0).
+        gradient_checkpointing: diffusers gradient checkpointing of the down/mid/up blocks.
+        dtype: weights dtype; device, fake, warm_steps: as in :func:`trace_text_step`.
+        text_seq_len: tokens of the text encoder hidden states (77 for CLIP).
+
+    Returns:
+        A :class:`TraceResult`.
+    """
+    _check_common(batch_size, device)
+    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
+    if h < 8 or w < 8 or h % 8 or w % 8:
+        raise ValueError(f"resolution must be a positive multiple of 8, got {resolution}")
+    cfg = load_model_config(config)
+    if not is_unet_config(cfg):
+        raise ValueError("not a UNet2DConditionModel config: use trace_text_step")
+    dt = _dtype(dtype)
+    unet = build_unet(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                      target_modules=target_modules, lora_dropout=lora_dropout)
+    c = dict(cfg)
+    ctx_dim = c.get("cross_attention_dim", 768)
+    ctx_dim = ctx_dim[0] if isinstance(ctx_dim, (list, tuple)) else ctx_dim
+
+    def make_inputs() -> dict:
+        batch = {
+            "sample": torch.randn(batch_size, c.get("in_channels", 4), h // 8, w // 8, dtype=dt),
+            "timestep": torch.randint(0, 1000, (batch_size,)),
+            "encoder_hidden_states": torch.randn(batch_size, text_seq_len, ctx_dim, dtype=dt),
+            "target": torch.randn(batch_size, c.get("out_channels", 4), h // 8, w // 8, dtype=dt),
+        }
+        if c.get("addition_embed_type") == "text_time":
+            # pooled text embedding width = projection input - 6 time ids x time-embedding width
+            proj_in = c.get("projection_class_embeddings_input_dim", 2816)
+            pooled = proj_in - 6 * c.get("addition_time_embed_dim", 256)
+            batch["added_cond_kwargs"] = {"text_embeds": torch.randn(batch_size, pooled, dtype=dt),
+                                          "time_ids": torch.randn(batch_size, 6, dtype=dt)}
+        return batch
+
+    def loss_fn(m: nn.Module, batch: dict, tracker: _PhaseTracker) -> torch.Tensor:
+        target = batch.pop("target")
+        pred = m(**batch).sample
+        tracker.enter_head(pred)  # the MSE loss and its gradient are the temporaries
+        return torch.nn.functional.mse_loss(pred.float(), target.float())
+
+    res = _trace(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+    res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w),
+                    source="tracker" if not fake else "predicted")
+    return res
