@@ -21,7 +21,7 @@ lint: $(VENV)/.test
 	$(PY) -m ruff check .
 
 test: $(VENV)/.test lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -q --durations=10
 
 bench: $(VENV)/.runtime
 	$(PY) -m bench.text_memory

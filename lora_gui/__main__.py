@@ -57,6 +57,58 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["status"] == "completed" else 130
 
 
+DEFAULT_PLAN_BUDGET_GB = 24.0  # without --budget-gb, a budget_gb setting or a GPU: a common card
+
+
+def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
+    import torch
+
+    if args.budget_gb is not None:
+        return args.budget_gb, "--budget-gb"
+    if cfg.budget_gb:
+        return cfg.budget_gb, "budget_gb setting"
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 1e9, "this GPU"
+    return DEFAULT_PLAN_BUDGET_GB, "default (no GPU here)"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from lora_gui.memory import planner, run_plan
+
+    cfg = load_config(args.preset, parse_set_args(args.set))
+    budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    try:
+        budget = planner.check_budget(budget_gb * 1e9)
+        plan, step = run_plan.plan_and_predict(cfg, budget, args.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    result = run_plan.plan_to_json(plan, step)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    mib = 2**20
+    print(f"Predicted peak of one training step on {args.device} (source: predicted, fake-tensor "
+          f"trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
+    for name, nbytes in step.breakdown.items():
+        print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
+    for name, nbytes in step.cuda_overheads.items():
+        print(f"  + {name:<16} {nbytes / mib:>10,.1f} MiB  (CUDA-only overhead, not in the trace)")
+    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+    print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
+    for b in plan.buckets:
+        print(f"  {b.bucket!s:>15}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
+    for sug in plan.suggestions:
+        print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB (saves {sug.saving_bytes / mib:,.0f} "
+              f"MiB){' -> fits' if sug.fits else ''}")
+    print("\nWhat fits where (batch 1 longest sequence; largest batch at max_seq_len):")
+    rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
+                                   **run_plan.step_kwargs(cfg, args.device))
+    for row in rows:
+        print(f"  {row.card_gb:>3} GB: longest {row.longest or 'nothing fits'}, "
+              f"batch {row.batch_at_chosen} at {cfg.max_seq_len}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from app import main as app_main
 
@@ -76,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
+    plan = sub.add_parser("plan", help="predict peak memory and batch sizes before a run (CPU only)")
+    plan.add_argument("--preset", help="presets/NAME.yaml or a path")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--budget-gb", type=float, help="VRAM budget in GB (default: budget_gb, the GPU, 24)")
+    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                      help="plan for a CUDA GPU (adds its overheads) or for this CPU")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(func=cmd_plan)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)
     ui.set_defaults(func=cmd_ui)

@@ -66,6 +66,14 @@ class RunConfig:
     pad_multiple: int = option(64, "Bucketed: pad each batch to its longest sample rounded up to "
                                "this multiple (tensor-core friendly, fewer shapes).", "memory",
                                low=1, high=4096)
+    attention: str = option("full", "full: every token attends to all earlier ones. windowed: each "
+                            "token sees the previous `window` tokens and the first `global_tokens` "
+                            "of its document (Longformer style); O(S x (W + G)) instead of O(S^2).",
+                            "memory", choices=("full", "windowed"))
+    window: int = option(256, "Windowed attention: tokens each query sees behind it.", "memory",
+                         low=1, high=1 << 20)
+    global_tokens: int = option(4, "Windowed attention: leading tokens of each document that every "
+                                "query also sees.", "memory", low=0, high=1 << 20)
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
@@ -73,6 +81,8 @@ class RunConfig:
                             choices=("auto", "fp32", "bf16", "fp16"))
     budget_gb: float = option(0.0, "VRAM budget in GB (0 = none). Without a GPU it is a simulated "
                               "budget enforced by the tracker.", "memory", low=0.0, high=4096.0)
+    monitor_hz: float = option(2.0, "Memory samples per second written to memory.jsonl (0 = off).",
+                               "memory", low=0.0, high=20.0)
     # -- training ------------------------------------------------------------------------------
     max_seq_len: int = option(1024, "Longest sample in tokens; longer documents are truncated.",
                               "train", low=MIN_SEQ_LEN, high=1 << 20)
@@ -122,6 +132,11 @@ class RunConfig:
         hints = typing.get_type_hints(RunConfig)
         for f in dataclasses.fields(self):
             _check_value(f, hints[f.name], getattr(self, f.name))
+        if self.attention == "windowed":
+            for key in ("window", "global_tokens"):
+                if getattr(self, key) > self.max_seq_len:
+                    raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
+                                      f"{self.max_seq_len}; windowed attention needs it shorter")
         return self
 
 

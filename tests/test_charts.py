@@ -27,3 +27,12 @@ def test_loss_and_throughput_figures():
     assert list(charts.loss_figure(records).data[0].y) == [4.0, 3.5]
     thr = charts.throughput_figure(records)
     assert list(thr.data[1].y) == [0.5, 0.5]
+
+
+def test_breakdown_figure_stacks_categories_and_overheads():
+    fig = charts.breakdown_figure({"frozen_weights": 2**20, "activations": 3 * 2**20},
+                                  {"cuda_context": 2**20, "allocator_rounding": 0}, budget_bytes=8 * 2**20)
+    names = [t.name for t in fig.data]
+    assert names[0] == "frozen_weights" and "overhead: cuda_context" in names
+    assert "overhead: allocator_rounding" not in names  # zero overheads are not drawn
+    assert fig.layout.barmode == "stack" and fig.layout.shapes[0].y0 == 8.0

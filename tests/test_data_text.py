@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from lora_gui.data.text import IGNORE_INDEX, DataError, Document, load_documents, split_documents, tokenize_documents
+from lora_gui.data.text import (
+    IGNORE_INDEX,
+    DataError,
+    Document,
+    load_documents,
+    split_documents,
+    tokenize_documents,
+)
 from lora_gui.models.text import load_tokenizer
 
 

@@ -26,7 +26,7 @@ def form(**kw):
 ])
 def test_bad_form_values_give_a_message_and_start_nothing(runs_root, kw, words):
     message = handlers.start("text-demo", "r", *form(**kw))
-    assert message.startswith("⚠️")
+    assert message.startswith("Error:")
     for word in words:
         assert word in message
     assert handlers.MANAGER.job is None

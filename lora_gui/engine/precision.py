@@ -28,7 +28,7 @@ def _time_cpu(bf16: bool, repeats: int = 3) -> float:
     return best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_bf16_is_faster() -> bool:
     """Measures once per process whether bf16 autocast beats fp32 on this CPU."""
     return _time_cpu(False) / _time_cpu(True) >= CPU_BF16_MIN_SPEEDUP

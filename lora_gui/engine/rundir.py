@@ -9,7 +9,8 @@ from pathlib import Path
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.checkpoint import write_atomic
 
-RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "run.json", "config.json")
+RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "memory.jsonl", "run.json",
+             "config.json")
 
 
 class RunDirError(ValueError):

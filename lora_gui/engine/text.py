@@ -8,6 +8,7 @@ however the step is cut into micro-batches (the accumulation bug Hugging Face fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -32,7 +33,9 @@ from lora_gui.engine.checkpoint import latest_checkpoint, load_checkpoint, save_
 from lora_gui.engine.precision import choose_precision
 from lora_gui.engine.records import RecordLog
 from lora_gui.engine.rundir import prepare_run_dir, save_run_config
+from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.meter import GB, PeakMeter
+from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.models import text as text_models
 
 log = logging.getLogger(__name__)
@@ -70,15 +73,19 @@ def steps_per_epoch(cfg: RunConfig, n_samples: int) -> int:
     return math.ceil(n_samples / cfg.batch_size)
 
 
-def epoch_plan(cfg: RunConfig, data: TextData, epoch: int) -> list[Step]:
+def epoch_plan(cfg: RunConfig, data: TextData, epoch: int, planned: bool = False) -> list[Step]:
+    """The epoch's steps. ``planned``: the planner's caps per bucket (applied by the guard)
+    size the micro-batches instead of the token budget (adaptive batch under a VRAM budget)."""
+    token_budget = cfg.batch_size * cfg.max_seq_len if planned else cfg.token_budget
     return plan_epoch([len(s) for s in data.train], cfg.resolved_batching(),
                       batch_size=cfg.batch_size, max_seq_len=cfg.max_seq_len, seed=cfg.seed,
-                      epoch=epoch, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple)
+                      epoch=epoch, token_budget=token_budget, pad_multiple=cfg.pad_multiple)
 
 
 @torch.no_grad()
-def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.device) -> float | None:
-    """Token-weighted mean loss over samples (full attention, padded to the longest, 64-rounded)."""
+def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.device,
+             token_budget: int = EVAL_TOKEN_BUDGET) -> float | None:
+    """Token-weighted mean loss over samples (bucketed: padded to the longest, 64-rounded)."""
     if not samples:
         return None
     was_training = model.training
@@ -86,7 +93,7 @@ def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.d
     total, count = 0.0, 0
     plan = plan_epoch([len(s) for s in samples], "bucketed", batch_size=len(samples),
                       max_seq_len=max(len(s) for s in samples), seed=0, epoch=0,
-                      token_budget=EVAL_TOKEN_BUDGET)
+                      token_budget=token_budget)
     for step in plan:
         for mb in step.micro_batches:
             batch = {k: v.to(device) for k, v in collate(samples, mb, pad_id).items()}
@@ -103,10 +110,13 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step) -> dic
     batches = [collate(data.train, mb, data.pad_id) for mb in step.micro_batches]
     n_targets = sum(count_targets(b) for b in batches)
     loss_sum = 0.0
-    for batch in batches:
+    for mb, batch in zip(step.micro_batches, batches):
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        loss = model(**batch, num_items_in_batch=n_targets).loss
-        accelerator.backward(loss)
+        try:
+            loss = model(**batch, num_items_in_batch=n_targets).loss
+            accelerator.backward(loss)
+        except torch.OutOfMemoryError as err:
+            raise MicroBatchOutOfMemory(mb, err) from None
         loss_sum += loss.item()
         del loss, batch
     real = sum(len(data.train[i]) for i in step.indices)
@@ -136,6 +146,26 @@ def _summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]
     }
 
 
+def _memory_plan(cfg: RunConfig, source: str, budget: int | None,
+                 device: torch.device) -> tuple[BatchCaps, int | None]:
+    """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
+    the predicted peak of the run's largest micro-batch (source: predicted)."""
+    from lora_gui.memory import run_plan
+
+    caps = BatchCaps()
+    predicted = None
+    try:
+        if budget and cfg.resolved_batching() == "bucketed":
+            plan, step = run_plan.plan_and_predict(cfg, budget, device.type, source)
+            caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
+            predicted = step.peak_bytes
+        else:
+            predicted = run_plan.predicted_step(cfg, device.type, source).peak_bytes
+    except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
+        log.warning("no memory prediction for %s: %s", cfg.model, err)
+    return caps, predicted
+
+
 def _save_adapter(model, out: Path) -> Path:
     """Saves the peft adapter into out/adapter atomically (temp folder, then rename)."""
     final = out / "adapter"
@@ -145,6 +175,150 @@ def _save_adapter(model, out: Path) -> Path:
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+@dataclass
+class _Session:
+    """Everything one run holds while it trains (built by :func:`_setup`)."""
+
+    cfg: RunConfig
+    out: Path
+    data: TextData
+    accelerator: Accelerator
+    model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: dict[str, Any]
+    metrics: RecordLog
+    events: RecordLog
+    meter: PeakMeter
+    caps: BatchCaps
+    predicted: int | None
+    per_epoch: int
+    total: int
+
+    def checkpoint(self, reason: str) -> None:
+        step = self.state["step"]
+        path = save_checkpoint(self.out, step, self.accelerator.unwrap_model(self.model), self.optimizer,
+                               self.scheduler, self.state)
+        self.events.append({"step": step, "event": "checkpoint", "reason": reason, "path": str(path)})
+
+    def on_oom(self, event: dict[str, Any]) -> None:
+        self.events.append({"step": self.state["step"] + 1, **event})
+        log.warning("step %d: %s", self.state["step"] + 1, event["message"])
+
+
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> _Session:
+    """Validates against the model, loads data and model, restores a checkpoint, plans memory."""
+    prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    source = text_models.resolve_model_source(cfg.model)
+    limit = text_models.max_positions(source)
+    if limit is not None and cfg.max_seq_len > limit:
+        raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
+    save_run_config(out, cfg)
+    data = load_text_data(cfg, text_models.load_tokenizer(source))
+
+    torch.manual_seed(cfg.seed)  # LoRA init
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = Accelerator(cpu=device.type == "cpu",
+                              mixed_precision=choose_precision(cfg.precision, device))
+    model = text_models.attach_lora(text_models.load_model_for(cfg, source), cfg)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    per_epoch = steps_per_epoch(cfg, len(data.train))
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    state: dict[str, Any] = {"step": 0, "base_eval_loss": None}
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        log.warning("%s: no checkpoint yet; starting from step 0", out)
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, accelerator.unwrap_model(model), optimizer, scheduler)
+    if state["base_eval_loss"] is None:
+        state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, accelerator.device,
+                                           cfg.token_budget)
+    budget = int(cfg.budget_gb * GB) or None
+    caps, predicted = _memory_plan(cfg, source, budget, accelerator.device)
+    meter = PeakMeter(accelerator.device, budget)
+    unwrapped = accelerator.unwrap_model(model)
+    meter.track(list(unwrapped.parameters()) + list(unwrapped.buffers())
+                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)])
+    session = _Session(cfg, out, data, accelerator, model, optimizer, scheduler, state,
+                       RecordLog(out / "metrics.jsonl", keep_until_step=state["step"]),
+                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None),
+                       meter, caps, predicted, per_epoch, total)
+    if caps.caps:
+        session.events.append({"step": state["step"], "event": "plan", "caps": caps.caps})
+    return session
+
+
+def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
+    """One optimizer step under the memory guard; returns its metric record."""
+    run.meter.start_step()
+    start = time.perf_counter()
+    stats = run_guarded(lambda st: run_step(run.model, run.accelerator, run.data, st), step, run.caps,
+                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom)
+    run.accelerator.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - start
+    run.state["step"] += 1
+    return {"step": run.state["step"], "epoch": epoch, "loss": stats["loss"],
+            "lr": run.scheduler.get_last_lr()[0], "real_tokens": stats["real_tokens"],
+            "padded_tokens": stats["padded_tokens"], "batch_size": len(step.indices),
+            "micro_batches": len(step.micro_batches),
+            "seq_len": max(mb.seq_len for mb in step.micro_batches), "seconds": seconds,
+            "tokens_per_s": stats["real_tokens"] / seconds, "peak_bytes": run.meter.step_peak(),
+            "memory_source": run.meter.source, "time": time.time()}
+
+
+def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
+    """Steps until done, stopped or out of memory; returns (status, message)."""
+    bar = tqdm(total=run.total, initial=run.state["step"], disable=not progress, unit="step")
+    plan_epoch_index, plan = -1, []
+    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"])
+    monitor = MemoryMonitor(lambda sample: samples.append({"step": run.state["step"], **sample}),
+                            interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
+                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
+    with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
+        while run.state["step"] < run.total:
+            if control.stop.is_set():
+                return "stopped", None
+            epoch, index = divmod(run.state["step"], run.per_epoch)
+            if epoch != plan_epoch_index:
+                plan_epoch_index, plan = epoch, epoch_plan(run.cfg, run.data, epoch, bool(run.caps.caps))
+            try:
+                record = _one_step(run, plan[index], epoch)
+            except RunOutOfMemoryError as err:
+                return "out_of_memory", str(err)
+            run.metrics.append(record)
+            if control.on_record:
+                control.on_record(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
+            if run.state["step"] % run.cfg.checkpoint_every == 0:
+                run.checkpoint("periodic")
+    return "completed", None
+
+
+def _final_eval(run: _Session) -> tuple[float | None, float | None]:
+    """Held-out loss with the run's attention and, for windowed runs, with full attention too."""
+    args = (run.data.held_out, run.data.pad_id, run.accelerator.device, run.cfg.token_budget)
+    try:
+        loss = evaluate(run.model, *args)
+        full = None
+        if run.cfg.attention == "windowed":  # the adapter is used with full attention at inference
+            with text_models.attention_backend(run.model, run.cfg.resolved_attn_backend()):
+                full = evaluate(run.model, *args)
+    except torch.OutOfMemoryError as err:
+        log.warning("evaluation ran out of memory: %s", err)
+        return None, None
+    return loss, full
 
 
 def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -159,95 +333,34 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         control: stop request and record listener (the UI's job uses it).
     """
     out = Path(out)
-    control = control or TrainControl()
-    prepare_run_dir(out, resume=resume, overwrite=overwrite)
-    source = text_models.resolve_model_source(cfg.model)
-    limit = text_models.max_positions(source)
-    if limit is not None and cfg.max_seq_len > limit:
-        raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
-    save_run_config(out, cfg)
-    tokenizer = text_models.load_tokenizer(source)
-    data = load_text_data(cfg, tokenizer)
-
-    torch.manual_seed(cfg.seed)  # LoRA init
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision=choose_precision(cfg.precision, torch.device(
-                                  "cuda" if torch.cuda.is_available() else "cpu")))
-    model = text_models.attach_lora(text_models.load_base_model(source, cfg.resolved_attn_backend()), cfg)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    per_epoch = steps_per_epoch(cfg, len(data.train))
-    total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    device = accelerator.device
-
-    state: dict[str, Any] = {"step": 0, "base_eval_loss": None}
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        log.warning("%s: no checkpoint yet; starting from step 0", out)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, accelerator.unwrap_model(model), optimizer, scheduler)
-    if state["base_eval_loss"] is None:
-        state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, device)
-    metrics = RecordLog(out / "metrics.jsonl", keep_until_step=state["step"])
-    events = RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None)
-    budget = int(cfg.budget_gb * GB) or None
-    meter = PeakMeter(device, budget)
-    meter.track(list(accelerator.unwrap_model(model).parameters())
-                + list(accelerator.unwrap_model(model).buffers())
-                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)])
-
-    def checkpoint(step: int, reason: str) -> None:
-        path = save_checkpoint(out, step, accelerator.unwrap_model(model), optimizer, scheduler, state)
-        events.append({"step": step, "event": "checkpoint", "reason": reason, "path": str(path)})
-
-    status = "completed"
-    bar = tqdm(total=total, initial=state["step"], disable=not progress, unit="step")
-    with meter:
-        plan_epoch_index, plan = -1, []
-        while state["step"] < total:
-            if control.stop.is_set():
-                status = "stopped"
-                break
-            epoch, index = divmod(state["step"], per_epoch)
-            if epoch != plan_epoch_index:
-                plan_epoch_index, plan = epoch, epoch_plan(cfg, data, epoch)
-            meter.start_step()
-            start = time.perf_counter()
-            stats = run_step(model, accelerator, data, plan[index])
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            seconds = time.perf_counter() - start
-            state["step"] += 1
-            step = plan[index]
-            record = {"step": state["step"], "epoch": epoch, "loss": stats["loss"],
-                      "lr": scheduler.get_last_lr()[0], "real_tokens": stats["real_tokens"],
-                      "padded_tokens": stats["padded_tokens"], "batch_size": len(step.indices),
-                      "micro_batches": len(step.micro_batches),
-                      "seq_len": max(mb.seq_len for mb in step.micro_batches), "seconds": seconds,
-                      "tokens_per_s": stats["real_tokens"] / seconds, "peak_bytes": meter.step_peak(),
-                      "memory_source": meter.source, "time": time.time()}
-            metrics.append(record)
-            if control.on_record:
-                control.on_record(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
-            if state["step"] % cfg.checkpoint_every == 0:
-                checkpoint(state["step"], "periodic")
-        bar.close()
-        checkpoint(state["step"], status)
-        eval_loss = evaluate(model, data.held_out, data.pad_id, device)
-    adapter = _save_adapter(accelerator.unwrap_model(model), out)
-    summary = _summary(cfg, metrics.snapshot(), {
-        "status": status, "eval_loss": eval_loss, "base_eval_loss": state["base_eval_loss"],
-        "memory_source": meter.source, "budget_bytes": budget, "adapter": str(adapter),
-        "device": str(device), "precision": accelerator.mixed_precision,
-        "train_samples": len(data.train), "eval_samples": len(data.held_out),
-        "max_padded_len": round_up(max(len(s) for s in data.train), cfg.pad_multiple)})
+    run = _setup(cfg, out, resume, overwrite)
+    status, message = _loop(run, control or TrainControl(), progress)
+    run.checkpoint(status)
+    eval_loss, eval_full = _final_eval(run)
+    adapter = _save_adapter(run.accelerator.unwrap_model(run.model), out)
+    summary = _summary(cfg, run.metrics.snapshot(), {
+        "status": status, "message": message, "eval_loss": eval_loss,
+        "eval_loss_full_attention": eval_full, "base_eval_loss": run.state["base_eval_loss"],
+        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
+        "predicted_peak_bytes": run.predicted,
+        "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
+        "adapter": str(adapter), "device": str(run.accelerator.device),
+        "precision": run.accelerator.mixed_precision, "train_samples": len(run.data.train),
+        "eval_samples": len(run.data.held_out),
+        "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple)})
+    summary["memory_report"] = memory_report(summary)
     write_atomic(out / "run.json", json.dumps(summary, indent=1))
     return summary
+
+
+def memory_report(summary: dict[str, Any]) -> dict[str, Any]:
+    """Peak, mean, budget use and predicted vs measured peak, each figure with its source."""
+    peak, budget, predicted = summary["peak_bytes"], summary["budget_bytes"], summary["predicted_peak_bytes"]
+    return {
+        "peak_bytes": peak, "mean_step_peak_bytes": summary["mean_step_peak_bytes"],
+        "source": summary["memory_source"], "budget_bytes": budget,
+        "budget_utilization": peak / budget if peak and budget else None,
+        "predicted_peak_bytes": predicted, "predicted_source": "predicted",
+        "predicted_vs_measured": predicted / peak - 1 if peak and predicted else None,
+        "oom_events_recovered": sum(1 for e in summary["oom_events"] if "new_cap" in e),
+    }

@@ -3,8 +3,10 @@ requested attention kernel, attach LoRA (peft), and save the adapter in peft for
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -79,6 +81,38 @@ def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.f
     model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn_backend, dtype=dtype)
     model.config.use_cache = False  # training: no KV cache
     return model
+
+
+def load_model_for(cfg: RunConfig, source: str):
+    """The base model with the run's attention: its kernel, and the window when asked for.
+
+    Windowed attention support is checked on the config before any weight is loaded.
+    """
+    if cfg.attention == "windowed":
+        from lora_gui.attention import check_windowed_support
+
+        try:
+            check_windowed_support(AutoConfig.from_pretrained(source))
+        except ValueError as err:
+            raise ModelError(f"attention=windowed: {err}") from None
+    model = load_base_model(source, cfg.resolved_attn_backend())
+    if cfg.attention == "windowed":
+        from lora_gui.attention import enable_windowed_attention
+
+        enable_windowed_attention(model, cfg.window, cfg.global_tokens, max_seq_len=cfg.max_seq_len)
+    return model
+
+
+@contextlib.contextmanager
+def attention_backend(model, backend: str) -> Iterator[None]:
+    """Temporarily runs the model with another attention implementation (e.g. full for eval)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    previous = base.config._attn_implementation
+    base.set_attn_implementation(backend)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(previous)
 
 
 def attach_lora(model, cfg: RunConfig) -> PeftModel:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lora_gui.ui.tabs import train
+from lora_gui.ui.tabs import plan, train
 
 
 def build_app() -> gr.Blocks:
@@ -14,4 +14,6 @@ def build_app() -> gr.Blocks:
                     "`cuda_allocator`.")
         with gr.Tab("Train"):
             train.build()
+        with gr.Tab("Plan"):
+            plan.build()
     return demo

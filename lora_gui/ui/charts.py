@@ -53,3 +53,23 @@ def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
                               "range": [0, 1.05]}, height=320,
                       margin={"l": 50, "r": 50, "t": 40, "b": 40})
     return fig
+
+
+BREAKDOWN_ORDER = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations",
+                   "temporaries")
+
+
+def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
+                     budget_bytes: int | None = None) -> go.Figure:
+    """One stacked bar of the predicted peak by category (MiB), with the budget as a line."""
+    fig = go.Figure()
+    parts = [(k, breakdown.get(k, 0)) for k in BREAKDOWN_ORDER] + [
+        (k, v) for k, v in breakdown.items() if k not in BREAKDOWN_ORDER] + [
+        (f"overhead: {k}", v) for k, v in overheads.items() if v]
+    for name, nbytes in parts:
+        fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / MIB], name=name))
+    if budget_bytes:
+        fig.add_hline(y=budget_bytes / MIB, line_dash="dash", line_color="red", annotation_text="budget")
+    fig.update_layout(barmode="stack", title="Predicted peak by category (source: predicted)",
+                      yaxis_title="MiB", height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    return fig

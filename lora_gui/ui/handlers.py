@@ -70,7 +70,7 @@ def start(preset: str, out_name: str, *values: Any, resume: bool = False) -> str
         cfg = load_run_config(out) if resume else build_config(preset, *values)
         job = MANAGER.start(cfg, out, resume=resume, overwrite=not resume)
     except USER_ERRORS as err:
-        return f"⚠️ {err}"
+        return f"Error: {err}"
     return f"{'Resuming' if resume else 'Started'} **{job.name}** → `{job.out}`"
 
 
@@ -101,7 +101,7 @@ def poll() -> tuple[Any, Any, Any, str, str]:
         eta = f", ETA {elapsed / done * (total - done):.0f} s"
     status = f"**{job.name}**: {job.status} ({job.phase}), step {done}" + (f"/{total}" if total else "") + eta
     if job.error:
-        status += f"\n\n⚠️ {job.error}"
+        status += f"\n\nError: {job.error}"
     if job.summary and job.status in ("completed", "stopped"):
         s = job.summary
         status += (f"\n\nAdapter: `{s['adapter']}` · eval loss {_fmt(s['eval_loss'], '.3f')} "
@@ -109,3 +109,34 @@ def poll() -> tuple[Any, Any, Any, str, str]:
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
     log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
     return (*figs, status, log)
+
+
+def bundled_model_names() -> list[str]:
+    from lora_gui.memory.model_configs import bundled_models
+
+    return [m for m in bundled_models() if "unet" not in m]  # image models join with the image engine
+
+
+def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: str,
+         checkpointing: bool) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
+    """Plan tab: breakdown figure, verdict, bucket table and card table (source: predicted)."""
+    from lora_gui.memory import planner, run_plan
+
+    empty: list[list[Any]] = []
+    try:
+        cfg = load_config(preset, {"model": model, "max_seq_len": int(max_seq_len or 0),
+                                   "gradient_checkpointing": bool(checkpointing)})
+        budget = planner.check_budget((budget_gb or 0) * GB)
+        result, step = run_plan.plan_and_predict(cfg, budget, device, confirm=False)
+        rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
+                                       **run_plan.step_kwargs(cfg, device))
+    except (ValueError, *USER_ERRORS) as err:
+        return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
+    verdict = "Fits" if result.fits else "Does not fit"
+    text = (f"**{verdict}** — {result.message}\n\nPredicted peak at the run's largest micro-batch: "
+            f"**{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {device})")
+    for sug in result.suggestions:
+        text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
+    table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
+    card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen] for r in rows]
+    return charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text, table, card_rows

@@ -92,3 +92,28 @@ def test_train_stop_and_refuse_second_start(server):
                                timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "train-stopped.png"), full_page=True)
         browser.close()
+
+
+def test_plan_tab_renders_the_stacked_breakdown(server):
+    from playwright.sync_api import sync_playwright
+
+    url, _ = server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.goto(url)
+        page.get_by_role("tab", name="Plan").click()
+        page.click("#plan-button")
+        page.wait_for_function("document.querySelector('#plan-message').innerText.includes('fits')",
+                               timeout=120_000)
+        count_bars = """() => {
+            const el = document.querySelector('#plan-chart .js-plotly-plot');
+            return el && el.data ? el.data.filter(t => t.type === 'bar').length : 0; }"""
+        try:
+            page.wait_for_function(f"({count_bars})() >= 5", timeout=30_000)
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "plan.png"), full_page=True)
+        assert page.evaluate(count_bars) >= 5, "the stacked bar has fewer categories than expected"
+        browser.close()

@@ -1,0 +1,93 @@
+"""Out-of-memory recovery: split the micro-batch that failed, retry the same step, remember.
+
+A budget is enforced by the device (CUDA: ``set_per_process_memory_fraction``; CPU: the
+tracker's simulated VRAM budget), so an out-of-memory here is a real ``torch.OutOfMemoryError``.
+On one, the step's partial gradients are dropped and the whole step is run again with the
+failing length bucket's micro-batch cap halved. The loss of every micro-batch is normalised by
+the step's target-token count, so the retried step's gradient equals the unsplit one (within
+float summation order) and no sample is skipped. The lowered cap holds for the rest of the run.
+Three failures at micro-batch 1 end the run with :class:`RunOutOfMemoryError`.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lora_gui.data.batching import MicroBatch, Step
+
+MAX_FAILURES_AT_ONE = 3
+
+
+class MicroBatchOutOfMemory(RuntimeError):
+    """Raised by a step runner: which micro-batch ran out of memory."""
+
+    def __init__(self, micro_batch: MicroBatch, cause: BaseException) -> None:
+        super().__init__(f"out of memory at micro-batch {len(micro_batch.indices)} x "
+                         f"{micro_batch.seq_len} tokens: {cause}")
+        self.micro_batch = micro_batch
+
+
+class RunOutOfMemoryError(RuntimeError):
+    """Even one sample of this length does not fit; the message says what would."""
+
+
+@dataclass
+class BatchCaps:
+    """Largest micro-batch per padded length, lowered on out-of-memory (starts from the plan)."""
+
+    caps: dict[int, int] = field(default_factory=dict)
+
+    def cap(self, seq_len: int) -> int | None:
+        """The cap of the smallest bucket at or above seq_len (None: no cap)."""
+        above = [n for n in self.caps if n >= seq_len]
+        return self.caps[min(above)] if above else None
+
+    def apply(self, step: Step) -> Step:
+        """The same samples, micro-batches re-cut so none is above its cap."""
+        out: list[MicroBatch] = []
+        for mb in step.micro_batches:
+            cap = self.cap(mb.seq_len) if not mb.packed else None
+            size = cap or len(mb.indices)
+            out += [MicroBatch(mb.indices[i : i + size], mb.seq_len, mb.packed)
+                    for i in range(0, len(mb.indices), size)]
+        return Step(tuple(out))
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_guarded(run: Callable[[Step], dict[str, Any]], step: Step, caps: BatchCaps,
+                zero_grad: Callable[[], None], on_event: Callable[[dict[str, Any]], None],
+                ) -> dict[str, Any]:
+    """Runs ``run(step)`` and recovers from out-of-memory by splitting (see module doc)."""
+    failures_at_one = 0
+    while True:
+        try:
+            return run(caps.apply(step))
+        except MicroBatchOutOfMemory as oom:
+            zero_grad()
+            free_memory()
+            mb = oom.micro_batch
+            if len(mb.indices) == 1:
+                failures_at_one += 1
+                on_event({"event": "oom", "micro_batch": 1, "seq_len": mb.seq_len,
+                          "failures_at_one": failures_at_one, "message": str(oom)})
+                if failures_at_one >= MAX_FAILURES_AT_ONE:
+                    raise RunOutOfMemoryError(
+                        f"one sample of {mb.seq_len} tokens does not fit the budget "
+                        f"({failures_at_one} tries); lower max_seq_len, switch on "
+                        "gradient_checkpointing or raise budget_gb (see `python -m lora_gui plan`)"
+                    ) from None
+                continue
+            new_cap = max(1, len(mb.indices) // 2)
+            caps.caps[mb.seq_len] = new_cap
+            on_event({"event": "oom", "micro_batch": len(mb.indices), "seq_len": mb.seq_len,
+                      "new_cap": new_cap, "message": str(oom)})

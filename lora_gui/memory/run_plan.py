@@ -1,0 +1,103 @@
+"""The planner applied to one run: which buckets, which model shapes, what the trace predicts.
+
+Glue between a :class:`RunConfig` and :mod:`planner` / :mod:`trace`, shared by the CLI ``plan``
+command, the training engine (batch caps per bucket under a budget) and the UI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from lora_gui.config import RunConfig
+from lora_gui.data.batching import round_up
+from lora_gui.memory import planner
+from lora_gui.memory.model_configs import bundled_models, load_model_config
+from lora_gui.memory.trace import TraceResult, trace_text_step
+
+
+def model_config_for(cfg: RunConfig, source: str | None = None) -> Any:
+    """Model shapes for planning: a bundled architecture name, the built-in model or a local dir."""
+    if cfg.model in bundled_models():
+        return load_model_config(cfg.model)
+    if source is None:
+        from lora_gui.models.text import resolve_model_source
+
+        source = resolve_model_source(cfg.model)
+    return load_model_config(source)
+
+
+def text_buckets(cfg: RunConfig) -> list[int]:
+    """Padded lengths the bucketed builder can produce, coarsened to powers of two (fewer traces)."""
+    buckets, n = [], round_up(64, cfg.pad_multiple)
+    while n < cfg.max_seq_len:
+        buckets.append(n)
+        n *= 2
+    return buckets + [cfg.max_seq_len]
+
+
+def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
+    """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
+    if cfg.resolved_batching() == "fixed":
+        attn = cfg.resolved_attn_backend()
+    else:
+        attn = "sdpa" if cfg.resolved_attn_backend() == "sdpa" else "eager"
+    bf16 = device == "cuda" and cfg.precision in ("auto", "bf16")
+    return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
+            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": torch.bfloat16 if bf16 else torch.float32, "device": device,
+            "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
+            else [t.strip() for t in cfg.lora_targets.split(",")]}
+
+
+def plan_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
+             confirm: bool = True) -> planner.Plan:
+    """Largest micro-batch per length bucket for this run under the budget (source: predicted)."""
+    return planner.plan_text(model_config_for(cfg, source), budget_bytes, text_buckets(cfg),
+                             effective_batch=cfg.batch_size, max_batch=max(cfg.batch_size, 1),
+                             confirm=confirm, **step_kwargs(cfg, device))
+
+
+def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = None,
+                   batch_size: int | None = None, seq_len: int | None = None) -> TraceResult:
+    """Trace of this run's largest micro-batch shape (traditional: batch x max_seq_len;
+    optimized: as many max-length rows as fit the token budget)."""
+    if seq_len is None:
+        seq_len = cfg.max_seq_len
+    if batch_size is None:
+        if cfg.resolved_batching() == "fixed":
+            batch_size = cfg.batch_size
+        else:
+            batch_size = max(1, min(cfg.batch_size, cfg.token_budget // seq_len))
+    return trace_text_step(model_config_for(cfg, source), batch_size=batch_size, seq_len=seq_len,
+                           **step_kwargs(cfg, device))
+
+
+def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
+    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads."""
+    return {"peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
+            "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
+            "device": step.device, "source": "predicted", "fits": plan.fits,
+            "budget_bytes": plan.budget_bytes, "message": plan.message,
+            "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
+            "buckets": [asdict(b) for b in plan.buckets],
+            "suggestions": [asdict(s) for s in plan.suggestions]}
+
+
+def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
+                     confirm: bool = True) -> tuple[planner.Plan, TraceResult]:
+    """The plan under a budget and the trace of the micro-batch the run will peak at.
+
+    With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch),
+    so the peak is the bucket whose planned micro-batch predicts the most; when batch 1 does not
+    fit, it is batch 1 at max_seq_len.
+    """
+    plan = plan_run(cfg, budget_bytes, device, source, confirm)
+    if plan.fits:
+        worst = max(plan.buckets, key=lambda b: b.peak_bytes)
+        step = predicted_step(cfg, device, source, batch_size=worst.micro_batch, seq_len=int(worst.bucket))
+    else:
+        step = predicted_step(cfg, device, source, batch_size=1)
+    return plan, step

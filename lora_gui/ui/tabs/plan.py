@@ -1,0 +1,32 @@
+"""Plan tab: will it fit? Predicted breakdown against the budget, batch per bucket, what to switch."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from lora_gui.ui import handlers
+
+
+def build() -> dict[str, gr.components.Component]:
+    gr.Markdown("Predicted on this machine's CPU from the model's real shapes (a fake-tensor trace "
+                "of one training step); no weights are downloaded. Bundled architectures: "
+                + ", ".join(handlers.bundled_model_names()) + ".")
+    with gr.Row():
+        preset = gr.Dropdown(handlers.preset_names(), value="text-demo", label="Preset")
+        model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
+                            allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
+    with gr.Row():
+        max_seq_len = gr.Number(value=1024, precision=0, label="Max sequence length")
+        budget = gr.Number(value=24, label="VRAM budget (GB)", elem_id="plan-budget")
+        device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
+        checkpointing = gr.Checkbox(value=False, label="Gradient checkpointing")
+    button = gr.Button("Plan", variant="primary", elem_id="plan-button")
+    message = gr.Markdown(elem_id="plan-message")
+    chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
+    buckets = gr.Dataframe(headers=["bucket (tokens)", "micro-batch", "grad accum", "predicted peak MiB"],
+                           label="Batch per length bucket", interactive=False)
+    cards = gr.Dataframe(headers=["card GB", "longest at batch 1", "batch at max length"],
+                         label="What fits where", interactive=False)
+    inputs = [preset, model, max_seq_len, budget, device, checkpointing]
+    button.click(handlers.plan, inputs, [chart, message, buckets, cards])
+    return {"button": button, "chart": chart, "message": message}

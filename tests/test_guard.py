@@ -1,0 +1,76 @@
+import pytest
+import torch
+from accelerate import Accelerator
+
+from lora_gui.config import RunConfig, apply_overrides
+from lora_gui.data.batching import MicroBatch, Step
+from lora_gui.engine.text import load_text_data, run_step
+from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
+from lora_gui.memory.tracker import StorageTracker
+from lora_gui.models import text as text_models
+
+
+def test_caps_recut_micro_batches_by_smallest_bucket_above():
+    caps = BatchCaps({128: 4, 256: 2})
+    step = Step((MicroBatch((0, 1, 2, 3, 4), 100), MicroBatch((5, 6, 7), 256), MicroBatch((8,), 512)))
+    sizes = [(len(mb.indices), mb.seq_len) for mb in caps.apply(step).micro_batches]
+    assert sizes == [(4, 100), (1, 100), (2, 256), (1, 256), (1, 512)]
+    assert caps.apply(step).indices == step.indices
+
+
+def test_split_and_retry_lowers_the_cap_and_logs():
+    events, calls = [], []
+
+    def run(step):
+        calls.append([len(mb.indices) for mb in step.micro_batches])
+        for mb in step.micro_batches:
+            if len(mb.indices) > 2:
+                raise MicroBatchOutOfMemory(mb, torch.OutOfMemoryError("test"))
+        return {"ok": True}
+
+    caps = BatchCaps()
+    assert run_guarded(run, Step((MicroBatch(tuple(range(8)), 64),)), caps, lambda: None, events.append)
+    assert calls == [[8], [4, 4], [2, 2, 2, 2]]
+    assert caps.caps == {64: 2} and [e["new_cap"] for e in events] == [4, 2]
+
+
+def test_three_failures_at_one_stop_with_advice():
+    def run(step):
+        raise MicroBatchOutOfMemory(step.micro_batches[0], torch.OutOfMemoryError("test"))
+
+    events = []
+    with pytest.raises(RunOutOfMemoryError, match="max_seq_len|gradient_checkpointing"):
+        run_guarded(run, Step((MicroBatch((0,), 64),)), BatchCaps(), lambda: None, events.append)
+    assert [e["failures_at_one"] for e in events] == [1, 2, 3]
+
+
+def test_real_out_of_memory_split_gives_the_unsplit_gradient(small_corpus, builtin_model_dir):
+    cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 64})
+    data = load_text_data(cfg, text_models.load_tokenizer(str(builtin_model_dir)))
+    torch.manual_seed(0)
+    model = text_models.attach_lora(text_models.load_base_model(str(builtin_model_dir), "sdpa"), cfg)
+    accel = Accelerator(cpu=True)
+    ids = tuple(range(8))
+    step = Step((MicroBatch(ids, 64),))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def peak_of(s: Step) -> int:
+        model.zero_grad(set_to_none=True)
+        with StorageTracker() as t:
+            t.track(list(model.parameters()))
+            run_step(model, accel, data, s)
+            return t.peak_bytes
+
+    whole_peak = peak_of(step)
+    reference = [p.grad.clone() for p in params]
+    half_peak = peak_of(Step((MicroBatch(ids[:4], 64), MicroBatch(ids[4:], 64))))
+    assert half_peak < whole_peak
+    model.zero_grad(set_to_none=True)
+    events = []
+    with StorageTracker(budget_bytes=(half_peak + whole_peak) // 2) as t:
+        t.track(list(model.parameters()))
+        run_guarded(lambda s: run_step(model, accel, data, s), step, caps := BatchCaps(),
+                    lambda: model.zero_grad(set_to_none=True), events.append)
+    assert caps.caps == {64: 4} and events[0]["event"] == "oom"
+    for ref, p in zip(reference, params):
+        torch.testing.assert_close(p.grad, ref, rtol=1e-4, atol=1e-6)

@@ -1,0 +1,45 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lora_gui", "plan", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_plan_json_for_the_demo_preset():
+    res = plan("--preset", "text-demo", "--budget-gb", "8", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {"peak_bytes", "breakdown", "fits", "batch_by_bucket", "traced_peak_bytes"} <= out.keys()
+    assert out["fits"] is True and out["source"] == "predicted"
+    assert sum(out["breakdown"].values()) == out["traced_peak_bytes"]
+    assert out["peak_bytes"] == out["traced_peak_bytes"] + sum(out["cuda_overheads"].values())
+    assert out["batch_by_bucket"]["1024"] >= 1
+
+
+def test_plan_an_8b_model_offline_that_does_not_fit():
+    res = plan("--set", "model=llama-3.1-8b", "--set", "max_seq_len=2048", "--budget-gb", "8", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["fits"] is False and "does not fit even at batch 1" in out["message"]
+    assert out["peak_bytes"] > 16e9
+
+
+def test_plan_text_output_has_breakdown_and_card_table():
+    res = plan("--preset", "text-demo", "--budget-gb", "4")
+    assert res.returncode == 0, res.stderr
+    for word in ("frozen_weights", "activations", "micro-batch", "What fits where", "80 GB"):
+        assert word in res.stdout
+
+
+def test_plan_rejects_absurd_budgets():
+    for bad in ("-1", "0", "1e9"):
+        res = plan("--preset", "text-demo", "--budget-gb", bad)
+        assert res.returncode == 2 and "budget" in res.stderr and "Traceback" not in res.stderr
