@@ -36,3 +36,21 @@ def test_breakdown_figure_stacks_categories_and_overheads():
     assert names[0] == "frozen_weights" and "overhead: cuda_context" in names
     assert "overhead: allocator_rounding" not in names  # zero overheads are not drawn
     assert fig.layout.barmode == "stack" and fig.layout.shapes[0].y0 == 8.0
+
+
+def test_memory_timeline_shades_phases_and_draws_budget_and_prediction():
+    samples = [{"time": 100.0 + i, "tracker_live_bytes": (i + 1) * 2**20, "rss_bytes": 1} for i in range(4)]
+    phases = [("loading", 99.0), ("training", 100.5), ("saving", 102.5)]
+    fig = charts.memory_timeline(samples, phases, budget_bytes=8 * 2**20, predicted_bytes=6 * 2**20)
+    assert list(fig.data[0].y) == [1.0, 2.0, 3.0, 4.0] and "tracker" in fig.data[0].name
+    assert list(fig.data[0].x) == [1.0, 2.0, 3.0, 4.0]  # seconds since the first phase
+    names = [t.name for t in fig.data]
+    assert "budget (simulated VRAM)" in names and "predicted peak" in names
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [(r.x0, r.x1) for r in rects] == [(0.0, 1.5), (1.5, 3.5), (3.5, 4.0)]
+
+
+def test_memory_timeline_prefers_the_cuda_allocator():
+    samples = [{"time": 1.0, "cuda_allocator_allocated_bytes": 2**21, "tracker_live_bytes": 1}]
+    fig = charts.memory_timeline(samples, [], budget_bytes=None)
+    assert "cuda_allocator" in fig.data[0].name and list(fig.data[0].y) == [2.0]

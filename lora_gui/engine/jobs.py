@@ -40,22 +40,54 @@ class Job:
     started: float = field(default_factory=time.time)
     records: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # memory monitor, 2 Hz
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, start time)
+    predicted_bytes: int | None = None
+    total_steps: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_record(self, record: dict[str, Any]) -> None:
         with self._lock:
-            if not self.records:
-                self.phase = "training"
-                self.status = "running"
+            self.status = "running"
             self.records.append(record)
 
     def add_event(self, text: str) -> None:
         with self._lock:
             self.events.append({"time": time.time(), "event": text})
 
+    def on_engine_event(self, event: dict[str, Any]) -> None:
+        """Phases, plan, checkpoints and out-of-memory recoveries from the engine."""
+        kind = event.get("event")
+        if kind == "phase":
+            with self._lock:
+                self.phase = event["phase"]
+                self.phases.append((event["phase"], event["time"]))
+            return
+        if kind == "plan":
+            self.predicted_bytes = event.get("predicted_peak_bytes")
+            self.total_steps = event.get("total_steps")
+            caps = event.get("caps")
+            if caps:
+                self.add_event(f"planned micro-batch per length bucket: {caps}")
+            return
+        if kind == "checkpoint":
+            self.add_event(f"step {event['step']}: checkpoint saved ({event['reason']})")
+        elif kind == "oom":
+            self.add_event(f"step {event['step']}: out of memory, recovered by splitting: {event['message']}")
+        else:
+            self.add_event(str(event))
+
+    def add_sample(self, sample: dict[str, Any]) -> None:
+        with self._lock:
+            self.samples.append(sample)
+
     def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         with self._lock:
             return list(self.records), list(self.events)
+
+    def memory_snapshot(self) -> tuple[list[dict[str, Any]], list[tuple[str, float]]]:
+        with self._lock:
+            return list(self.samples), list(self.phases)
 
     @property
     def running(self) -> bool:
@@ -77,6 +109,8 @@ class JobManager:
             job = Job(name=out.name, out=out, cfg=cfg)
             self.job = job
         job.control.on_record = job.add_record
+        job.control.on_event = job.on_engine_event
+        job.control.on_sample = job.add_sample
         job.add_event(f"{'resuming' if resume else 'starting'} {job.name}")
         thread = threading.Thread(target=self._run, args=(job, resume, overwrite), daemon=True,
                                   name=f"train-{job.name}")
@@ -95,6 +129,7 @@ class JobManager:
             log.debug("job %s failed:\n%s", job.name, traceback.format_exc())
         finally:
             job.phase = "done"
+            job.phases.append(("done", time.time()))
 
     def stop(self) -> str:
         """Asks the running job to checkpoint and stop after the current step."""

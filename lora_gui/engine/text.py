@@ -53,10 +53,21 @@ class TextData:
 
 @dataclass
 class TrainControl:
-    """How a caller steers a running job: a stop request and a record listener."""
+    """How a caller steers and watches a run: a stop request and listeners for step records,
+    events (phases, checkpoints, out-of-memory recoveries) and memory samples."""
 
     stop: threading.Event = field(default_factory=threading.Event)
     on_record: Callable[[dict[str, Any]], None] | None = None
+    on_event: Callable[[dict[str, Any]], None] | None = None
+    on_sample: Callable[[dict[str, Any]], None] | None = None
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.on_event:
+            self.on_event(event)
+
+    def phase(self, name: str) -> None:
+        """Marks the start of a phase: loading, training, evaluating, saving."""
+        self.emit({"event": "phase", "phase": name, "time": time.time()})
 
 
 def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
@@ -196,21 +207,29 @@ class _Session:
     predicted: int | None
     per_epoch: int
     total: int
+    control: TrainControl
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Appends to events.jsonl and tells the listener."""
+        event = {"step": self.state["step"], "time": time.time(), **event}
+        self.events.append(event)
+        self.control.emit(event)
 
     def checkpoint(self, reason: str) -> None:
         step = self.state["step"]
         path = save_checkpoint(self.out, step, self.accelerator.unwrap_model(self.model), self.optimizer,
                                self.scheduler, self.state)
-        self.events.append({"step": step, "event": "checkpoint", "reason": reason, "path": str(path)})
+        self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
 
     def on_oom(self, event: dict[str, Any]) -> None:
-        self.events.append({"step": self.state["step"] + 1, **event})
+        self.event({**event, "step": self.state["step"] + 1})
         log.warning("step %d: %s", self.state["step"] + 1, event["message"])
 
 
-def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> _Session:
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
     """Validates against the model, loads data and model, restores a checkpoint, plans memory."""
     prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    control.phase("loading")
     source = text_models.resolve_model_source(cfg.model)
     limit = text_models.max_positions(source)
     if limit is not None and cfg.max_seq_len > limit:
@@ -250,9 +269,9 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> _Session
     session = _Session(cfg, out, data, accelerator, model, optimizer, scheduler, state,
                        RecordLog(out / "metrics.jsonl", keep_until_step=state["step"]),
                        RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None),
-                       meter, caps, predicted, per_epoch, total)
-    if caps.caps:
-        session.events.append({"step": state["step"], "event": "plan", "caps": caps.caps})
+                       meter, caps, predicted, per_epoch, total, control)
+    session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
+                   "budget_bytes": budget, "total_steps": total})
     return session
 
 
@@ -268,7 +287,7 @@ def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
     run.optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - start
     run.state["step"] += 1
-    return {"step": run.state["step"], "epoch": epoch, "loss": stats["loss"],
+    return {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": stats["loss"],
             "lr": run.scheduler.get_last_lr()[0], "real_tokens": stats["real_tokens"],
             "padded_tokens": stats["padded_tokens"], "batch_size": len(step.indices),
             "micro_batches": len(step.micro_batches),
@@ -282,7 +301,15 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
     bar = tqdm(total=run.total, initial=run.state["step"], disable=not progress, unit="step")
     plan_epoch_index, plan = -1, []
     samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"])
-    monitor = MemoryMonitor(lambda sample: samples.append({"step": run.state["step"], **sample}),
+
+    def on_sample(sample: dict[str, Any]) -> None:
+        sample = {"step": run.state["step"], **sample}
+        samples.append(sample)
+        if control.on_sample:
+            control.on_sample(sample)
+
+    control.phase("training")
+    monitor = MemoryMonitor(on_sample,
                             interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
                             live_bytes=run.meter.live_bytes if run.meter.tracker else None)
     with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
@@ -333,10 +360,14 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         control: stop request and record listener (the UI's job uses it).
     """
     out = Path(out)
-    run = _setup(cfg, out, resume, overwrite)
-    status, message = _loop(run, control or TrainControl(), progress)
+    control = control or TrainControl()
+    run = _setup(cfg, out, resume, overwrite, control)
+    status, message = _loop(run, control, progress)
+    control.phase("saving")
     run.checkpoint(status)
+    control.phase("evaluating")
     eval_loss, eval_full = _final_eval(run)
+    control.phase("saving")
     adapter = _save_adapter(run.accelerator.unwrap_model(run.model), out)
     summary = _summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,

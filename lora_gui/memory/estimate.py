@@ -118,6 +118,9 @@ def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
     return per + (5 * s["nh"] * seq * d // 2 if attn == "eager" else 0)
 
 
+WINDOWED_BLOCK = 128  # query block of the blocked windowed kernel: each block sees block + W - 1 keys
+
+
 def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: int = 16,
                        target_modules: Any = "all-linear", attn_implementation: str = "sdpa",
                        gradient_checkpointing: bool = False, dtype: Any = "bfloat16",
@@ -137,9 +140,14 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     """
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
-    if attn_implementation not in ("eager", "sdpa"):
-        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+    if attn_implementation not in ("eager", "sdpa", "windowed"):
+        raise ValueError(f"attn_implementation must be 'eager', 'sdpa' or 'windowed', "
+                         f"got {attn_implementation!r}")
     cfg = load_model_config(config)
+    if attn_implementation == "windowed":  # blocked kernel: eager-like scores over W + G (+ a block)
+        window = getattr(cfg, "windowed_window", 256) + getattr(cfg, "windowed_global_tokens", 4)
+        attention_window = attention_window or window + WINDOWED_BLOCK
+        attn_implementation = "eager"
     if is_unet_config(cfg):
         raise ValueError("this is a UNet config: use estimate_unet_step")
     d = _bytes(dtype)

@@ -83,13 +83,17 @@ class MemoryMonitor:
             out.update(self.nvml())
         return out
 
+    def _take(self) -> None:
+        try:
+            self.sink(self.sample())
+            self.samples += 1
+        except Exception as err:  # a monitor must never take the run down
+            log.warning("memory sample failed: %s", err)
+
     def _run(self) -> None:
+        self._take()  # one at the start, then every interval, then one at the end (__exit__)
         while not self._stop.wait(self.interval_s):
-            try:
-                self.sink(self.sample())
-                self.samples += 1
-            except Exception as err:  # a monitor must never take the run down
-                log.warning("memory sample failed: %s", err)
+            self._take()
 
     def __enter__(self) -> MemoryMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True, name="memory-monitor")
@@ -100,3 +104,4 @@ class MemoryMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._take()

@@ -21,12 +21,18 @@ from lora_gui.memory.trace import TraceResult, trace_text_step
 def model_config_for(cfg: RunConfig, source: str | None = None) -> Any:
     """Model shapes for planning: a bundled architecture name, the built-in model or a local dir."""
     if cfg.model in bundled_models():
-        return load_model_config(cfg.model)
-    if source is None:
-        from lora_gui.models.text import resolve_model_source
+        config = load_model_config(cfg.model)
+    else:
+        if source is None:
+            from lora_gui.models.text import resolve_model_source
 
-        source = resolve_model_source(cfg.model)
-    return load_model_config(source)
+            source = resolve_model_source(cfg.model)
+        config = load_model_config(source)
+    if cfg.attention == "windowed" and not isinstance(config, dict):
+        from lora_gui.attention import configure_windowed
+
+        configure_windowed(config, cfg.window, cfg.global_tokens, max_seq_len=cfg.max_seq_len)
+    return config
 
 
 def text_buckets(cfg: RunConfig) -> list[int]:
@@ -40,10 +46,7 @@ def text_buckets(cfg: RunConfig) -> list[int]:
 
 def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
-    if cfg.resolved_batching() == "fixed":
-        attn = cfg.resolved_attn_backend()
-    else:
-        attn = "sdpa" if cfg.resolved_attn_backend() == "sdpa" else "eager"
+    attn = "windowed" if cfg.attention == "windowed" else cfg.resolved_attn_backend()
     bf16 = device == "cuda" and cfg.precision in ("auto", "bf16")
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "gradient_checkpointing": cfg.gradient_checkpointing,
@@ -73,6 +76,18 @@ def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
             batch_size = max(1, min(cfg.batch_size, cfg.token_budget // seq_len))
     return trace_text_step(model_config_for(cfg, source), batch_size=batch_size, seq_len=seq_len,
                            **step_kwargs(cfg, device))
+
+
+def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = None) -> TraceResult:
+    """Closed-form estimate of the same shape as :func:`predicted_step`: instant, for the UI."""
+    from lora_gui.memory.estimate import estimate_text_step
+
+    if cfg.resolved_batching() == "fixed":
+        batch = cfg.batch_size
+    else:
+        batch = max(1, min(cfg.batch_size, cfg.token_budget // cfg.max_seq_len))
+    return estimate_text_step(model_config_for(cfg, source), batch_size=batch, seq_len=cfg.max_seq_len,
+                              **step_kwargs(cfg, device))
 
 
 def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:

@@ -213,8 +213,13 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta)."""
     from transformers import AutoModelForCausalLM
 
-    if attn_implementation not in ("eager", "sdpa"):
-        raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
+    if attn_implementation not in ("eager", "sdpa", "windowed"):
+        raise ValueError(f"attn_implementation must be 'eager', 'sdpa' or 'windowed', "
+                         f"got {attn_implementation!r}")
+    if attn_implementation == "windowed":  # W and G come from the config (configure_windowed)
+        from lora_gui.attention import register_windowed_attention
+
+        register_windowed_attention()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)

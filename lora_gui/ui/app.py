@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lora_gui.ui.tabs import plan, train
+from lora_gui.ui import handlers
+from lora_gui.ui.tabs import compare, plan, presets, train
 
 
 def build_app() -> gr.Blocks:
@@ -13,7 +14,12 @@ def build_app() -> gr.Blocks:
                     "`tracker` (live tensor bytes, CPU stand-in for the CUDA allocator) or "
                     "`cuda_allocator`.")
         with gr.Tab("Train"):
-            train.build()
+            train_tab = train.build()
+        demo.load(handlers.predict, [train_tab["preset"], *train_tab["form"]], train_tab["predicted"])
         with gr.Tab("Plan"):
             plan.build()
+        with gr.Tab("Compare"):
+            compare.build()
+        with gr.Tab("Presets"):
+            presets.build()
     return demo

@@ -73,3 +73,38 @@ def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
     fig.update_layout(barmode="stack", title="Predicted peak by category (source: predicted)",
                       yaxis_title="MiB", height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
+
+
+PHASE_COLORS = {"loading": "#9ecae1", "caching": "#c7e9c0", "training": "#fdd0a2",
+                "evaluating": "#dadaeb", "saving": "#fcbba1", "sampling": "#d9d9d9"}
+SAMPLE_SOURCES = (("cuda_allocator_allocated_bytes", "cuda_allocator"), ("tracker_live_bytes", "tracker"),
+                  ("rss_bytes", "rss"))
+
+
+def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float]],
+                    budget_bytes: int | None = None, predicted_bytes: int | None = None,
+                    simulated_budget: bool = True) -> go.Figure:
+    """Memory over time (MiB, its source named) with budget and predicted-peak lines and the
+    run's phases shaded. Uses the best source the samples have (CUDA allocator, tracker, RSS)."""
+    key, source = next(((k, s) for k, s in SAMPLE_SOURCES if samples and k in samples[0]),
+                       ("tracker_live_bytes", "no data yet"))
+    start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
+    xs = [s["time"] - start for s in samples]
+    fig = go.Figure(go.Scatter(x=xs, y=[s.get(key, 0) / MIB for s in samples], mode="lines+markers",
+                               marker={"size": 3}, name=f"live memory ({source})"))
+    end = xs[-1] if xs else 1.0
+    for (name, t0), nxt in zip(phases, [*phases[1:], None]):
+        if name == "done":
+            continue
+        x0, x1 = t0 - start, (nxt[1] - start) if nxt else end
+        fig.add_vrect(x0=x0, x1=max(x1, x0 + 1e-3), fillcolor=PHASE_COLORS.get(name, "#eeeeee"),
+                      opacity=0.35, line_width=0, annotation_text=name, annotation_position="top left")
+    for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget else
+                                       "budget", "red", "dash"), (predicted_bytes, "predicted peak",
+                                                                  "green", "dot")):
+        if value:
+            fig.add_trace(go.Scatter(x=[0, max(end, 1.0)], y=[value / MIB] * 2, mode="lines", name=label,
+                                     line={"color": color, "dash": dash}))
+    fig.update_layout(title="Memory over time", xaxis_title="seconds", yaxis_title=f"MiB ({source})",
+                      height=320, margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    return fig

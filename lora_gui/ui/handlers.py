@@ -19,7 +19,8 @@ from lora_gui.ui import charts
 
 RUNS_ROOT = Path("runs")
 USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError, JobBusyError)
-FORM_KEYS = ("model", "data", "max_seq_len", "budget_gb", "mode", "batching", "gradient_checkpointing")
+FORM_KEYS = ("model", "data", "max_seq_len", "budget_gb", "mode", "batching", "gradient_checkpointing",
+             "attention", "window", "global_tokens", "precision")
 MANAGER = JobManager()  # one job per server process, shared by every page that attaches
 
 
@@ -37,22 +38,35 @@ def gpu_total_gb() -> float | None:
 def budget_label() -> str:
     total = gpu_total_gb()
     if total is None:
-        return "VRAM budget (GB) — simulated: no GPU here, the tracker enforces it on CPU (0 = none)"
-    return f"VRAM budget (GB) — GPU has {total:.1f} GB (0 = none)"
+        return "VRAM budget (GB) — simulated: no GPU here, the tracker enforces it on CPU"
+    return f"VRAM budget (GB) — this GPU has {total:.1f} GB"
+
+
+SIMULATED_BUDGET_GB = 2.0  # default simulated VRAM budget on a machine without a GPU
+
+
+def default_budget_gb() -> float:
+    """The detected GPU's total memory, or the simulated default without a GPU."""
+    total = gpu_total_gb()
+    return round(total, 1) if total is not None else SIMULATED_BUDGET_GB
 
 
 def form_defaults(preset: str) -> list[Any]:
-    """The form values a preset sets (preset file over the defaults)."""
+    """The form values a preset sets (preset file over the defaults); the budget defaults to the
+    GPU's memory (or a simulated budget) when the preset sets none."""
     cfg = load_config(preset)
-    return [getattr(cfg, key) for key in FORM_KEYS]
+    values = {key: getattr(cfg, key) for key in FORM_KEYS}
+    values["budget_gb"] = cfg.budget_gb or default_budget_gb()
+    return [values[key] for key in FORM_KEYS]
 
 
 def build_config(preset: str, *values: Any) -> RunConfig:
     """Preset + form values -> validated RunConfig; bad values raise ConfigError naming the field."""
     overrides = dict(zip(FORM_KEYS, values))
-    if overrides["budget_gb"] is None or overrides["budget_gb"] < 0:
-        raise ConfigError(f"budget_gb: {overrides['budget_gb']} must be 0 (none) or a positive number")
-    for key in ("max_seq_len",):
+    if overrides["budget_gb"] is None or overrides["budget_gb"] <= 0:
+        raise ConfigError(f"budget_gb: {overrides['budget_gb']} — enter the VRAM budget in GB (> 0), "
+                          "e.g. your card's memory")
+    for key in ("max_seq_len", "window", "global_tokens"):
         if overrides[key] is not None:
             overrides[key] = int(overrides[key])
     data = str(overrides["data"]).strip()
@@ -61,6 +75,24 @@ def build_config(preset: str, *values: Any) -> RunConfig:
     if not data.startswith("builtin") and not Path(data).is_file():
         raise DataError(f"data: {data} not found")
     return load_config(preset, overrides)
+
+
+def predict(preset: str, *values: Any) -> str:
+    """The predicted peak for the form as it stands (closed-form estimate: instant)."""
+    from lora_gui.memory import run_plan
+
+    try:
+        cfg = build_config(preset, *values)
+        device = "cuda" if gpu_total_gb() is not None else "cpu"
+        step = run_plan.estimated_step(cfg, device)
+    except (ValueError, *USER_ERRORS) as err:
+        return f"Predicted peak: not available ({err})"
+    budget = int(cfg.budget_gb * GB)
+    verdict = ""
+    if budget:
+        verdict = " — fits the budget" if step.peak_bytes <= budget else " — **above the budget**"
+    return (f"Predicted peak: **{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, closed-form "
+            f"estimate for {device}; largest micro-batch){verdict}")
 
 
 def start(preset: str, out_name: str, *values: Any, resume: bool = False) -> str:
@@ -74,6 +106,39 @@ def start(preset: str, out_name: str, *values: Any, resume: bool = False) -> str
     return f"{'Resuming' if resume else 'Started'} **{job.name}** → `{job.out}`"
 
 
+def start_task(task: str, preset: str, out_name: str, *values: Any) -> str:
+    """Start button: the text engine, or a clear word that the image engine is not built yet."""
+    if task != "text":
+        return "Error: image training is not built yet (it arrives with the image engine); choose text"
+    return start(preset, out_name, *values)
+
+
+UPLOAD_DIR = Path("runs") / "uploads"
+
+
+def use_upload(file_path: str | None) -> tuple[Any, str]:
+    """Copies an uploaded data file under runs/uploads/ and points the data field at it."""
+    import shutil
+
+    import gradio as gr
+
+    if not file_path:
+        return gr.update(), "Error: no file was uploaded"
+    src = Path(file_path)
+    if src.stat().st_size == 0:
+        return gr.update(), f"Error: {src.name} is empty"
+    try:
+        from lora_gui.data.text import load_documents
+
+        docs = load_documents(src)
+    except DataError as err:
+        return gr.update(), f"Error: {err}"
+    UPLOAD_DIR.mkdir(parents=True, exist_ok=True)
+    dest = UPLOAD_DIR / src.name
+    shutil.copyfile(src, dest)
+    return str(dest), f"Uploaded {src.name}: {len(docs)} documents"
+
+
 def stop() -> str:
     return MANAGER.stop()
 
@@ -82,31 +147,43 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def poll() -> tuple[Any, Any, Any, str, str]:
-    """Called by the page's timer: figures and status of the current job (full history)."""
+def _progress(done: int, total: int | None, elapsed: float) -> str:
+    """A text progress bar with ETA (the measured seconds per step so far)."""
+    if not total:
+        return f"step {done}"
+    filled = round(20 * done / total)
+    eta = f", ETA {elapsed / done * (total - done):.0f} s" if done else ""
+    return f"`{'█' * filled}{'░' * (20 - filled)}` step {done}/{total}{eta}"
+
+
+def poll() -> tuple[Any, Any, Any, Any, str, str]:
+    """Called by the page's timer: figures and status of the current job (full history, so a
+    reloaded page re-attaches with everything)."""
     job = MANAGER.job
     if job is None:
         empty: list[dict] = []
-        return (charts.memory_figure(empty), charts.loss_figure(empty), charts.throughput_figure(empty),
-                "No job yet. Pick a preset and press Start.", "")
+        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
+                charts.throughput_figure(empty), "No job yet. Pick a preset and press Start.", "")
     records, events = job.snapshot()
+    samples, phases = job.memory_snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
-    figs = (charts.memory_figure(records, budget, simulated_budget=gpu_total_gb() is None),
+    simulated = gpu_total_gb() is None
+    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
+            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
             charts.loss_figure(records), charts.throughput_figure(records))
-    total = job.cfg.max_steps or None
     done = records[-1]["step"] if records else 0
-    elapsed = time.time() - job.started
-    eta = ""
-    if total and done:
-        eta = f", ETA {elapsed / done * (total - done):.0f} s"
-    status = f"**{job.name}**: {job.status} ({job.phase}), step {done}" + (f"/{total}" if total else "") + eta
+    train_start = next((t for name, t in phases if name == "training"), job.started)
+    status = (f"**{job.name}**: {job.status} ({job.phase}) · "
+              f"{_progress(done, job.total_steps, time.time() - train_start)}")
     if job.error:
         status += f"\n\nError: {job.error}"
-    if job.summary and job.status in ("completed", "stopped"):
+    if job.summary and job.status in ("completed", "stopped", "out_of_memory"):
         s = job.summary
         status += (f"\n\nAdapter: `{s['adapter']}` · eval loss {_fmt(s['eval_loss'], '.3f')} "
                    f"(base {_fmt(s['base_eval_loss'], '.3f')}) · steps {s['steps']} · peak "
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
+        if s.get("message"):
+            status += f"\n\n{s['message']}"
     log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
     return (*figs, status, log)
 
@@ -114,15 +191,45 @@ def poll() -> tuple[Any, Any, Any, str, str]:
 def bundled_model_names() -> list[str]:
     from lora_gui.memory.model_configs import bundled_models
 
-    return [m for m in bundled_models() if "unet" not in m]  # image models join with the image engine
+    return bundled_models()
+
+
+IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
+
+
+def _plan_image(model: str, resolution: int, budget: int, device: str, checkpointing: bool):
+    """Plan tab for a UNet config: trace at the resolution, batch per resolution, card table."""
+    import torch
+
+    from lora_gui.memory import planner
+    from lora_gui.memory.model_configs import load_model_config
+    from lora_gui.memory.trace import trace_unet_step
+
+    if resolution % 64 or not 512 <= resolution <= 1536:
+        raise ConfigError(f"resolution: {resolution} must be 512-1536 in steps of 64")
+    unet = load_model_config(model)
+    step_kw = {"gradient_checkpointing": checkpointing, "device": device,
+               "dtype": torch.bfloat16 if device == "cuda" else torch.float32}
+    step = trace_unet_step(unet, batch_size=1, resolution=resolution, **step_kw)
+    result = planner.plan_image(unet, budget, IMAGE_PLAN_RESOLUTIONS, **step_kw)
+    rows = planner.what_fits_where(unet, chosen=resolution, **step_kw)
+    return result, step, rows
 
 
 def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: str,
-         checkpointing: bool) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
+         checkpointing: bool, resolution: float = 1024) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Plan tab: breakdown figure, verdict, bucket table and card table (source: predicted)."""
     from lora_gui.memory import planner, run_plan
+    from lora_gui.memory.model_configs import is_unet_config, load_model_config
 
     empty: list[list[Any]] = []
+    try:
+        if model in bundled_model_names() and is_unet_config(load_model_config(model)):
+            budget = planner.check_budget((budget_gb or 0) * GB)
+            result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
+            return _plan_outputs(result, step, rows, budget, device, "batch 1 at this resolution")
+    except (ValueError, *USER_ERRORS) as err:
+        return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
     try:
         cfg = load_config(preset, {"model": model, "max_seq_len": int(max_seq_len or 0),
                                    "gradient_checkpointing": bool(checkpointing)})
@@ -132,11 +239,71 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
                                        **run_plan.step_kwargs(cfg, device))
     except (ValueError, *USER_ERRORS) as err:
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
+    return _plan_outputs(result, step, rows, budget, device, "the run's largest micro-batch")
+
+
+def _plan_outputs(result, step, rows, budget: int, device: str, shape: str):
     verdict = "Fits" if result.fits else "Does not fit"
-    text = (f"**{verdict}** — {result.message}\n\nPredicted peak at the run's largest micro-batch: "
+    text = (f"**{verdict}** — {result.message}\n\nPredicted peak at {shape}: "
             f"**{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {device})")
     for sug in result.suggestions:
         text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
     table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
     card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen] for r in rows]
     return charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text, table, card_rows
+
+
+def read_preset(name: str) -> str:
+    """The preset's YAML text, or a starting point for a new preset."""
+    from lora_gui.presets import PRESET_DIR
+
+    path = PRESET_DIR / f"{Path(str(name)).stem}.yaml"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    return "# What this preset is for.\nmax_steps: 100\n"
+
+
+def save_preset(name: str, text: str) -> str:
+    """Validates the YAML (known keys, ranges) and writes presets/NAME.yaml; never a bad file."""
+    import re
+
+    import yaml
+
+    from lora_gui.config import apply_overrides
+    from lora_gui.engine.checkpoint import write_atomic
+    from lora_gui.presets import PRESET_DIR
+
+    stem = str(name or "").strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", stem):
+        return f"Error: name {stem!r}: use letters, digits, '.', '_' or '-'"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        return f"Error: {stem}.yaml is not valid YAML: {err}"
+    if not isinstance(data, dict) or not data:
+        return f"Error: {stem}.yaml must be a mapping of setting: value with at least one setting"
+    if not text.lstrip().startswith("#"):
+        return f"Error: {stem}.yaml must start with a comment that says what the preset is for"
+    try:
+        apply_overrides(RunConfig(), data, where=f"{stem}.yaml")
+    except ConfigError as err:
+        return f"Error: {err}"
+    write_atomic(PRESET_DIR / f"{stem}.yaml", text if text.endswith("\n") else text + "\n")
+    return f"Saved presets/{stem}.yaml"
+
+
+def benchmark_table() -> str:
+    """The measured text comparison table from docs/BENCHMARKS.md (first table in the file)."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md"
+    if not doc.is_file():
+        return "docs/BENCHMARKS.md is missing."
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("| mode")), None)
+    if first is None:
+        return "No measured table in docs/BENCHMARKS.md yet."
+    table = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return "\n".join(table)

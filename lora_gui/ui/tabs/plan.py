@@ -16,17 +16,18 @@ def build() -> dict[str, gr.components.Component]:
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
     with gr.Row():
-        max_seq_len = gr.Number(value=1024, precision=0, label="Max sequence length")
+        max_seq_len = gr.Number(value=1024, precision=0, label="Max sequence length (text)")
+        resolution = gr.Number(value=1024, precision=0, label="Resolution px (UNet configs)")
         budget = gr.Number(value=24, label="VRAM budget (GB)", elem_id="plan-budget")
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
         checkpointing = gr.Checkbox(value=False, label="Gradient checkpointing")
     button = gr.Button("Plan", variant="primary", elem_id="plan-button")
     message = gr.Markdown(elem_id="plan-message")
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
-    buckets = gr.Dataframe(headers=["bucket (tokens)", "micro-batch", "grad accum", "predicted peak MiB"],
-                           label="Batch per length bucket", interactive=False)
-    cards = gr.Dataframe(headers=["card GB", "longest at batch 1", "batch at max length"],
+    buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
+                                    "predicted peak MiB"], label="Batch per bucket", interactive=False)
+    cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size"],
                          label="What fits where", interactive=False)
-    inputs = [preset, model, max_seq_len, budget, device, checkpointing]
+    inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     return {"button": button, "chart": chart, "message": message}

@@ -8,25 +8,45 @@ from lora_gui.config import RunConfig
 from lora_gui.ui import handlers
 
 
+def _meta(key: str) -> dict:
+    """A setting's declaration in RunConfig (help, choices): widgets are derived from it."""
+    return RunConfig.__dataclass_fields__[key].metadata
+
+
 def build() -> dict[str, gr.components.Component]:
     names = handlers.preset_names()
     default = "text-demo" if "text-demo" in names else names[0]
     values = handlers.form_defaults(default)
     with gr.Row():
+        task = gr.Radio(["text", "image"], value="text", label="Task",
+                        info="image: diffusers LoRA at 512-1536 px — not built yet (the image engine)")
         preset = gr.Dropdown(names, value=default, label="Preset", elem_id="preset")
         out_name = gr.Textbox(value=default, label="Run name (folder under runs/)", elem_id="run-name")
     with gr.Row():
         model = gr.Textbox(value=values[0], label="Model: builtin, a Hugging Face id or a local folder")
-        data = gr.Textbox(value=values[1], label="Data: builtin or a .txt/.jsonl/.csv path")
+        data = gr.Textbox(value=values[1], label="Data: builtin or a .txt/.jsonl/.csv path", elem_id="data")
+        upload = gr.File(label="…or upload a data file", file_types=[".txt", ".jsonl", ".csv"],
+                         elem_id="upload")
     with gr.Row():
         max_seq_len = gr.Number(value=values[2], label="Max sequence length (tokens)", precision=0)
         budget = gr.Number(value=values[3], label=handlers.budget_label(), elem_id="budget")
     with gr.Row():
-        mode = gr.Radio(["traditional", "optimized"], value=values[4], label="Mode")
-        batching = gr.Dropdown(["auto", "fixed", "bucketed", "packed"], value=values[5],
-                               label="Batching (dynamic sequence sizing)",
-                               info=RunConfig.__dataclass_fields__["batching"].metadata["help"])
-        checkpointing = gr.Checkbox(value=values[6], label="Gradient checkpointing")
+        mode = gr.Radio(list(_meta("mode")["choices"]), value=values[4], label="Mode",
+                        info=_meta("mode")["help"])
+        batching = gr.Dropdown(list(_meta("batching")["choices"]), value=values[5],
+                               label="Batching (dynamic sequence sizing)", info=_meta("batching")["help"])
+        checkpointing = gr.Checkbox(value=values[6], label="Gradient checkpointing",
+                                    info=_meta("gradient_checkpointing")["help"])
+    with gr.Row():
+        attention = gr.Radio(list(_meta("attention")["choices"]), value=values[7], label="Attention",
+                             info=_meta("attention")["help"])
+        window = gr.Number(value=values[8], precision=0, label="Window W (tokens)",
+                           info=_meta("window")["help"])
+        global_tokens = gr.Number(value=values[9], precision=0, label="Global tokens G",
+                                  info=_meta("global_tokens")["help"])
+        precision = gr.Dropdown(list(_meta("precision")["choices"]), value=values[10],
+                                label="Mixed precision", info=_meta("precision")["help"])
+    predicted = gr.Markdown(elem_id="predicted")
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="start")
         stop = gr.Button("Stop", elem_id="stop")
@@ -34,17 +54,24 @@ def build() -> dict[str, gr.components.Component]:
     message = gr.Markdown(elem_id="message")
     status = gr.Markdown(elem_id="status")
     with gr.Row():
-        memory_plot = gr.Plot(label="Memory", elem_id="memory-plot")
+        memory_plot = gr.Plot(label="Memory over time", elem_id="memory-plot")
+        step_peak_plot = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
+    with gr.Row():
         loss_plot = gr.Plot(label="Loss", elem_id="loss-plot")
-    throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
+        throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
     events = gr.Textbox(label="Events", lines=6, interactive=False, elem_id="events")
 
-    form = [model, data, max_seq_len, budget, mode, batching, checkpointing]
+    form = [model, data, max_seq_len, budget, mode, batching, checkpointing, attention, window,
+            global_tokens, precision]
+    for component in [preset, *form]:  # every switch updates the prediction at once
+        component.change(handlers.predict, [preset, *form], predicted)
     preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name)
-    start.click(handlers.start, [preset, out_name, *form], message)
+    upload.upload(handlers.use_upload, upload, [data, message])
+    start.click(handlers.start_task, [task, preset, out_name, *form], message)
     resume.click(lambda p, o, *v: handlers.start(p, o, *v, resume=True), [preset, out_name, *form], message)
     stop.click(handlers.stop, None, message)
     timer = gr.Timer(1.0)
-    timer.tick(handlers.poll, None, [memory_plot, loss_plot, throughput_plot, status, events])
-    return {"preset": preset, "start": start, "stop": stop, "memory_plot": memory_plot,
+    timer.tick(handlers.poll, None, [memory_plot, step_peak_plot, loss_plot, throughput_plot, status, events])
+    return {"preset": preset, "form": form, "predicted": predicted, "start": start, "stop": stop,
+            "memory_plot": memory_plot,
             "status": status, "message": message, "timer": timer}
