@@ -82,12 +82,18 @@ def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
     """Closed-form estimate of the same shape as :func:`predicted_step`: instant, for the UI."""
     from lora_gui.memory.estimate import estimate_text_step
 
+    config = model_config_for(cfg, source)
+    kwargs = step_kwargs(cfg, device)
     if cfg.resolved_batching() == "fixed":
         batch = cfg.batch_size
+    elif cfg.budget_gb and cfg.resolved_batching() == "bucketed":  # adaptive: what the planner gives
+        plan = planner.plan_text(config, int(cfg.budget_gb * 1e9), [cfg.max_seq_len],
+                                 effective_batch=cfg.batch_size, max_batch=cfg.batch_size,
+                                 confirm=False, **kwargs)
+        batch = max(1, plan.buckets[0].micro_batch)
     else:
         batch = max(1, min(cfg.batch_size, cfg.token_budget // cfg.max_seq_len))
-    return estimate_text_step(model_config_for(cfg, source), batch_size=batch, seq_len=cfg.max_seq_len,
-                              **step_kwargs(cfg, device))
+    return estimate_text_step(config, batch_size=batch, seq_len=cfg.max_seq_len, **kwargs)
 
 
 def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
