@@ -92,6 +92,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for name, nbytes in step.breakdown.items():
         print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
     for name, nbytes in step.cuda_overheads.items():
+        if not nbytes:  # planning for a CPU: no CUDA context, workspace or rounding
+            continue
         print(f"  + {name:<16} {nbytes / mib:>10,.1f} MiB  (CUDA-only overhead, not in the trace)")
     print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
     print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
