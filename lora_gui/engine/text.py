@@ -239,9 +239,11 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
 
     torch.manual_seed(cfg.seed)  # LoRA init
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    accelerator = Accelerator(cpu=device.type == "cpu",
-                              mixed_precision=choose_precision(cfg.precision, device))
-    model = text_models.attach_lora(text_models.load_model_for(cfg, source), cfg)
+    mixed = choose_precision(cfg.precision, device)
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
+    # Frozen weights in the compute dtype on GPUs (LoRA weights stay fp32 in peft); fp32 on CPU.
+    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
+    model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32), cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     per_epoch = steps_per_epoch(cfg, len(data.train))

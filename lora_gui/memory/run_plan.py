@@ -47,10 +47,13 @@ def text_buckets(cfg: RunConfig) -> list[int]:
 def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
     attn = "windowed" if cfg.attention == "windowed" else cfg.resolved_attn_backend()
-    bf16 = device == "cuda" and cfg.precision in ("auto", "bf16")
+    # Frozen weights as the engine loads them: the GPU's compute dtype (auto = bf16), fp32 on CPU.
+    dtype = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    if device != "cuda" or dtype is None:
+        dtype = torch.float32
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": torch.bfloat16 if bf16 else torch.float32, "device": device,
+            "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}
 

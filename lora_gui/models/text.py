@@ -83,10 +83,11 @@ def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.f
     return model
 
 
-def load_model_for(cfg: RunConfig, source: str):
+def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float32):
     """The base model with the run's attention: its kernel, and the window when asked for.
 
-    Windowed attention support is checked on the config before any weight is loaded.
+    Windowed attention support is checked on the config before any weight is loaded. ``dtype`` is
+    the frozen weights' dtype (bf16 on GPUs that train in bf16: half the memory of fp32).
     """
     if cfg.attention == "windowed":
         from lora_gui.attention import check_windowed_support
@@ -95,7 +96,7 @@ def load_model_for(cfg: RunConfig, source: str):
             check_windowed_support(AutoConfig.from_pretrained(source))
         except ValueError as err:
             raise ModelError(f"attention=windowed: {err}") from None
-    model = load_base_model(source, cfg.resolved_attn_backend())
+    model = load_base_model(source, cfg.resolved_attn_backend(), dtype)
     if cfg.attention == "windowed":
         from lora_gui.attention import enable_windowed_attention
 
