@@ -1,0 +1,200 @@
+"""Every GPU measurement the open issues ask for, in one prepared run (for a lent GPU machine).
+
+    python -m bench.gpu_check --out "$OUT"          # on the GPU machine (~5 min on an H200)
+    python -m bench.gpu_check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
+
+1. Planner accuracy (issue 3): a ~1B Llama (Llama-3.2-1B shapes, random bf16 weights built from
+   the config: nothing is downloaded) with LoRA r16 on all linear layers, batch 1 at seq
+   512/1024/2048, and the SD-1.5 UNet (presets/models/sd15-unet.json) at 512/768 px: one real
+   steady-state step (a warm step first, so AdamW state exists) measured with
+   ``torch.cuda.max_memory_allocated`` next to the trace's ``allocator_peak_bytes`` (trace +
+   cuBLAS workspace + 512-byte rounding; the CUDA context is outside the allocator). Target 5%.
+2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
+   64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
+Writes gpu_check.json and gpu_check.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lora_gui.memory import trace as tr
+from lora_gui.memory.model_configs import load_model_config
+
+LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+            "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 4096,
+            "rope_theta": 500000.0, "tie_word_embeddings": True, "rms_norm_eps": 1e-5}
+TINY_LLAMA = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+
+TINY_UNET = {"_class_name": "UNet2DConditionModel", "block_out_channels": [32, 64],
+             "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+             "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "cross_attention_dim": 32,
+             "layers_per_block": 1, "attention_head_dim": 8, "norm_num_groups": 8, "sample_size": 8}
+
+
+def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
+    """Peak allocated bytes of one steady-state step (a warm step creates the AdamW state)."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    for measured in (False, True):
+        if measured and device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        make_loss().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    return 0
+
+
+def _materialized(model: torch.nn.Module, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    def make(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            return (torch.randn(t.shape, device=device, dtype=torch.float32) * 0.02).to(t.dtype)
+        return torch.zeros(t.shape, device=device, dtype=t.dtype)
+
+    tr._materialize(model, make)
+    for name, buf in model.named_buffers():  # rotary inv_freq must hold real values
+        if name.endswith("inv_freq"):
+            base = getattr(model.config, "rope_theta", 10000.0) if hasattr(model, "config") else 1e4
+            dim = buf.shape[0] * 2
+            buf.copy_(1.0 / (base ** (torch.arange(0, dim, 2, device=device).float() / dim)))
+    return model.train()
+
+
+def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any]]:
+    cfg = load_model_config(config)
+    rows = []
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    for seq in seqs:
+        predicted = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
+                                       device="cuda")
+        model = tr.build_text_model(cfg, attn_implementation="sdpa", dtype=dtype, lora_rank=16,
+                                    lora_alpha=None, target_modules="all-linear")
+        model = _materialized(model, device, dtype)
+        ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+        measured = _real_step_peak(
+            model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)
+        rows.append({"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers}", "seq_len": seq,
+                     "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
+                     "predicted_with_context_bytes": predicted.peak_bytes,
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
+                     "breakdown": predicted.breakdown})
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[str, Any]]:
+    rows = []
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    c = dict(load_model_config(config))
+    for res in resolutions:
+        predicted = tr.trace_unet_step(c, batch_size=1, resolution=res, lora_rank=16, dtype=dtype,
+                                       device="cuda")
+        unet = _materialized(tr.build_unet(c, dtype=dtype, lora_rank=16, lora_alpha=None,
+                                           target_modules=tr.UNET_LORA_TARGETS), device, dtype)
+        ctx = c.get("cross_attention_dim", 768)
+
+        def loss(u=unet, r=res, ctx=ctx):
+            latents = torch.randn(1, 4, r // 8, r // 8, device=device, dtype=dtype)
+            text = torch.randn(1, 77, ctx, device=device, dtype=dtype)
+            t = torch.randint(0, 1000, (1,), device=device)
+            return torch.nn.functional.mse_loss(u(latents, t, text).sample.float(), latents.float())
+
+        measured = _real_step_peak(unet, loss, device)
+        rows.append({"model": "sd15-unet" if isinstance(config, str) else "tiny unet", "resolution": res,
+                     "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None})
+        del unet
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def check_flex(seqs: list[int], device: str, repeats: int = 5) -> list[dict[str, Any]]:
+    from lora_gui.attention import WindowSpec, windowed_attention
+
+    spec = WindowSpec(256, 4)
+    rows = []
+    impls = ("flex", "sdpa") if device == "cuda" else ("blocked", "sdpa")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    for seq in seqs:
+        for impl in impls:
+            q, k, v = (torch.randn(1, 4, seq, 64, device=device, dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+
+            def run(impl=impl, q=q, k=k, v=v):
+                if impl == "sdpa":
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                else:
+                    out = windowed_attention(q, k, v, spec, impl=impl)
+                out.float().sum().backward()
+
+            run()  # compile / warm up
+            times = []
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+            rows.append({"impl": impl, "seq_len": seq, "median_s": statistics.median(times),
+                         "peak_bytes": peak})
+    return rows
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    mib = 2**20
+    out = [f"# GPU check ({result['device_name']})", "", "## Planner accuracy (allocator peak)", "",
+           "| model | shape | measured MiB | predicted MiB | error |", "|---|---|---|---|---|"]
+    for r in result["text"] + result["unet"]:
+        shape = f"seq {r['seq_len']}" if "seq_len" in r else f"{r['resolution']} px"
+        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        out.append(f"| {r['model']} | {shape} | {r['measured_bytes'] / mib:,.0f} | "
+                   f"{r['predicted_bytes'] / mib:,.0f} | {err} |")
+    out += ["", "## Windowed attention vs causal SDPA (fwd+bwd, B=1, 4x64, W=256, G=4)", "",
+            "| S | impl | median ms | peak MiB |", "|---|---|---|---|"]
+    for r in result["flex"]:
+        peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
+        out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (code-path check)")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        result = {"text": check_text(TINY_LLAMA, [64], device), "unet": check_unet(TINY_UNET, [64], device),
+                  "flex": check_flex([512], device, repeats=2)}
+    else:
+        result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device),
+                  "unet": check_unet("sd15-unet", [512, 768], device),
+                  "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+    result["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
+    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    (args.out / "gpu_check.md").write_text(_markdown(result), encoding="utf-8")
+    print(_markdown(result))
+
+
+if __name__ == "__main__":
+    main()
