@@ -74,3 +74,20 @@ def test_real_out_of_memory_split_gives_the_unsplit_gradient(small_corpus, built
     assert caps.caps == {64: 4} and events[0]["event"] == "oom"
     for ref, p in zip(reference, params):
         torch.testing.assert_close(p.grad, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_run_that_cannot_fit_stops_cleanly_with_a_checkpoint(tmp_path, small_corpus):
+    import json
+
+    from lora_gui.engine import checkpoint as ckpt
+    from lora_gui.engine.text import train_text
+
+    cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 64, "budget_gb": 0.001,
+                                        "max_steps": 3})
+    run = train_text(cfg, tmp_path / "r", progress=False)  # 1 MB: below the 17 MB of frozen weights
+    assert run["status"] == "out_of_memory" and run["steps"] == 0
+    assert "does not fit" in run["message"] and "budget_gb" in run["message"]
+    assert ckpt.latest_checkpoint(tmp_path / "r") is not None
+    events = [json.loads(line) for line in (tmp_path / "r" / "events.jsonl").read_text().splitlines()]
+    assert [e["failures_at_one"] for e in events if e["event"] == "oom"] == [1, 2, 3]
+    assert run["memory_report"]["budget_bytes"] == 1_000_000

@@ -33,9 +33,9 @@ def test_unsupported_model_class_is_named_before_weights_load(tmp_path, small_co
 
 
 def test_windowed_training_run_reports_full_attention_eval(tmp_path, small_corpus):
-    cfg = apply_overrides(RunConfig(), {"attention": "windowed", "window": 16, "global_tokens": 2,
+    cfg = apply_overrides(RunConfig(), {"attention": "windowed", "window": 4, "global_tokens": 1,
                                         "data": str(small_corpus), "max_seq_len": 64, "batch_size": 4,
-                                        "max_steps": 2})
+                                        "max_steps": 2, "eval_fraction": 0.25})  # eval docs > W
     run = train_text(cfg, tmp_path / "w", progress=False)
     assert run["status"] == "completed"
     assert run["eval_loss"] is not None and run["eval_loss_full_attention"] is not None

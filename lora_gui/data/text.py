@@ -41,10 +41,10 @@ class TokenizedSample:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    @property
-    def target_tokens(self) -> int:
-        """Tokens that carry a loss (labels shifted by one inside the model)."""
-        return sum(1 for label in self.labels[1:] if label != IGNORE_INDEX)
+    def targets_within(self, length: int) -> int:
+        """Tokens that carry a loss when the sample is cut to ``length`` (labels are shifted by
+        one inside the model, so the first label never counts; packing relies on that too)."""
+        return sum(1 for label in self.labels[1:length] if label != IGNORE_INDEX)
 
 
 def _read_text(path: Path) -> str:

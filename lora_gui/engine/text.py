@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
@@ -118,12 +119,13 @@ def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.d
 
 def run_step(model, accelerator: Accelerator, data: TextData, step: Step) -> dict[str, float]:
     """Forward and backward of every micro-batch of one optimizer step (no optimizer update)."""
-    batches = [collate(data.train, mb, data.pad_id) for mb in step.micro_batches]
-    n_targets = sum(count_targets(b) for b in batches)
+    # Target tokens of the whole step, from the samples (no tensors yet): the loss normaliser.
+    n_targets = sum(data.train[i].targets_within(mb.seq_len) for mb in step.micro_batches
+                    for i in mb.indices)
     loss_sum = 0.0
-    for mb, batch in zip(step.micro_batches, batches):
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+    for mb in step.micro_batches:
         try:
+            batch = {k: v.to(accelerator.device) for k, v in collate(data.train, mb, data.pad_id).items()}
             loss = model(**batch, num_items_in_batch=n_targets).loss
             accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
@@ -155,6 +157,18 @@ def _summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]
         **extra,
         "config": cfg.to_dict(),
     }
+
+
+def _probe_step(model, data: TextData) -> Callable[[], None]:
+    """One forward+backward of the run's model on a small real batch (for the precision probe)."""
+    sample = min(data.train[: 8], key=len)
+    ids = torch.tensor([sample.input_ids[:64]] * 2)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
 
 
 def _memory_plan(cfg: RunConfig, source: str, budget: int | None,
@@ -239,11 +253,18 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
 
     torch.manual_seed(cfg.seed)  # LoRA init
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mixed = choose_precision(cfg.precision, device)
-    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
+    mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     # Frozen weights in the compute dtype on GPUs (LoRA weights stay fp32 in peft); fp32 on CPU.
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
     model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32), cfg)
+    ckpt = latest_checkpoint(out) if resume else None
+    resumed_precision = json.loads((ckpt / "trainer_state.json").read_text())["precision"] if ckpt else None
+    if resumed_precision:  # a resumed run keeps the precision it started with
+        mixed = resumed_precision
+    elif device.type == "cpu" and cfg.precision == "auto":
+        mixed = choose_precision("auto", device, _probe_step(model, data))
+    AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     per_epoch = steps_per_epoch(cfg, len(data.train))
@@ -253,8 +274,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
-    state: dict[str, Any] = {"step": 0, "base_eval_loss": None}
-    ckpt = latest_checkpoint(out) if resume else None
+    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
     if resume and ckpt is None:
         log.warning("%s: no checkpoint yet; starting from step 0", out)
     if ckpt is not None:
