@@ -236,10 +236,6 @@ def load_yaml_overrides(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def dump_yaml(overrides: dict[str, Any]) -> str:
-    return yaml.safe_dump(overrides, sort_keys=False)
-
-
 def diff_from_defaults(cfg: RunConfig) -> dict[str, Any]:
     """Only the settings that differ from the defaults (what a preset file holds)."""
     default = RunConfig().to_dict()

@@ -126,8 +126,3 @@ def attach_lora(model, cfg: RunConfig) -> PeftModel:
         return get_peft_model(model, lora)
     except ValueError as err:
         raise ModelError(f"lora_targets: {err}") from None
-
-
-def load_adapter(base_source: str, adapter_dir: str | Path, attn_backend: str = "sdpa") -> PeftModel:
-    """The base model with a saved adapter applied (as a user would load it)."""
-    return PeftModel.from_pretrained(load_base_model(base_source, attn_backend), str(adapter_dir))
