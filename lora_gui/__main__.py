@@ -8,27 +8,38 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.data.text import DataError
+from lora_gui.engine.distributed import Dist
+from lora_gui.engine.fsdp import FsdpOutOfMemoryError
 from lora_gui.engine.rundir import RunDirError, load_run_config
 from lora_gui.models.text import ModelError
 from lora_gui.presets import load_config
 
-USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError)
+USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError, FsdpOutOfMemoryError)
 
 
 def _stop_on_signals(stop) -> None:
-    """First Ctrl-C / SIGTERM asks the loop to checkpoint and stop; a second one kills."""
+    """First Ctrl-C / SIGTERM asks the loop to checkpoint and stop; a second one kills. Under a
+    launcher (several processes) every rank gets the terminal's Ctrl-C and the launcher's forwarded
+    signal at once, so the handler stays: the launcher's own kill timeout is the hard stop."""
+    from lora_gui.engine.distributed import launched_world_size
+
+    launched = launched_world_size() > 1
 
     def handler(signum, _frame):
+        if stop.is_set() and launched:
+            return
         logging.getLogger("lora_gui").warning("signal %d: saving a checkpoint and stopping "
                                               "(press Ctrl-C again to abort at once)", signum)
         stop.set()
-        signal.signal(signum, signal.SIG_DFL)
+        if not launched:
+            signal.signal(signum, signal.SIG_DFL)
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -52,8 +63,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     _stop_on_signals(control.stop)
     summary = train_text(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
                          control=control, progress=not args.quiet)
-    shown = {k: v for k, v in summary.items() if k != "config"}
-    print(json.dumps(shown, indent=1))
+    dist = Dist.from_env()  # the launch's process group (joined by train_text), or one process
+    if dist.is_main:  # one summary per launch, not one per process
+        shown = {k: v for k, v in summary.items() if k != "config"}
+        print(json.dumps(shown, indent=1))
+    dist.release()
     return 0 if summary["status"] == "completed" else 130
 
 
@@ -151,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank of a launch raises it: say it once
+            print(f"error: {err}", file=sys.stderr)
         return 2
 
 

@@ -31,11 +31,17 @@ MEGA_CHUNK_STEPS = 16  # steps per length-sorted chunk: wide enough to group, na
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Sample indices run together; ``seq_len`` is the padded row length (tokens)."""
+    """Sample indices run together; ``seq_len`` is the padded row length (tokens).
+
+    ``filler``: a stand-in run by a data-parallel rank that has no sample left for this slot of
+    the step (see :mod:`lora_gui.data.shard`): its labels are all ignored, so it adds nothing to
+    the loss or the gradient, and its sample is not counted as trained.
+    """
 
     indices: tuple[int, ...]
     seq_len: int
     packed: bool = False
+    filler: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,8 @@ class Step:
 
     @property
     def indices(self) -> list[int]:
-        return [i for mb in self.micro_batches for i in mb.indices]
+        """The samples this step trains (fillers excluded)."""
+        return [i for mb in self.micro_batches if not mb.filler for i in mb.indices]
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -152,6 +159,8 @@ def collate(samples: Sequence[TokenizedSample], micro_batch: MicroBatch,
             ids += s.input_ids[:n]
             labels += [IGNORE_INDEX] + s.labels[1:n]  # never predict across a document boundary
             positions += list(range(n))
+        if micro_batch.filler:
+            labels = [IGNORE_INDEX] * len(labels)
         return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
                 "position_ids": torch.tensor([positions])}
     width = micro_batch.seq_len
@@ -161,7 +170,8 @@ def collate(samples: Sequence[TokenizedSample], micro_batch: MicroBatch,
     for r, s in enumerate(rows):
         n = min(len(s), width)
         input_ids[r, :n] = torch.tensor(s.input_ids[:n])
-        labels_t[r, :n] = torch.tensor(s.labels[:n])
+        if not micro_batch.filler:
+            labels_t[r, :n] = torch.tensor(s.labels[:n])
         mask[r, :n] = 1
     return {"input_ids": input_ids, "labels": labels_t, "attention_mask": mask}
 

@@ -92,11 +92,24 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if (path / "trainer_state.json").is_file() else None
 
 
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's contents: ``adapter`` tensors, ``state`` (optimizer, scheduler, RNG) and
+    ``trainer`` state (read once by the main process, then broadcast to the other ranks)."""
+    return {"adapter": load_file(path / "adapter.safetensors"),
+            "state": torch.load(path / "state.pt", weights_only=False),  # our own file: RNG tuples
+            "trainer": json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))}
+
+
+def restore_training_state(contents: dict[str, Any], optimizer, scheduler) -> dict:
+    """Optimizer, scheduler and RNG state from :func:`read_checkpoint`; returns the trainer state."""
+    optimizer.load_state_dict(contents["state"]["optimizer"])
+    scheduler.load_state_dict(contents["state"]["scheduler"])
+    set_rng_state(contents["state"]["rng"])
+    return contents["trainer"]
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
     """Restores adapter, optimizer, scheduler and RNG state; returns the trainer state."""
-    set_peft_model_state_dict(model, load_file(path / "adapter.safetensors"))
-    state = torch.load(path / "state.pt", weights_only=False)  # our own file: includes RNG tuples
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    contents = read_checkpoint(path)
+    set_peft_model_state_dict(model, contents["adapter"])
+    return restore_training_state(contents, optimizer, scheduler)

@@ -12,11 +12,15 @@ from typing import Any
 class RecordLog:
     """Append-only JSONL file with a thread-safe in-memory mirror."""
 
-    def __init__(self, path: Path, keep_until_step: int | None = None) -> None:
-        """Opens ``path``; with ``keep_until_step`` (resume) drops records after that step."""
+    def __init__(self, path: Path, keep_until_step: int | None = None, write: bool = True) -> None:
+        """Opens ``path``; with ``keep_until_step`` (resume) drops records after that step.
+        ``write=False``: in memory only (the ranks other than the main process of a launch)."""
         self.path = path
+        self.write = write
         self._lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
+        if not write:
+            return
         if keep_until_step is not None and path.exists():
             for line in path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
@@ -29,6 +33,8 @@ class RecordLog:
     def append(self, record: dict[str, Any]) -> None:
         with self._lock:
             self.records.append(record)
+            if not self.write:
+                return
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -24,15 +25,36 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedType
+from peft import set_peft_model_state_dict
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
+from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
-from lora_gui.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic
+from lora_gui.engine import fsdp
+from lora_gui.engine.checkpoint import restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.distributed import (
+    DEBUG_SAMPLES_ENV,
+    INJECT_OOM_ENV,
+    STOP_FILE,
+    Dist,
+    SampleRelay,
+    agree_on_oom,
+    check_world_size,
+    combine_step_stats,
+    enable_autocast,
+    injected_oom,
+    local_tensors,
+    rank_peaks,
+    stop_agreed,
+)
+from lora_gui.engine.fsdp import FsdpOutOfMemoryError
 from lora_gui.engine.precision import choose_precision
 from lora_gui.engine.records import RecordLog
+from lora_gui.engine.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.rundir import prepare_run_dir, save_run_config
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.meter import GB, PeakMeter
@@ -117,11 +139,15 @@ def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.d
     return total / count if count else None
 
 
-def run_step(model, accelerator: Accelerator, data: TextData, step: Step) -> dict[str, float]:
-    """Forward and backward of every micro-batch of one optimizer step (no optimizer update)."""
-    # Target tokens of the whole step, from the samples (no tensors yet): the loss normaliser.
-    n_targets = sum(data.train[i].targets_within(mb.seq_len) for mb in step.micro_batches
-                    for i in mb.indices)
+def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
+             n_targets: int | None = None) -> dict[str, float]:
+    """Forward and backward of every micro-batch of one optimizer step (no optimizer update).
+
+    ``n_targets``: the loss normaliser; with several ranks, the target tokens of the *global*
+    step (default: this step's own, from the samples, no tensors needed).
+    """
+    if n_targets is None:
+        n_targets = step_targets(data.train, step)
     loss_sum = 0.0
     for mb in step.micro_batches:
         try:
@@ -132,9 +158,9 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step) -> dic
             raise MicroBatchOutOfMemory(mb, err) from None
         loss_sum += loss.item()
         del loss, batch
-    real = sum(len(data.train[i]) for i in step.indices)
+    real = sum(len(data.train[i]) for i in step.indices)  # fillers are not counted as trained
     padded = sum(len(mb.indices) * mb.seq_len for mb in step.micro_batches) if not \
-        step.micro_batches[0].packed else real
+        step.micro_batches[0].packed else real + sum(mb.seq_len for mb in step.micro_batches if mb.filler)
     return {"loss": loss_sum, "real_tokens": real, "padded_tokens": padded,
             "target_tokens": n_targets}
 
@@ -144,6 +170,10 @@ def _summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]
     padded = sum(r["padded_tokens"] for r in records)
     seconds = sum(r["seconds"] for r in records)
     peaks = [r["peak_bytes"] for r in records]
+    by_rank: list[int] = []
+    for r in records:  # a resumed run may have changed its number of processes
+        for k, peak in enumerate(r.get("peak_bytes_by_rank", [r["peak_bytes"]])):
+            by_rank[k:k + 1] = [max(by_rank[k], peak)] if k < len(by_rank) else [peak]
     return {
         "final_loss": records[-1]["loss"] if records else None,
         "real_tokens": real,
@@ -152,6 +182,7 @@ def _summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]
         "real_tokens_per_s": real / seconds if seconds else None,
         "train_seconds": seconds,
         "peak_bytes": max(peaks) if peaks else None,
+        "peak_bytes_by_rank": by_rank,
         "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
         "steps": len(records),
         **extra,
@@ -222,14 +253,21 @@ class _Session:
     per_epoch: int
     total: int
     control: TrainControl
+    dist: Dist = field(default_factory=Dist)
+    fsdp: bool = False
+    token_budget: int = 2048  # micro-batch cut of each rank's share (as the epoch plan's)
+    frozen_bytes_by_rank: list[int] = field(default_factory=list)
 
     def event(self, event: dict[str, Any]) -> None:
-        """Appends to events.jsonl and tells the listener."""
+        """Appends to events.jsonl (main process) and tells the listener."""
         event = {"step": self.state["step"], "time": time.time(), **event}
         self.events.append(event)
         self.control.emit(event)
 
     def checkpoint(self, reason: str) -> None:
+        """Saves a checkpoint from the main process (LoRA weights are the same on every rank)."""
+        if not self.dist.is_main:
+            return
         step = self.state["step"]
         path = save_checkpoint(self.out, step, self.accelerator.unwrap_model(self.model), self.optimizer,
                                self.scheduler, self.state)
@@ -240,29 +278,57 @@ class _Session:
         log.warning("step %d: %s", self.state["step"] + 1, event["message"])
 
 
+def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer, scheduler) -> tuple[Any, Any, bool]:
+    """One process: accelerate as before. Several: LoRA weights replicated (broadcast from the
+    main process), frozen weights replicated or sharded by FSDP; the scheduler stays unprepared
+    (accelerate would step it once per process: the global batch is one step)."""
+    if not dist.active:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        return model, optimizer, False
+    use_fsdp = fsdp.fsdp_requested()
+    if use_fsdp and accelerator.distributed_type == DistributedType.FSDP:  # GPUs: accelerate's plugin
+        model, optimizer = fsdp.prepare_with_accelerate(accelerator, model, optimizer)
+    else:
+        dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
+        model.to(accelerator.device)
+        if use_fsdp:
+            fsdp.shard_frozen(model)
+        optimizer = accelerator.prepare(optimizer)
+    enable_autocast(model, accelerator)
+    return model, optimizer, use_fsdp
+
+
 def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
-    """Validates against the model, loads data and model, restores a checkpoint, plans memory."""
-    prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    """Validates against the model, loads data and model, restores a checkpoint, plans memory.
+    Folder decisions are the main process's, broadcast with any error to every rank."""
+    dist = Dist.from_env()
+    dist.on_main(lambda: prepare_run_dir(out, resume=resume, overwrite=overwrite))
     control.phase("loading")
     source = text_models.resolve_model_source(cfg.model)
     limit = text_models.max_positions(source)
     if limit is not None and cfg.max_seq_len > limit:
         raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
-    save_run_config(out, cfg)
+    if not resume:
+        dist.on_main(lambda: save_run_config(out, cfg))
     data = load_text_data(cfg, text_models.load_tokenizer(source))
+    if dist.active:
+        check_world_size(dist.world_size, len(data.train), cfg.batch_size)
+    sampler = sampler_state(cfg, [len(s) for s in data.train])
 
-    torch.manual_seed(cfg.seed)  # LoRA init
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
+    device = dist.device if dist.active else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     # Frozen weights in the compute dtype on GPUs (LoRA weights stay fp32 in peft); fp32 on CPU.
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
     model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32), cfg)
-    ckpt = latest_checkpoint(out) if resume else None
-    resumed_precision = json.loads((ckpt / "trainer_state.json").read_text())["precision"] if ckpt else None
-    if resumed_precision:  # a resumed run keeps the precision it started with
-        mixed = resumed_precision
+    ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
+    if ckpt is not None:  # a resumed run keeps the precision it started with
+        set_peft_model_state_dict(model, ckpt["adapter"])
+        mixed = ckpt["trainer"]["precision"]
     elif device.type == "cpu" and cfg.precision == "auto":
-        mixed = choose_precision("auto", device, _probe_step(model, data))
+        mixed = dist.on_main(lambda: choose_precision("auto", device, _probe_step(model, data)))
+    if resume:
+        dist.on_main(lambda: save_run_config(out, cfg))
     AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     if cfg.gradient_checkpointing:
@@ -272,13 +338,14 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
 
     state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
     if resume and ckpt is None:
         log.warning("%s: no checkpoint yet; starting from step 0", out)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, accelerator.unwrap_model(model), optimizer, scheduler)
+        state = restore_training_state(ckpt, optimizer, scheduler)
+    state.update(sampler=sampler, world_size=dist.world_size)
     if state["base_eval_loss"] is None:
         state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                            cfg.token_budget)
@@ -286,43 +353,79 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     caps, predicted = _memory_plan(cfg, source, budget, accelerator.device)
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
-    meter.track(list(unwrapped.parameters()) + list(unwrapped.buffers())
-                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)])
+    meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
+                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]))
+    main = dist.is_main
     session = _Session(cfg, out, data, accelerator, model, optimizer, scheduler, state,
-                       RecordLog(out / "metrics.jsonl", keep_until_step=state["step"]),
-                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None),
-                       meter, caps, predicted, per_epoch, total, control)
+                       RecordLog(out / "metrics.jsonl", keep_until_step=state["step"], write=main),
+                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None,
+                                 write=main),
+                       meter, caps, predicted, per_epoch, total, control, dist, sharded,
+                       cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
+                       rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0))
+    if main:
+        (out / STOP_FILE).unlink(missing_ok=True)
     session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
-                   "budget_bytes": budget, "total_steps": total})
+                   "budget_bytes": budget, "total_steps": total, "world_size": dist.world_size,
+                   "fsdp": sharded, "frozen_bytes_by_rank": session.frozen_bytes_by_rank})
     return session
 
 
+def _run_share(run: _Session, step: Step) -> dict[str, Any]:
+    """This rank's share of a global step (the guard's runner): forward and backward only."""
+    shares = split_step(step, run.dist.world_size, [len(s) for s in run.data.train],
+                        batching=run.cfg.resolved_batching(), max_seq_len=run.cfg.max_seq_len,
+                        pad_multiple=run.cfg.pad_multiple, token_budget=run.token_budget,
+                        cap_for_len=run.caps.cap if run.caps.caps else None)
+    mine = shares[run.dist.rank]
+    try:
+        if injected_oom(run.dist.rank, run.state["step"] + 1):
+            big = max(mine.micro_batches, key=lambda mb: len(mb.indices))
+            raise MicroBatchOutOfMemory(big, torch.OutOfMemoryError("injected by " + INJECT_OOM_ENV))
+        stats = run_step(run.model, run.accelerator, run.data, mine, step_targets(run.data.train, step))
+    except MicroBatchOutOfMemory as oom:
+        if run.fsdp:  # no way to stop every rank at the same point inside FSDP's all-gathers
+            raise FsdpOutOfMemoryError(fsdp.fsdp_oom_message(oom)) from None
+        raise
+    return {**stats, "indices": mine.indices, "micro_batches": len(mine.micro_batches)}
+
+
 def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
-    """One optimizer step under the memory guard; returns its metric record."""
+    """One optimizer step under the memory guard; returns its metric record (every rank's)."""
     run.meter.start_step()
     start = time.perf_counter()
-    stats = run_guarded(lambda st: run_step(run.model, run.accelerator, run.data, st), step, run.caps,
-                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom)
-    run.accelerator.clip_grad_norm_(run.model.parameters(), 1.0)
+    agree = agree_on_oom(run.dist) if run.dist.active and not run.fsdp else None
+    stats = run_guarded(lambda st: _run_share(run, st), step, run.caps,
+                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom, agree)
+    trainable = [p for p in run.model.parameters() if p.requires_grad]
+    run.dist.all_reduce_grads(trainable)
+    run.accelerator.clip_grad_norm_(trainable, 1.0)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - start
     run.state["step"] += 1
-    return {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": stats["loss"],
-            "lr": run.scheduler.get_last_lr()[0], "real_tokens": stats["real_tokens"],
-            "padded_tokens": stats["padded_tokens"], "batch_size": len(step.indices),
-            "micro_batches": len(step.micro_batches),
-            "seq_len": max(mb.seq_len for mb in step.micro_batches), "seconds": seconds,
-            "tokens_per_s": stats["real_tokens"] / seconds, "peak_bytes": run.meter.step_peak(),
-            "memory_source": run.meter.source, "time": time.time()}
+    total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["real_tokens"],
+                               stats["padded_tokens"])
+    record = {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
+              "lr": run.scheduler.get_last_lr()[0], "real_tokens": total["real_tokens"],
+              "padded_tokens": total["padded_tokens"], "batch_size": len(step.indices),
+              "micro_batches": stats["micro_batches"],
+              "seq_len": max(mb.seq_len for mb in step.micro_batches), "seconds": seconds,
+              "tokens_per_s": total["real_tokens"] / seconds, "peak_bytes": total["peak_bytes"],
+              "peak_bytes_by_rank": total["peak_bytes_by_rank"],
+              "memory_source": run.meter.source, "time": time.time()}
+    if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
+        record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
+    return record
 
 
 def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
     """Steps until done, stopped or out of memory; returns (status, message)."""
-    bar = tqdm(total=run.total, initial=run.state["step"], disable=not progress, unit="step")
+    bar = tqdm(total=run.total, initial=run.state["step"], disable=not (progress and run.dist.is_main),
+               unit="step")
     plan_epoch_index, plan = -1, []
-    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"])
+    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"], write=run.dist.is_main)
 
     def on_sample(sample: dict[str, Any]) -> None:
         sample = {"step": run.state["step"], **sample}
@@ -330,13 +433,14 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
         if control.on_sample:
             control.on_sample(sample)
 
+    relay = SampleRelay(run.dist, on_sample)
     control.phase("training")
-    monitor = MemoryMonitor(on_sample,
+    monitor = MemoryMonitor(relay.add,
                             interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
                             live_bytes=run.meter.live_bytes if run.meter.tracker else None)
     with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
         while run.state["step"] < run.total:
-            if control.stop.is_set():
+            if stop_agreed(run.dist, control.stop.is_set(), run.out):
                 return "stopped", None
             epoch, index = divmod(run.state["step"], run.per_epoch)
             if epoch != plan_epoch_index:
@@ -345,6 +449,7 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
                 record = _one_step(run, plan[index], epoch)
             except RunOutOfMemoryError as err:
                 return "out_of_memory", str(err)
+            relay.flush()
             run.metrics.append(record)
             if control.on_record:
                 control.on_record(record)
@@ -390,7 +495,9 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     control.phase("evaluating")
     eval_loss, eval_full = _final_eval(run)
     control.phase("saving")
-    adapter = _save_adapter(run.accelerator.unwrap_model(run.model), out)
+    adapter = out / "adapter"
+    if run.dist.is_main:
+        _save_adapter(run.accelerator.unwrap_model(run.model), out)
     summary = _summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,
         "eval_loss_full_attention": eval_full, "base_eval_loss": run.state["base_eval_loss"],
@@ -400,9 +507,12 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "adapter": str(adapter), "device": str(run.accelerator.device),
         "precision": run.accelerator.mixed_precision, "train_samples": len(run.data.train),
         "eval_samples": len(run.data.held_out),
-        "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple)})
+        "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
+        "world_size": run.dist.world_size, "fsdp": run.fsdp,
+        "frozen_bytes_by_rank": run.frozen_bytes_by_rank})
     summary["memory_report"] = memory_report(summary)
-    write_atomic(out / "run.json", json.dumps(summary, indent=1))
+    if run.dist.is_main:
+        write_atomic(out / "run.json", json.dumps(summary, indent=1))
     return summary
 
 

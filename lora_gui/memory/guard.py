@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -53,7 +53,7 @@ class BatchCaps:
         for mb in step.micro_batches:
             cap = self.cap(mb.seq_len) if not mb.packed else None
             size = cap or len(mb.indices)
-            out += [MicroBatch(mb.indices[i : i + size], mb.seq_len, mb.packed)
+            out += [replace(mb, indices=mb.indices[i : i + size])
                     for i in range(0, len(mb.indices), size)]
         return Step(tuple(out))
 
@@ -64,30 +64,59 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+@dataclass(frozen=True)
+class OomReport:
+    """One rank's out-of-memory in one try of a step (what every rank needs to decide)."""
+
+    rank: int
+    seq_len: int
+    size: int  # samples in the micro-batch that failed
+    message: str
+
+
 def run_guarded(run: Callable[[Step], dict[str, Any]], step: Step, caps: BatchCaps,
                 zero_grad: Callable[[], None], on_event: Callable[[dict[str, Any]], None],
+                agree: Callable[[MicroBatchOutOfMemory | None], list[OomReport]] | None = None,
                 ) -> dict[str, Any]:
-    """Runs ``run(step)`` and recovers from out-of-memory by splitting (see module doc)."""
+    """Runs ``run(step)`` and recovers from out-of-memory by splitting (see module doc).
+
+    Args:
+        agree: with several data-parallel ranks, gathers every rank's failure of this try (None
+            when it ran clean) so that all ranks retry, and lower the same caps, together.
+    """
     failures_at_one = 0
     while True:
+        result, failure = None, None
         try:
-            return run(caps.apply(step))
+            result = run(caps.apply(step))
         except MicroBatchOutOfMemory as oom:
-            zero_grad()
-            free_memory()
-            mb = oom.micro_batch
-            if len(mb.indices) == 1:
-                failures_at_one += 1
-                on_event({"event": "oom", "micro_batch": 1, "seq_len": mb.seq_len,
-                          "failures_at_one": failures_at_one, "message": str(oom)})
-                if failures_at_one >= MAX_FAILURES_AT_ONE:
-                    raise RunOutOfMemoryError(
-                        f"one sample of {mb.seq_len} tokens does not fit the budget "
-                        f"({failures_at_one} tries); lower max_seq_len, switch on "
-                        "gradient_checkpointing or raise budget_gb (see `python -m lora_gui plan`)"
-                    ) from None
-                continue
-            new_cap = max(1, len(mb.indices) // 2)
-            caps.caps[mb.seq_len] = new_cap
-            on_event({"event": "oom", "micro_batch": len(mb.indices), "seq_len": mb.seq_len,
-                      "new_cap": new_cap, "message": str(oom)})
+            failure = oom
+        reports = agree(failure) if agree else [] if failure is None else [
+            OomReport(0, failure.micro_batch.seq_len, len(failure.micro_batch.indices), str(failure))]
+        if not reports:
+            return result
+        zero_grad()
+        free_memory()
+        for report in reports:  # in rank order, so every rank changes the caps the same way
+            failures_at_one = _lower_cap(report, caps, failures_at_one, on_event)
+
+
+def _lower_cap(report: OomReport, caps: BatchCaps, failures_at_one: int,
+               on_event: Callable[[dict[str, Any]], None]) -> int:
+    """Halves the failing bucket's cap (or counts a failure at one sample); returns the count."""
+    event = {"event": "oom", "rank": report.rank, "micro_batch": report.size, "seq_len": report.seq_len,
+             "message": report.message}
+    if report.size == 1:
+        failures_at_one += 1
+        on_event({**event, "failures_at_one": failures_at_one})
+        if failures_at_one >= MAX_FAILURES_AT_ONE:
+            raise RunOutOfMemoryError(
+                f"one sample of {report.seq_len} tokens does not fit the budget "
+                f"({failures_at_one} tries); lower max_seq_len, switch on "
+                "gradient_checkpointing or raise budget_gb (see `python -m lora_gui plan`)"
+            ) from None
+        return failures_at_one
+    new_cap = max(1, report.size // 2)
+    caps.caps[report.seq_len] = min(new_cap, caps.caps.get(report.seq_len, new_cap))
+    on_event({**event, "new_cap": caps.caps[report.seq_len]})
+    return failures_at_one
