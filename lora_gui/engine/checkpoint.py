@@ -56,6 +56,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def lora_state_dict(model) -> dict[str, torch.Tensor]:
+    """The adapter's tensors in peft's naming, read from the trainable parameters only (under
+    FSDP the full ``model.state_dict()`` would touch every sharded frozen weight)."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    return get_peft_model_state_dict(model, state_dict=trainable)
+
+
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, trainer_state: dict,
                     keep: int = 2) -> Path:
     """Writes checkpoint ``step`` atomically and points ``latest`` at it."""
@@ -63,7 +70,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, train
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step-{step:08d}-"))
-    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    adapter = {k: v.detach().cpu().contiguous() for k, v in lora_state_dict(model).items()}
     save_file(adapter, tmp / "adapter.safetensors")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_state()}, tmp / "state.pt")

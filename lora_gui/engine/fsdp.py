@@ -122,8 +122,12 @@ def fsdp_oom_message(err: BaseException) -> str:
             "lower token_budget or budget_gb's planned batch, or switch on gradient_checkpointing")
 
 
-def is_sharded(model: nn.Module) -> bool:
+def reshard(model: nn.Module) -> None:
+    """Frees every FSDP unit's gathered weights (a no-op without FSDP). Units kept gathered from
+    forward into backward stay gathered after a no_grad forward (evaluation) otherwise."""
     from torch.distributed.fsdp import FSDPModule
 
-    return any(isinstance(m, FSDPModule) for m in model.modules())
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 

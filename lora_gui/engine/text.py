@@ -35,7 +35,7 @@ from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, rou
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
 from lora_gui.engine import fsdp
-from lora_gui.engine.checkpoint import restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.checkpoint import lora_state_dict, restore_training_state, save_checkpoint, write_atomic
 from lora_gui.engine.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
@@ -136,6 +136,7 @@ def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.d
                 total += model(**batch, num_items_in_batch=n).loss.item() * n
                 count += n
     model.train(was_training)
+    fsdp.reshard(model)  # no backward after a no_grad forward: free the gathered FSDP units now
     return total / count if count else None
 
 
@@ -226,7 +227,7 @@ def _save_adapter(model, out: Path) -> Path:
     """Saves the peft adapter into out/adapter atomically (temp folder, then rename)."""
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=lora_state_dict(model))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
