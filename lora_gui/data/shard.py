@@ -6,8 +6,8 @@ takes its share of every global step here, deterministically, with no communicat
 
 - samples are dealt to ranks in length order, snake-wise (0, 1, .., N-1, N-1, .., 0, ..), so each
   rank gets a similar number of samples and of tokens, and the k-th micro-batch of every rank
-  has similar lengths (no rank waits on a longer bucket every step); packed rows are dealt the
-  same way, whole;
+  has similar lengths (no rank waits on a longer bucket every step); with packing each rank
+  packs its own share into rows;
 - each share is cut into micro-batches by the same rule as one process uses (token budget and
   the planner's per-bucket caps);
 - every rank then gets the same number of micro-batches: a share with fewer is cut finer (its
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from lora_gui.data.batching import MicroBatch, Step, _split_by_budget, round_up
+from lora_gui.data.batching import MicroBatch, Step, _packed_steps, _split_by_budget, round_up
 
 
 def deal(items: Sequence, world_size: int) -> list[list]:
@@ -81,16 +81,16 @@ def split_step(step: Step, world_size: int, lengths: Sequence[int], *, batching:
     """
     if world_size == 1:
         return [step]
-    if step.micro_batches[0].packed:
-        rows = sorted(step.micro_batches, key=lambda mb: -mb.seq_len)
-        shares = [list(h) for h in deal(rows, world_size)]
-        shortest = min(step.indices, key=lambda i: lengths[i])
-        filler = MicroBatch((shortest,), min(lengths[shortest], max_seq_len), packed=True, filler=True)
+    ids = sorted(step.indices, key=lambda i: -lengths[i])
+    shortest = ids[-1]
+    if step.micro_batches[0].packed:  # each rank packs its own share (first-fit decreasing)
+        row_len = min(max_seq_len, token_budget)
+        shares = [list(_packed_steps(h, lengths, len(h), row_len)[0].micro_batches) if h else []
+                  for h in deal(ids, world_size)]
+        filler = MicroBatch((shortest,), min(lengths[shortest], row_len), packed=True, filler=True)
     else:
-        ids = sorted(step.indices, key=lambda i: -lengths[i])
         shares = [_cut_share(h, lengths, batching, max_seq_len, pad_multiple, token_budget, cap_for_len)
                   for h in deal(ids, world_size)]
-        shortest = ids[-1]
         width = max_seq_len if batching == "fixed" else min(round_up(lengths[shortest], pad_multiple),
                                                              max_seq_len)
         filler = MicroBatch((shortest,), width, filler=True)

@@ -143,6 +143,8 @@ def tokenize_documents(docs: list[Document], tokenizer, max_seq_len: int) -> lis
 
     Prompt tokens get IGNORE_INDEX labels so the loss is on the response only.
     """
+    if not docs:  # e.g. eval_fraction 0: the fast tokenizer fails on an empty batch
+        return []
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     texts = tokenizer([d.text for d in docs], add_special_tokens=False, verbose=False)["input_ids"]

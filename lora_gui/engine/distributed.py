@@ -50,15 +50,16 @@ def launched_world_size() -> int:
 
 
 def check_cpu_launch() -> None:
-    """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process unless mpirun is
-    configured; it sets MASTER_ADDR but no WORLD_SIZE. Refuse instead of silently training alone.
+    """Without a GPU, ``accelerate launch --num_processes N`` (N > 1), with or without ``--cpu``,
+    starts ONE process unless mpirun is configured: its simple launcher sets MASTER_ADDR (and
+    ACCELERATE_MIXED_PRECISION) but no WORLD_SIZE. Refuse instead of silently training alone.
 
     Raises:
         ConfigError: with the command that does start N processes on a CPU.
     """
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
-    if cpu and os.environ.get("MASTER_ADDR") and launched_world_size() == 1:
-        raise ConfigError("accelerate launch --cpu --num_processes N started one process (accelerate's CPU "
+    by_accelerate = "ACCELERATE_MIXED_PRECISION" in os.environ
+    if by_accelerate and os.environ.get("MASTER_ADDR") and launched_world_size() == 1:
+        raise ConfigError("accelerate launch --num_processes N started one process (without a GPU its "
                           f"launcher needs mpirun for more); {CPU_LAUNCH_HINT}")
 
 
