@@ -88,12 +88,14 @@ def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from lora_gui.memory import planner, run_plan
+    from lora_gui.memory.parallel import Parallel
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
     try:
+        parallel = Parallel(args.world_size, args.fsdp)
         budget = planner.check_budget(budget_gb * 1e9)
-        plan, step = run_plan.plan_and_predict(cfg, budget, args.device)
+        plan, step = run_plan.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     result = run_plan.plan_to_json(plan, step)
@@ -101,28 +103,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
         return 0
     mib = 2**20
-    print(f"Predicted peak of one training step on {args.device} (source: predicted, fake-tensor "
-          f"trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
+    print(f"Predicted peak of one training step on {args.device}, per GPU with {parallel.label()} "
+          f"(source: predicted, fake-tensor trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
     for name, nbytes in step.breakdown.items():
         print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
     for name, nbytes in step.cuda_overheads.items():
         if not nbytes:  # planning for a CPU: no CUDA context, workspace or rounding
             continue
         print(f"  + {name:<16} {nbytes / mib:>10,.1f} MiB  (CUDA-only overhead, not in the trace)")
-    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+    if parallel.world_size > 1:
+        bucket = step.info["allreduce_bucket_bytes"] / mib
+        print(f"  (noted, not in the peak: LoRA gradient all-reduce bucket {bucket:,.1f} MiB after "
+              "backward; DDP-style buckets of 25 MB)")
+    print(f"\nBudget {budget_gb:g} GB per GPU ({budget_from}): {plan.message}")
     print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
         print(f"  {b.bucket!s:>15}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
     for sug in plan.suggestions:
         print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB (saves {sug.saving_bytes / mib:,.0f} "
               f"MiB){' -> fits' if sug.fits else ''}")
-    print("\nWhat fits where (batch 1 longest sequence; largest batch at max_seq_len):")
-    rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
-                                   **run_plan.step_kwargs(cfg, args.device))
-    for row in rows:
-        print(f"  {row.card_gb:>3} GB: longest {row.longest or 'nothing fits'}, "
-              f"batch {row.batch_at_chosen} at {cfg.max_seq_len}")
+    _print_fits(cfg, args.device)
     return 0
+
+
+def _print_fits(cfg, device: str) -> None:
+    from lora_gui.memory import planner, run_plan
+
+    rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
+                                   **run_plan.step_kwargs(cfg, device))
+    counts = list(rows[0].by_gpus) if rows else []
+    print(f"\nWhat fits where: longest sequence at batch 1 / largest batch per GPU at {cfg.max_seq_len} "
+          "(N GPUs: FSDP shards the frozen weights; under DDP each GPU is the 1-GPU column, N x the batch)")
+    print("  card   " + "".join(f"{'1 GPU' if n == 1 else f'{n} GPUs':>16}" for n in [1, *counts]))
+
+    def cell(fit: tuple) -> str:
+        return f"{fit[0] or '-'} / {fit[1]}"
+
+    for row in rows:
+        fits = [(row.longest, row.batch_at_chosen), *row.by_gpus.values()]
+        print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(f):>16}" for f in fits))
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -151,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="plan for a CUDA GPU (adds its overheads) or for this CPU")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--world-size", type=int, default=1, metavar="N",
+                      help="processes (GPUs) of a data-parallel run: the figures are per GPU")
+    plan.add_argument("--fsdp", action="store_true",
+                      help="with --world-size: FSDP shards the frozen weights over the GPUs")
     plan.set_defaults(func=cmd_plan)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)

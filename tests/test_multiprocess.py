@@ -21,6 +21,9 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine import distributed, fsdp
 from lora_gui.engine.records import read_records
 from lora_gui.engine.text import train_text
+from lora_gui.memory.estimate import estimate_text_step
+from lora_gui.memory.model_configs import load_model_config
+from lora_gui.memory.parallel import Parallel, per_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {"max_seq_len": 64, "batch_size": 4, "max_steps": 6, "lr": 5e-3, "checkpoint_every": 3,
@@ -128,6 +131,10 @@ def test_fsdp_two_processes_shard_frozen_weights_and_match(single, corpus, tmp_p
         ROOT / "assets" / "base-model" / "model.safetensors").values())
     assert run["fsdp"] is True
     assert run["frozen_bytes_by_rank"] == [full // 2] * 2  # each rank holds half the frozen weights
+    one_gpu = estimate_text_step(load_model_config(str(ROOT / "assets" / "base-model")), batch_size=1,
+                                 seq_len=64, lora_rank=8, dtype="float32", device="cpu")
+    planned = per_gpu(one_gpu, load_model_config(str(ROOT / "assets" / "base-model")), Parallel(2, True))
+    assert planned.breakdown["frozen_weights"] == pytest.approx(full // 2, rel=0.01)  # the planner agrees
     adapters_close(step6(single), step6(tmp_path / "run"))
     losses = [r["loss"] for r in read_records(tmp_path / "run" / "metrics.jsonl")]
     assert losses == pytest.approx([r["loss"] for r in read_records(single / "metrics.jsonl")][:6], rel=1e-5)

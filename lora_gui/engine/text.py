@@ -56,9 +56,11 @@ from lora_gui.engine.precision import choose_precision
 from lora_gui.engine.records import RecordLog
 from lora_gui.engine.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.summary import memory_report, run_summary
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.monitor import MemoryMonitor
+from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
 
 log = logging.getLogger(__name__)
@@ -166,31 +168,6 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
             "target_tokens": n_targets}
 
 
-def _summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]:
-    real = sum(r["real_tokens"] for r in records)
-    padded = sum(r["padded_tokens"] for r in records)
-    seconds = sum(r["seconds"] for r in records)
-    peaks = [r["peak_bytes"] for r in records]
-    by_rank: list[int] = []
-    for r in records:  # a resumed run may have changed its number of processes
-        for k, peak in enumerate(r.get("peak_bytes_by_rank", [r["peak_bytes"]])):
-            by_rank[k:k + 1] = [max(by_rank[k], peak)] if k < len(by_rank) else [peak]
-    return {
-        "final_loss": records[-1]["loss"] if records else None,
-        "real_tokens": real,
-        "padded_tokens": padded,
-        "padding_efficiency": real / padded if padded else None,
-        "real_tokens_per_s": real / seconds if seconds else None,
-        "train_seconds": seconds,
-        "peak_bytes": max(peaks) if peaks else None,
-        "peak_bytes_by_rank": by_rank,
-        "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
-        "steps": len(records),
-        **extra,
-        "config": cfg.to_dict(),
-    }
-
-
 def _probe_step(model, data: TextData) -> Callable[[], None]:
     """One forward+backward of the run's model on a small real batch (for the precision probe)."""
     sample = min(data.train[: 8], key=len)
@@ -203,21 +180,21 @@ def _probe_step(model, data: TextData) -> Callable[[], None]:
     return step
 
 
-def _memory_plan(cfg: RunConfig, source: str, budget: int | None,
-                 device: torch.device) -> tuple[BatchCaps, int | None]:
+def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.device,
+                 parallel: Parallel | None = None) -> tuple[BatchCaps, int | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
-    the predicted peak of the run's largest micro-batch (source: predicted)."""
+    the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
     from lora_gui.memory import run_plan
 
     caps = BatchCaps()
     predicted = None
     try:
         if budget and cfg.resolved_batching() == "bucketed":
-            plan, step = run_plan.plan_and_predict(cfg, budget, device.type, source)
+            plan, step = run_plan.plan_and_predict(cfg, budget, device.type, source, parallel=parallel)
             caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
             predicted = step.peak_bytes
         else:
-            predicted = run_plan.predicted_step(cfg, device.type, source).peak_bytes
+            predicted = run_plan.predicted_step(cfg, device.type, source, parallel=parallel).peak_bytes
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
@@ -351,7 +328,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
         state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                            cfg.token_budget)
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted = _memory_plan(cfg, source, budget, accelerator.device)
+    caps, predicted = _memory_plan(cfg, source, budget, accelerator.device,
+                                   Parallel(dist.world_size, sharded) if dist.active else None)
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
@@ -499,7 +477,7 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     adapter = out / "adapter"
     if run.dist.is_main:
         _save_adapter(run.accelerator.unwrap_model(run.model), out)
-    summary = _summary(cfg, run.metrics.snapshot(), {
+    summary = run_summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,
         "eval_loss_full_attention": eval_full, "base_eval_loss": run.state["base_eval_loss"],
         "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
@@ -515,16 +493,3 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     if run.dist.is_main:
         write_atomic(out / "run.json", json.dumps(summary, indent=1))
     return summary
-
-
-def memory_report(summary: dict[str, Any]) -> dict[str, Any]:
-    """Peak, mean, budget use and predicted vs measured peak, each figure with its source."""
-    peak, budget, predicted = summary["peak_bytes"], summary["budget_bytes"], summary["predicted_peak_bytes"]
-    return {
-        "peak_bytes": peak, "mean_step_peak_bytes": summary["mean_step_peak_bytes"],
-        "source": summary["memory_source"], "budget_bytes": budget,
-        "budget_utilization": peak / budget if peak and budget else None,
-        "predicted_peak_bytes": predicted, "predicted_source": "predicted",
-        "predicted_vs_measured": predicted / peak - 1 if peak and predicted else None,
-        "oom_events_recovered": sum(1 for e in summary["oom_events"] if "new_cap" in e),
-    }

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lora_gui.memory.estimate import estimate_text_step, estimate_unet_step
 from lora_gui.memory.model_configs import load_model_config, max_positions
+from lora_gui.memory.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
 from lora_gui.memory.trace import TraceResult, trace_text_step
 
 GB = 1e9  # bytes; cards are sold in decimal GB
@@ -107,8 +108,18 @@ def _finish(budget: int, plans: list[BucketPlan], needed: int, frozen: int,
     return Plan(budget, plans, fits, needed, msg, suggestions if not fits else [])
 
 
+def _shifted(budget: int, plans: list[BucketPlan], base: TraceResult, saving: int,
+             suggestions: list[Suggestion], config: Any, parallel: Parallel | None) -> Plan:
+    """The plan searched under ``budget + saving`` reported per GPU (every peak less ``saving``)."""
+    plans = [replace(p, peak_bytes=p.peak_bytes - saving) for p in plans]
+    suggestions = [replace(s, peak_bytes=s.peak_bytes - saving) for s in suggestions]
+    frozen = per_gpu(base, config, parallel).breakdown["frozen_weights"]
+    return _finish(budget, plans, base.peak_bytes - saving, frozen, suggestions)
+
+
 def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effective_batch: int = 8,
-              max_batch: int = 256, confirm: bool = True, **step: Any) -> Plan:
+              max_batch: int = 256, confirm: bool = True, parallel: Parallel | None = None,
+              **step: Any) -> Plan:
     """Largest micro-batch per sequence-length bucket under ``budget_bytes``.
 
     Args:
@@ -118,6 +129,7 @@ def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effec
         effective_batch: sequences per optimizer step to keep via gradient accumulation.
         max_batch: upper end of the search.
         confirm: check each chosen batch with the fake-tensor trace and step down if needed.
+        parallel: data-parallel processes and FSDP: peaks and the budget are per GPU.
         **step: lora_rank, target_modules, attn_implementation, gradient_checkpointing, dtype,
             device (passed to the estimate and the trace).
 
@@ -128,25 +140,27 @@ def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effec
     cfg = load_model_config(config)
     if not buckets or any(b < 1 for b in buckets):
         raise ValueError(f"buckets must be positive sequence lengths, got {list(buckets)}")
+    longest = max(buckets)
+    base = estimate_text_step(cfg, batch_size=1, seq_len=longest, **step)
+    saving = saving_bytes(base, cfg, parallel)  # FSDP: constant in batch and length
+    limit = budget + saving  # one-GPU peaks under this budget = per-GPU peaks under ``budget``
     plans = []
     for seq in sorted(buckets):
         def est(b: int, seq: int = seq) -> int:
             return estimate_text_step(cfg, batch_size=b, seq_len=seq, **step).peak_bytes
-        mb = _largest(est, budget, max_batch)
+        mb = _largest(est, limit, max_batch)
         peak, confirmed = est(max(mb, 1)), False
         while confirm and mb > 0:
             traced = trace_text_step(cfg, batch_size=mb, seq_len=seq, **step).peak_bytes
             peak, confirmed = traced, True
-            if traced <= budget:
+            if traced <= limit:
                 break
             mb -= 1
         accum = math.ceil(effective_batch / mb) if mb else 0
         plans.append(BucketPlan(seq, mb, accum, peak, confirmed))
-    longest = max(buckets)
-    base = estimate_text_step(cfg, batch_size=1, seq_len=longest, **step)
     fits_all = all(p.micro_batch for p in plans)
-    sugg = [] if fits_all else _text_suggestions(cfg, budget, longest, base, step)
-    return _finish(budget, plans, base.peak_bytes, base.breakdown["frozen_weights"], sugg)
+    sugg = [] if fits_all else _text_suggestions(cfg, limit, longest, base, step)
+    return _shifted(budget, plans, base, saving, sugg, cfg, parallel)
 
 
 def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: dict) -> list[Suggestion]:
@@ -176,12 +190,13 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
 
 
 def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
-               effective_batch: int = 8, max_batch: int = 64, **step: Any) -> Plan:
+               effective_batch: int = 8, max_batch: int = 64, parallel: Parallel | None = None,
+               **step: Any) -> Plan:
     """Largest micro-batch per resolution bucket (UNet), like :func:`plan_text`.
 
     Args:
         config: UNet config; budget_bytes: bytes; resolutions: pixels or (h, w) buckets.
-        effective_batch, max_batch: as in :func:`plan_text`.
+        effective_batch, max_batch, parallel: as in :func:`plan_text`.
         **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len.
 
     Returns:
@@ -189,6 +204,10 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
     """
     budget = check_budget(budget_bytes)
     plans = []
+    largest = max(resolutions, key=lambda r: r * r if isinstance(r, int) else r[0] * r[1])
+    base = estimate_unet_step(config, batch_size=1, resolution=largest, **step)
+    saving = saving_bytes(base, config, parallel)
+    budget, reported = budget + saving, budget  # search one-GPU peaks; report per GPU
 
     def est(b: int, res: Any) -> TraceResult:
         return estimate_unet_step(config, batch_size=b, resolution=res, **step)
@@ -197,8 +216,6 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
         mb = _largest(lambda b, res=res: est(b, res).peak_bytes, budget, max_batch)
         accum = math.ceil(effective_batch / mb) if mb else 0
         plans.append(BucketPlan(res, mb, accum, est(max(mb, 1), res).peak_bytes))
-    largest = max(resolutions, key=lambda r: r * r if isinstance(r, int) else r[0] * r[1])
-    base = est(1, largest)
     sugg: list[Suggestion] = []
     if not all(p.micro_batch for p in plans):
         if not step.get("gradient_checkpointing"):
@@ -211,41 +228,54 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
             if peak <= budget:
                 sugg.append(Suggestion(f"resolution {res}", peak, base.peak_bytes - peak, True))
                 break
-    return _finish(budget, plans, base.peak_bytes, base.breakdown["frozen_weights"], sugg)
+    return _shifted(reported, plans, base, saving, sugg, config, parallel)
 
 
 @dataclass
 class CardFit:
-    """One row of the "what fits where" table (source: predicted)."""
+    """One row of the "what fits where" table (source: predicted).
+
+    ``by_gpus``: GPU count -> (longest, batch per GPU at chosen) with FSDP sharding the frozen
+    weights over that many cards of this size (under DDP every GPU is the one-GPU column, and the
+    global batch is the count times the per-GPU batch).
+    """
 
     card_gb: int
     longest: int | None  # tokens (text) or pixels (image) at batch 1; None: nothing fits
     batch_at_chosen: int  # largest batch at the chosen length / resolution (0: none)
+    by_gpus: dict[int, tuple[int | None, int]] = field(default_factory=dict)
 
 
 def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS_GB,
-                    max_batch: int = 256, **step: Any) -> list[CardFit]:
+                    max_batch: int = 256, gpu_counts: Sequence[int] = GPU_COUNTS,
+                    **step: Any) -> list[CardFit]:
     """For each card size: longest sequence (text, multiples of 256 up to the model's max
     position) or largest resolution (image, 512-1536 step 64) at batch 1, and the largest batch
     at ``chosen`` (tokens or pixels). Uses the estimates (instant).
 
     Returns:
-        One :class:`CardFit` per card.
+        One :class:`CardFit` per card, with the FSDP columns for ``gpu_counts``.
     """
     cfg = load_model_config(config)
-    rows = []
     image = isinstance(cfg, dict)
+    if image:
+        def estimate(b: int, res: int) -> TraceResult:
+            return estimate_unet_step(cfg, batch_size=b, resolution=res, **step)
+        sizes = list(range(512, 1537, 64))
+    else:
+        def estimate(b: int, n: int) -> TraceResult:
+            return estimate_text_step(cfg, batch_size=b, seq_len=n, **step)
+        sizes = list(range(256, (max_positions(cfg) or 4096) + 1, 256))
+    savings = {n: saving_bytes(estimate(1, sizes[0]), cfg, Parallel(n, fsdp=True)) for n in gpu_counts}
+
+    def fit(budget: int) -> tuple[int | None, int]:
+        k = _largest(lambda i: estimate(1, sizes[i - 1]).peak_bytes, budget, len(sizes))
+        batch = _largest(lambda b: estimate(b, chosen).peak_bytes, budget, max_batch)
+        return (sizes[k - 1] if k else None), batch
+
+    rows = []
     for gb in cards_gb:
         budget = check_budget(gb * GB)
-        if image:
-            def peak(b: int, res: int) -> int:
-                return estimate_unet_step(cfg, batch_size=b, resolution=res, **step).peak_bytes
-            sizes = list(range(512, 1537, 64))
-        else:
-            def peak(b: int, n: int) -> int:
-                return estimate_text_step(cfg, batch_size=b, seq_len=n, **step).peak_bytes
-            sizes = list(range(256, (max_positions(cfg) or 4096) + 1, 256))
-        k = _largest(lambda i, sizes=sizes: peak(1, sizes[i - 1]), budget, len(sizes))
-        batch = _largest(lambda b: peak(b, chosen), budget, max_batch)
-        rows.append(CardFit(gb, sizes[k - 1] if k else None, batch))
+        longest, batch = fit(budget)
+        rows.append(CardFit(gb, longest, batch, {n: fit(budget + savings[n]) for n in gpu_counts}))
     return rows

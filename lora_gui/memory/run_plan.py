@@ -15,6 +15,7 @@ from lora_gui.config import RunConfig
 from lora_gui.data.batching import round_up
 from lora_gui.memory import planner
 from lora_gui.memory.model_configs import bundled_models, load_model_config
+from lora_gui.memory.parallel import Parallel, per_gpu
 from lora_gui.memory.trace import TraceResult, trace_text_step
 
 
@@ -59,26 +60,32 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
 
 
 def plan_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
-             confirm: bool = True) -> planner.Plan:
-    """Largest micro-batch per length bucket for this run under the budget (source: predicted)."""
+             confirm: bool = True, parallel: Parallel | None = None) -> planner.Plan:
+    """Largest micro-batch per length bucket for this run under the budget (source: predicted);
+    with ``parallel``, per GPU (each of N processes takes batch_size / N samples a step)."""
+    n = parallel.world_size if parallel else 1
+    per_rank = max(1, -(-cfg.batch_size // n))
     return planner.plan_text(model_config_for(cfg, source), budget_bytes, text_buckets(cfg),
-                             effective_batch=cfg.batch_size, max_batch=max(cfg.batch_size, 1),
-                             confirm=confirm, **step_kwargs(cfg, device))
+                             effective_batch=per_rank, max_batch=per_rank, confirm=confirm,
+                             parallel=parallel, **step_kwargs(cfg, device))
 
 
 def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = None,
-                   batch_size: int | None = None, seq_len: int | None = None) -> TraceResult:
+                   batch_size: int | None = None, seq_len: int | None = None,
+                   parallel: Parallel | None = None) -> TraceResult:
     """Trace of this run's largest micro-batch shape (traditional: batch x max_seq_len;
-    optimized: as many max-length rows as fit the token budget)."""
+    optimized: as many max-length rows as fit the token budget), per GPU with ``parallel``."""
     if seq_len is None:
         seq_len = cfg.max_seq_len
     if batch_size is None:
+        per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
         if cfg.resolved_batching() == "fixed":
-            batch_size = cfg.batch_size
+            batch_size = per_rank
         else:
-            batch_size = max(1, min(cfg.batch_size, cfg.token_budget // seq_len))
-    return trace_text_step(model_config_for(cfg, source), batch_size=batch_size, seq_len=seq_len,
-                           **step_kwargs(cfg, device))
+            batch_size = max(1, min(per_rank, cfg.token_budget // seq_len))
+    config = model_config_for(cfg, source)
+    step = trace_text_step(config, batch_size=batch_size, seq_len=seq_len, **step_kwargs(cfg, device))
+    return per_gpu(step, config, parallel)
 
 
 def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = None) -> TraceResult:
@@ -100,8 +107,10 @@ def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
 
 
 def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
-    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads."""
-    return {"peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
+    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads (per GPU)."""
+    return {"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
+            "allreduce_bucket_bytes": step.info.get("allreduce_bucket_bytes", 0),
+            "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
             "device": step.device, "source": "predicted", "fits": plan.fits,
             "budget_bytes": plan.budget_bytes, "message": plan.message,
@@ -111,17 +120,19 @@ def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
 
 
 def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
-                     confirm: bool = True) -> tuple[planner.Plan, TraceResult]:
+                     confirm: bool = True, parallel: Parallel | None = None,
+                     ) -> tuple[planner.Plan, TraceResult]:
     """The plan under a budget and the trace of the micro-batch the run will peak at.
 
     With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch),
     so the peak is the bucket whose planned micro-batch predicts the most; when batch 1 does not
     fit, it is batch 1 at max_seq_len.
     """
-    plan = plan_run(cfg, budget_bytes, device, source, confirm)
+    plan = plan_run(cfg, budget_bytes, device, source, confirm, parallel)
     if plan.fits:
         worst = max(plan.buckets, key=lambda b: b.peak_bytes)
-        step = predicted_step(cfg, device, source, batch_size=worst.micro_batch, seq_len=int(worst.bucket))
+        step = predicted_step(cfg, device, source, batch_size=worst.micro_batch, seq_len=int(worst.bucket),
+                              parallel=parallel)
     else:
-        step = predicted_step(cfg, device, source, batch_size=1)
+        step = predicted_step(cfg, device, source, batch_size=1, parallel=parallel)
     return plan, step

@@ -1,0 +1,78 @@
+"""Per-GPU planning of data-parallel runs: DDP replicates, FSDP shards the frozen weights."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lora_gui.memory import planner
+from lora_gui.memory.estimate import estimate_text_step
+from lora_gui.memory.model_configs import load_model_config
+from lora_gui.memory.parallel import Parallel, frozen_units, per_gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model_config("llama-3.1-8b")
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_fsdp_per_gpu_frozen_is_total_over_n(llama, n):
+    one = estimate_text_step(llama, batch_size=1, seq_len=1024, lora_rank=16)
+    shard = per_gpu(one, llama, Parallel(n, fsdp=True))
+    total = one.breakdown["frozen_weights"]
+    assert shard.breakdown["frozen_weights"] == math.ceil(total / n)
+    head, layer = frozen_units(llama, total)
+    assert head == pytest.approx(128256 * 4096 * 2, rel=1e-3)  # bf16 output head
+    assert layer == pytest.approx(218_112_000 * 2, rel=0.01)  # one Llama-3.1-8B decoder layer
+    assert shard.breakdown["fsdp_gathered"] == int((head + 2 * layer) * (n - 1) / n)
+    assert shard.peak_bytes == one.peak_bytes - total + math.ceil(total / n) + shard.breakdown["fsdp_gathered"]
+    for key in ("activations", "lora_params", "optimizer_state", "temporaries"):  # not sharded
+        assert shard.breakdown[key] == one.breakdown[key]
+
+
+def test_ddp_replicates_and_notes_the_gradient_buckets(llama):
+    one = estimate_text_step(llama, batch_size=1, seq_len=1024, lora_rank=16)
+    ddp = per_gpu(one, llama, Parallel(4))
+    assert ddp.peak_bytes == one.peak_bytes and ddp.breakdown == one.breakdown
+    assert ddp.info["allreduce_bucket_bytes"] == 25 * 2**20  # LoRA r16 grads (160 MiB) > one bucket
+    assert per_gpu(one, llama, Parallel(1, fsdp=True)) is one
+
+
+def test_bad_world_size():
+    with pytest.raises(ValueError, match="world_size must be a whole number >= 1, got 0"):
+        Parallel(0)
+
+
+def test_what_fits_where_gains_gpu_columns(llama):
+    rows = planner.what_fits_where(llama, chosen=2048, cards_gb=(16, 24, 80), lora_rank=16)
+    for row in rows:
+        assert list(row.by_gpus) == [2, 4, 8]
+        longest = [row.longest or 0] + [fit[0] or 0 for fit in row.by_gpus.values()]
+        assert longest == sorted(longest)  # more GPUs to shard over: never shorter
+    assert rows[0].longest is None and rows[0].by_gpus[8][0]  # 16 GB: only with 8-way FSDP
+
+
+def test_fsdp_plan_fits_where_one_gpu_does_not(llama):
+    one = planner.plan_text(llama, 20e9, [512], confirm=False, lora_rank=16)
+    eight = planner.plan_text(llama, 20e9, [512], confirm=False, lora_rank=16, parallel=Parallel(8, True))
+    assert not one.fits and eight.fits
+    assert eight.buckets[0].peak_bytes <= 20e9 and eight.budget_bytes == int(20e9)
+
+
+def test_plan_cli_world_size_json():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "lora_gui", "plan", "--preset", "text-demo", "--device", "cpu", "--json",
+            "--set", "max_seq_len=256"]
+    out = [json.loads(subprocess.run(base + extra, env=env, cwd=ROOT, capture_output=True, text=True,
+                                     timeout=300, check=True).stdout)
+           for extra in ([], ["--world-size", "2", "--fsdp"])]
+    assert out[1]["world_size"] == 2 and out[1]["fsdp"] is True
+    assert out[1]["breakdown"]["frozen_weights"] == math.ceil(out[0]["breakdown"]["frozen_weights"] / 2)
+    assert out[1]["breakdown"]["fsdp_gathered"] > 0
