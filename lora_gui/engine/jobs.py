@@ -101,7 +101,10 @@ class JobManager:
         self._lock = threading.Lock()
         self.job: Job | None = None
 
-    def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False) -> Job:
+    def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
+              processes: int = 1) -> Job:
+        """Starts a job in a thread, or with ``processes`` > 1 as an ``accelerate launch``
+        subprocess on that many local GPUs (followed through its run folder)."""
         with self._lock:
             if self.job is not None and self.job.running:
                 raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
@@ -112,8 +115,9 @@ class JobManager:
         job.control.on_event = job.on_engine_event
         job.control.on_sample = job.add_sample
         job.add_event(f"{'resuming' if resume else 'starting'} {job.name}")
-        thread = threading.Thread(target=self._run, args=(job, resume, overwrite), daemon=True,
-                                  name=f"train-{job.name}")
+        target, args = (self._run, (job, resume, overwrite)) if processes <= 1 else (
+            self._run_launched, (job, processes, resume, overwrite))
+        thread = threading.Thread(target=target, args=args, daemon=True, name=f"train-{job.name}")
         thread.start()
         return job
 
@@ -127,6 +131,18 @@ class JobManager:
             job.status, job.error = "failed", f"{type(err).__name__}: {err}"
             job.add_event(f"failed: {job.error}")
             log.debug("job %s failed:\n%s", job.name, traceback.format_exc())
+        finally:
+            job.phase = "done"
+            job.phases.append(("done", time.time()))
+
+    def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
+        from lora_gui.engine.launch import run_launched
+
+        try:
+            run_launched(job, processes, resume, overwrite, job.out.parent / ".launch")
+        except Exception as err:  # the job must never stay "running" after a failure
+            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+            job.add_event(f"failed: {job.error}")
         finally:
             job.phase = "done"
             job.phases.append(("done", time.time()))

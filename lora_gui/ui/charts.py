@@ -20,6 +20,12 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
     peaks = [r["peak_bytes"] / MIB for r in records]
     source = records[-1]["memory_source"] if records else "no data yet"
     fig = go.Figure(go.Scatter(x=steps, y=peaks, mode="lines+markers", name=f"step peak ({source})"))
+    ranks = max((len(r.get("peak_bytes_by_rank", ())) for r in records), default=0)
+    for rank in range(ranks if ranks > 1 else 0):  # several processes: one line per GPU as well
+        rows = [r for r in records if len(r.get("peak_bytes_by_rank", ())) > rank]
+        ys = [r["peak_bytes_by_rank"][rank] / MIB for r in rows]
+        fig.add_trace(go.Scatter(x=[r["step"] for r in rows], y=ys, mode="lines",
+                                 name=f"{_device_name(source)} {rank} ({source})"))
     if budget_bytes:
         label = "budget (simulated VRAM)" if simulated_budget else "budget"
         fig.add_hline(y=budget_bytes / MIB, line_dash="dash", line_color="red",
@@ -75,6 +81,10 @@ def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
     return fig
 
 
+def _device_name(source: str) -> str:
+    return "GPU" if source.startswith(("cuda", "nvml")) else "rank"
+
+
 PHASE_COLORS = {"loading": "#9ecae1", "caching": "#c7e9c0", "training": "#fdd0a2",
                 "evaluating": "#dadaeb", "saving": "#fcbba1", "sampling": "#d9d9d9"}
 SAMPLE_SOURCES = (("cuda_allocator_allocated_bytes", "cuda_allocator"), ("tracker_live_bytes", "tracker"),
@@ -90,8 +100,13 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
                        ("tracker_live_bytes", "no data yet"))
     start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
     xs = [s["time"] - start for s in samples]
-    fig = go.Figure(go.Scatter(x=xs, y=[s.get(key, 0) / MIB for s in samples], mode="lines+markers",
-                               marker={"size": 3}, name=f"live memory ({source})"))
+    ranks = sorted({s["rank"] for s in samples if "rank" in s})
+    groups = [(f"{_device_name(source)} {r} ", [s for s in samples if s.get("rank") == r]) for r in ranks]
+    fig = go.Figure()
+    for label, group in groups or [("", samples)]:  # one line per GPU (process) of a launched run
+        fig.add_trace(go.Scatter(x=[s["time"] - start for s in group], y=[s.get(key, 0) / MIB for s in group],
+                                 mode="lines+markers", marker={"size": 3},
+                                 name=f"{label}live memory ({source})"))
     end = xs[-1] if xs else 1.0
     for (name, t0), nxt in zip(phases, [*phases[1:], None]):
         if name == "done":

@@ -95,15 +95,39 @@ def predict(preset: str, *values: Any) -> str:
             f"estimate for {device}; largest micro-batch){verdict}")
 
 
-def start(preset: str, out_name: str, *values: Any, resume: bool = False) -> str:
-    """Starts (or resumes) a job; returns the message shown next to the buttons."""
+def gpu_count() -> int:
+    """GPUs this machine shows torch (the Train tab's processes field appears above one)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_processes(processes: Any) -> int:
+    """The processes field as a whole number from 1 to the GPU count (ConfigError otherwise)."""
+    n = int(processes or 1)
+    if n < 1 or (n > 1 and n > gpu_count()):
+        raise ConfigError(f"processes: {n}; this machine shows {gpu_count()} GPU(s): "
+                          f"use 1 to {max(1, gpu_count())}")
+    return n
+
+
+def start(preset: str, out_name: str, *values: Any, resume: bool = False, processes: Any = 1) -> str:
+    """Starts (or resumes) a job; returns the message shown next to the buttons. With
+    ``processes`` > 1 the job is an ``accelerate launch`` on that many local GPUs."""
     try:
+        n = check_processes(processes)
         out = RUNS_ROOT / (out_name.strip() or preset)
         cfg = load_run_config(out) if resume else build_config(preset, *values)
-        job = MANAGER.start(cfg, out, resume=resume, overwrite=not resume)
+        job = MANAGER.start(cfg, out, resume=resume, overwrite=not resume, processes=n)
     except USER_ERRORS as err:
         return f"Error: {err}"
-    return f"{'Resuming' if resume else 'Started'} **{job.name}** → `{job.out}`"
+    on = f" on {n} GPUs (accelerate launch)" if n > 1 else ""
+    return f"{'Resuming' if resume else 'Started'} **{job.name}**{on} → `{job.out}`"
+
+
+def start_with_processes(processes: Any, task: str, preset: str, out_name: str, *values: Any) -> str:
+    """Start button with the processes field (shown only where more than one GPU is visible)."""
+    if task == "text" and int(processes or 1) > 1:
+        return start(preset, out_name, *values, processes=processes)
+    return start_task(task, preset, out_name, *values)
 
 
 def start_task(task: str, preset: str, out_name: str, *values: Any) -> str:

@@ -47,6 +47,9 @@ def build() -> dict[str, gr.components.Component]:
         precision = gr.Dropdown(list(_meta("precision")["choices"]), value=values[10],
                                 label="Mixed precision", info=_meta("precision")["help"])
     predicted = gr.Markdown(elem_id="predicted")
+    processes = gr.Number(value=max(1, handlers.gpu_count()), precision=0, minimum=1, elem_id="processes",
+                          label="Processes (one per GPU; started with accelerate launch)",
+                          visible=handlers.gpu_count() > 1)
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="start")
         stop = gr.Button("Stop", elem_id="stop")
@@ -67,8 +70,9 @@ def build() -> dict[str, gr.components.Component]:
         component.change(handlers.predict, [preset, *form], predicted)
     preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name)
     upload.upload(handlers.use_upload, upload, [data, message])
-    start.click(handlers.start_task, [task, preset, out_name, *form], message)
-    resume.click(lambda p, o, *v: handlers.start(p, o, *v, resume=True), [preset, out_name, *form], message)
+    start.click(handlers.start_with_processes, [processes, task, preset, out_name, *form], message)
+    resume.click(lambda n, p, o, *v: handlers.start(p, o, *v, resume=True, processes=n),
+                 [processes, preset, out_name, *form], message)
     stop.click(handlers.stop, None, message)
     timer = gr.Timer(1.0)
     timer.tick(handlers.poll, None, [memory_plot, step_peak_plot, loss_plot, throughput_plot, status, events])
