@@ -98,12 +98,13 @@ def shard_frozen(model: nn.Module, reshard_after_forward: bool = True) -> nn.Mod
     return model
 
 
-def prepare_with_accelerate(accelerator, model: nn.Module, optimizer, scheduler):
-    """accelerate's FSDP plugin (GPUs) with the LoRA modules ignored; checks the layer class first."""
+def prepare_with_accelerate(accelerator, model: nn.Module, optimizer):
+    """accelerate's FSDP plugin (GPUs) with the LoRA modules ignored; checks the layer class
+    first. The scheduler is not prepared: accelerate would step it once per process."""
     plugin = accelerator.state.fsdp_plugin
     layer_classes(model, plugin.transformer_cls_names_to_wrap)
     plugin.ignored_modules = lora_modules(model)
-    return accelerator.prepare(model, optimizer, scheduler)
+    return accelerator.prepare(model, optimizer)
 
 
 def frozen_local_bytes(model: nn.Module) -> int:

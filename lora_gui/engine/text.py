@@ -256,24 +256,25 @@ class _Session:
         log.warning("step %d: %s", self.state["step"] + 1, event["message"])
 
 
-def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer, scheduler) -> tuple[Any, Any, bool]:
+def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
+             scheduler) -> tuple[Any, Any, Any, bool]:
     """One process: accelerate as before. Several: LoRA weights replicated (broadcast from the
     main process), frozen weights replicated or sharded by FSDP; the scheduler stays unprepared
     (accelerate would step it once per process: the global batch is one step)."""
-    if not dist.active:
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        return model, optimizer, False
-    use_fsdp = fsdp.fsdp_requested()
-    if use_fsdp and accelerator.distributed_type == DistributedType.FSDP:  # GPUs: accelerate's plugin
+    if accelerator.distributed_type == DistributedType.FSDP:  # GPUs: accelerate's plugin, LoRA ignored
         model, optimizer = fsdp.prepare_with_accelerate(accelerator, model, optimizer)
-    else:
-        dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
-        model.to(accelerator.device)
-        if use_fsdp:
-            fsdp.shard_frozen(model)
-        optimizer = accelerator.prepare(optimizer)
+        enable_autocast(model, accelerator)
+        return model, optimizer, scheduler, True
+    if not dist.active:
+        return (*accelerator.prepare(model, optimizer, scheduler), False)
+    use_fsdp = fsdp.fsdp_requested()  # on CPU accelerate keeps MULTI_CPU: shard with fully_shard
+    dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
+    model.to(accelerator.device)
+    if use_fsdp:
+        fsdp.shard_frozen(model)
+    optimizer = accelerator.prepare(optimizer)
     enable_autocast(model, accelerator)
-    return model, optimizer, use_fsdp
+    return model, optimizer, scheduler, use_fsdp
 
 
 def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
@@ -316,7 +317,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
-    model, optimizer, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
+    model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
 
     state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
     if resume and ckpt is None:
