@@ -2,8 +2,9 @@
 the same global batch, every sample once, resume into one process, FSDP, and bad launches.
 
 `accelerate launch --cpu --num_processes 2` starts ONE process (accelerate's CPU launcher needs
-mpirun for more), so the launches use `--multi_gpu`, which on a machine without a GPU starts two
-processes with the gloo backend. One thread per process: the machine has two cores.
+mpirun for more), so the launches use the MULTI_GPU and FSDP configs of presets/accelerate/, which
+on a machine without a GPU start two processes with the gloo backend. One thread per process:
+the machine has two cores.
 """
 
 import json
@@ -28,14 +29,17 @@ from lora_gui.memory.parallel import Parallel, per_gpu
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {"max_seq_len": 64, "batch_size": 4, "max_steps": 6, "lr": 5e-3, "checkpoint_every": 3,
             "eval_fraction": 0.1, "warmup_steps": 1, "precision": "fp32", "monitor_hz": 0.0}
+ACCEL = ROOT / "presets" / "accelerate"
 EPOCH_STEPS = 9  # 36 training documents of the small corpus / 4 a step
 
 
 def launch(tmp: Path, data: Path, out: Path, *extra: str, env: dict | None = None,
-           settings: dict | None = None) -> subprocess.CompletedProcess:
+           settings: dict | None = None, config: str = "multi-gpu.yaml") -> subprocess.CompletedProcess:
+    """`accelerate launch` with one of presets/accelerate/ (on a CPU they start gloo processes)."""
     args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1",
-            "--main_process_port", str(free_port()), *(extra or ("--multi_gpu",)), "-m", "lora_gui", "train",
+            "--main_process_port", str(free_port()), "--config_file", str(ACCEL / config), *extra,
+            "-m", "lora_gui", "train",
             "--set", f"data={data}", "--out", str(out), "--quiet"]
     for key, value in {**SETTINGS, **(settings or {})}.items():
         args[-3:-3] = ["--set", f"{key}={value}"]
@@ -124,7 +128,7 @@ def test_resume_from_two_processes_into_one(single, ddp, corpus, monkeypatch):
 
 
 def test_fsdp_two_processes_shard_frozen_weights_and_match(single, corpus, tmp_path):
-    res = launch(tmp_path, corpus, tmp_path / "run", "--use_fsdp", "--fsdp_version", "2")
+    res = launch(tmp_path, corpus, tmp_path / "run", config="fsdp.yaml")
     assert res.returncode == 0, res.stderr[-3000:]
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     full = sum(p.numel() * 4 for p in load_file(
@@ -174,3 +178,12 @@ def test_fsdp_refuses_a_model_it_cannot_wrap(monkeypatch):
     with pytest.raises(ConfigError, match="has no layer class LlamaDecoderLayer"):
         fsdp.layer_classes(Plain(), ["LlamaDecoderLayer"])
     assert fsdp.layer_classes(Plain(), ["Linear"]) == (torch.nn.Linear,)
+
+
+@pytest.mark.parametrize("name", ["one-gpu", "multi-gpu", "multi-node", "fsdp"])
+def test_accelerate_config_files_load(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ACCEL / f"{name}.yaml"))
+    assert config.distributed_type.value == {"one-gpu": "NO", "fsdp": "FSDP"}.get(name, "MULTI_GPU")
+    assert (ACCEL / f"{name}.yaml").read_text().startswith("# ")
