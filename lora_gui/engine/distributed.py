@@ -16,6 +16,20 @@ A run started by ``accelerate launch --num_processes N -m lora_gui train ...`` h
   memory per rank, memory samples: small collectives once per optimizer step.
 
 With one process nothing here calls torch.distributed, so the single-process path is unchanged.
+
+A loop uses it like this (engine/text.py does; the image loop needs the same few lines)::
+
+    dist = Dist.from_env()                                  # before anything is written
+    dist.on_main(lambda: prepare_run_dir(out, ...))         # folder decisions: main, broadcast
+    check_world_size(dist.world_size, n_samples, cfg.batch_size)
+    ...  # model, optimizer; several ranks: broadcast LoRA params, no DDP wrapper (see above)
+    share = split_step(global_step, dist.world_size, lengths, ...)[dist.rank]  # data/shard.py
+    stats = run_guarded(run_share, step, caps, zero_grad, on_oom, agree_on_oom(dist))
+    dist.all_reduce_grads(trainable); optimizer.step()
+    record.update(combine_step_stats(dist, meter.step_peak(), loss, real, padded))
+    relay.flush()                                           # SampleRelay: memory samples by rank
+    RecordLog(..., write=dist.is_main); checkpoints and the adapter: main only
+    if stop_agreed(dist, control.stop.is_set(), out): ...   # every rank stops at the same step
 """
 
 from __future__ import annotations
