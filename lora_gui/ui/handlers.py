@@ -273,7 +273,8 @@ def _plan_outputs(result, step, rows, budget: int, device: str, shape: str):
     for sug in result.suggestions:
         text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
     table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
-    card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen] for r in rows]
+    card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
+                  *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values())] for r in rows]
     return charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text, table, card_rows
 
 

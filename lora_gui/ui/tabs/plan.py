@@ -26,8 +26,9 @@ def build() -> dict[str, gr.components.Component]:
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
     buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
                                     "predicted peak MiB"], label="Batch per bucket", interactive=False)
-    cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size"],
-                         label="What fits where", interactive=False)
+    cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size",
+                                  *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8))],
+                         label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     return {"button": button, "chart": chart, "message": message}
