@@ -325,6 +325,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     if ckpt is not None:
         state = restore_training_state(ckpt, optimizer, scheduler)
     state.update(sampler=sampler, world_size=dist.world_size)
+    if dist.active:  # own dropout stream per rank (the checkpoint holds the main process's RNG)
+        torch.manual_seed(cfg.seed * 7919 + 1_000_003 * dist.rank + state["step"])
     if state["base_eval_loss"] is None:
         state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                            cfg.token_budget)
