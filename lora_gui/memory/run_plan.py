@@ -52,7 +52,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     if device != "cuda" or dtype is None:
         dtype = torch.float32
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
-            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.loss_chunk,
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}
@@ -75,6 +75,8 @@ def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
     if batch_size is None:
         if cfg.resolved_batching() == "fixed":
             batch_size = cfg.batch_size
+        elif cfg.resolved_batching() == "packed":  # one packed row per micro-batch
+            batch_size, seq_len = 1, min(seq_len, cfg.token_budget)
         else:
             batch_size = max(1, min(cfg.batch_size, cfg.token_budget // seq_len))
     return trace_text_step(model_config_for(cfg, source), batch_size=batch_size, seq_len=seq_len,
