@@ -35,7 +35,8 @@ IGNORE_INDEX = -100
 UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")  # Cohere, Granite: heads we do not mimic
 
 
-def _chunk_log_softmax(logits: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _chunk_log_softmax(logits: torch.Tensor,
+                       softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 log-softmax of one chunk of logits (soft-capped first when asked); the tanh for
     the soft-cap's derivative."""
     z = logits.float()
