@@ -62,7 +62,8 @@ def test_rows_are_real_labelled_and_resume_without_recomputing(tmp_path, monkeyp
     result = run_comparison(tiny(), settings, out)
     rows = result["rows"]
     modes = [r["mode"] for r in rows if r["question"] == "memory"]
-    assert modes == ["traditional", "strong_baseline", "optimized", "ablation:windowed", "ablation:loss_chunk"]
+    assert modes == ["traditional", "strong_baseline", "optimized", "ablation:windowed",
+                     "ablation:loss_chunk"]
     assert [r["mode"] for r in rows if r["question"] == "speed"] == ["traditional", "strong_baseline",
                                                                      "optimized"]
     for r in rows:
