@@ -50,8 +50,9 @@ def targets(rows: list[dict]) -> list[str]:
                              f"(target within {LOSS_TOLERANCE:.0%}): {_verdict(abs(loss) <= LOSS_TOLERANCE)}")
             win = by.get(("memory", data, "ablation:windowed", n))
             if trad and win and win.get("eval_loss"):
-                lines.append(f"windowed {data:<6} {n:>4}: eval loss {win['eval_loss'] / trad['eval_loss'] - 1:+.2%} "
-                             f"(own window), {win['eval_loss_full_attention'] / trad['eval_loss'] - 1:+.2%} "
+                own = win["eval_loss"] / trad["eval_loss"] - 1
+                full = win["eval_loss_full_attention"] / trad["eval_loss"] - 1
+                lines.append(f"windowed {data:<6} {n:>4}: eval loss {own:+.2%} (own window), {full:+.2%} "
                              "(full attention) vs traditional: reported, no target")
             trad, opt = by.get(("speed", data, "traditional", n)), by.get(("speed", data, "optimized", n))
             if trad and opt and trad.get("real_tokens_per_s") and opt.get("real_tokens_per_s"):
