@@ -164,9 +164,11 @@ def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, prec
     if first_oom and (spec.mode != "optimized" or summary["status"] == "out_of_memory"):
         n = first_oom["micro_batch"]
         need = _predicted_peak(cfg, device, n, first_oom["seq_len"])
+        note = "" if need > spec.budget_bytes else " (the prediction assumes unpadded rows; padding " \
+            "masks cost more, e.g. SDPA's math kernel on CPU)"
         return {**row, "status": "oom", "predicted_peak_bytes": need,
                 "message": f"OOM at batch {n}: predicted need {need / GB:.3f} GB, budget "
-                           f"{spec.budget_bytes / GB:.3f} GB"}
+                           f"{spec.budget_bytes / GB:.3f} GB{note}"}
     row.update({k: summary[k] for k in ("peak_bytes", "predicted_peak_bytes", "real_tokens",
                                         "padded_tokens", "real_tokens_per_s", "final_loss",
                                         "eval_loss", "eval_loss_full_attention")})
