@@ -66,7 +66,7 @@ def targets(rows: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="512,1024,2048")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4, help="samples per optimizer step (memory question)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-compare"))
     parser.add_argument("--resume", action="store_true", help="keep rows already in --out")

@@ -128,3 +128,13 @@ def test_cli_image_comparison_needs_the_image_engine(tmp_path, capsys):
     assert rc == 2 and ("image engine" in err or "image preset" in err)
     assert main(["compare", "--out", str(tmp_path / "x")]) == 2
     assert "--seq-lens" in capsys.readouterr().err
+
+
+def test_compare_engine_never_imports_gradio():
+    import subprocess
+    import sys
+
+    code = ("import sys, lora_gui.engine.compare, lora_gui.engine.compare_rows, "
+            "lora_gui.engine.compare_image, lora_gui.ui.charts; print('gradio' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.stdout.strip() == "False", res.stderr

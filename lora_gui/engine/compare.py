@@ -22,7 +22,8 @@ Two questions, labelled in every row:
   micro-batches. Under a budget, optimized switches gradient checkpointing on only when batch 1
   of the longest bucket does not fit without it (recompute costs ~30% compute and buys nothing
   when the batch fits). Every mode draws its samples from the start of the same seeded order.
-  The figure is real (non-padding) tokens/s.
+  The figure is real (non-padding) tokens/s over the steps after the first (the first carries
+  one-off kernel-selection and allocation costs; ``real_tokens_per_s_all_steps`` keeps them).
 
 and two kinds of data (``corpus`` / ``full``, see :mod:`compare_data`). Rows are written to
 ``compare.json`` and ``compare.csv`` atomically after each one, so an interrupted comparison

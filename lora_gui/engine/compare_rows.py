@@ -102,13 +102,20 @@ def _spec(cmp: Comparison, question: str, data: str, seq_len: int, mode: str, de
     return RowSpec(question, data, mode, seq_len, over, budget), batch
 
 
-def _micro_batch(folder: Path) -> int | None:
-    """Largest micro-batch the run used (from its metrics.jsonl)."""
+def _step_stats(folder: Path) -> tuple[int | None, float | None]:
+    """(largest micro-batch, steady-state real tokens/s) of a run, from its metrics.jsonl.
+
+    Tokens/s leaves the first step out when there are more: it carries one-off costs (kernel
+    selection, first allocations) that every row pays once and that would swamp short rows.
+    """
     path = folder / "metrics.jsonl"
     if not path.is_file():
-        return None
+        return None, None
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return max((math.ceil(r["batch_size"] / r["micro_batches"]) for r in records), default=None)
+    micro = max((math.ceil(r["batch_size"] / r["micro_batches"]) for r in records), default=None)
+    steady = records[1:] if len(records) > 1 else records
+    seconds = sum(r["seconds"] for r in steady)
+    return micro, (sum(r["real_tokens"] for r in steady) / seconds if seconds else None)
 
 
 def _base_row(spec: RowSpec, batch: int, cfg: RunConfig, measure: str) -> dict[str, Any]:
@@ -157,7 +164,8 @@ def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, prec
         return {**row, "status": "error", "message": str(err)}
     if cmp.stop.is_set() and summary["status"] == "stopped":
         return None
-    row.update(steps=summary["steps"], samples=summary["train_samples"], micro_batch=_micro_batch(folder),
+    micro, steady_tokens_per_s = _step_stats(folder)
+    row.update(steps=summary["steps"], samples=summary["train_samples"], micro_batch=micro,
                precision=PRECISION_NAMES.get(summary["precision"], summary["precision"]),
                memory_source=summary["memory_source"], train_seconds=summary["train_seconds"],
                oom_recovered=sum(1 for e in summary["oom_events"] if "new_cap" in e))
@@ -170,8 +178,10 @@ def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, prec
                 "message": f"OOM at batch {n}: predicted need {need / GB:.3f} GB, budget "
                            f"{spec.budget_bytes / GB:.3f} GB{note}"}
     row.update({k: summary[k] for k in ("peak_bytes", "predicted_peak_bytes", "real_tokens",
-                                        "padded_tokens", "real_tokens_per_s", "final_loss",
-                                        "eval_loss", "eval_loss_full_attention")})
+                                        "padded_tokens", "final_loss", "eval_loss",
+                                        "eval_loss_full_attention")})
+    row.update(real_tokens_per_s=steady_tokens_per_s,
+               real_tokens_per_s_all_steps=summary["real_tokens_per_s"])
     return row
 
 
