@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from lora_gui.engine.compare import CompareSettings, format_table, run_comparison
+from lora_gui.engine.compare import CompareSettings, format_table, load_results, run_comparison
 from lora_gui.presets import load_config
 from lora_gui.ui.charts import write_compare_report
 
@@ -63,6 +63,38 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def markdown(rows: list[dict]) -> str:
+    """Markdown tables for docs/BENCHMARKS.md: main rows with ratios, then the ablation."""
+    trad = {(r["question"], r["data"], r["seq_len"]): r for r in rows if r["mode"] == "traditional"}
+    out = ["| question | data | len | mode | batch | peak MiB (tracker) | vs trad | real tokens/s | vs trad "
+           "| eval loss | vs trad |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["mode"].startswith("ablation:"):
+            continue
+        t = trad.get((r["question"], r["data"], r["seq_len"]), {})
+        if r["status"] != "ok":
+            out.append(f"| {r['question']} | {r['data']} | {r['seq_len']} | {r['mode']} | {r['batch_size']} "
+                       f"| {r['message']} | | | | | |")
+            continue
+        peak, speed, loss = r["peak_bytes"], r["real_tokens_per_s"], r["eval_loss"]
+        out.append(f"| {r['question']} | {r['data']} | {r['seq_len']} | {r['mode']} | {r['batch_size']} | "
+                   f"{peak / 2**20:,.1f} | {peak / t['peak_bytes']:.1%} | {speed:,.0f} | "
+                   f"{speed / t['real_tokens_per_s']:.2f}x | {loss:.4f} | {loss / t['eval_loss'] - 1:+.2%} |"
+                   if t.get("peak_bytes") and t.get("real_tokens_per_s") else
+                   f"{peak / 2**20:,.1f} | - | {speed:,.0f} | - | {loss:.4f} | - |")
+    out += ["", "| data | len | ablation (alone over traditional) | peak MiB | vs trad | real tokens/s | "
+            "eval loss (own attention) | eval loss (full attention) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = trad.get(("memory", r["data"], r["seq_len"]), {})
+        if r["mode"].startswith("ablation:") and r["status"] == "ok" and t.get("peak_bytes"):
+            full = r.get("eval_loss_full_attention")
+            out.append(f"| {r['data']} | {r['seq_len']} | {r['mode'].split(':')[1]} | "
+                       f"{r['peak_bytes'] / 2**20:,.1f} | {r['peak_bytes'] / t['peak_bytes']:.1%} | "
+                       f"{r['real_tokens_per_s']:,.0f} | {r['eval_loss']:.4f} | "
+                       f"{f'{full:.4f}' if full else '-'} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="512,1024,2048")
@@ -70,7 +102,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="samples per optimizer step (memory question)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-compare"))
     parser.add_argument("--resume", action="store_true", help="keep rows already in --out")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 keeps timings stable on a shared machine")
+    parser.add_argument("--from-json", type=Path, help="print the tables of an earlier run, run nothing")
     args = parser.parse_args()
+    if args.from_json:
+        rows = load_results(args.from_json)["rows"]
+        print(markdown(rows) + "\n\n" + "\n".join(targets(rows)))
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     base = load_config("text-demo", {"batch_size": args.batch, "precision": "fp32", "warmup_steps": 0})
     settings = CompareSettings(seq_lens=[int(x) for x in args.seq_lens.split(",")], steps=args.steps,
                                ablation_data=["full"], eval_samples=8)
@@ -84,6 +125,7 @@ def main() -> None:
     print(format_table(rows))
     print()
     print("\n".join(targets(rows)))
+    print("\n" + markdown(rows))
 
 
 if __name__ == "__main__":
