@@ -291,8 +291,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['question']:<8} {r['data']:<6} {size!s:>5} {r['mode']:<30} {r.get('batch_size')!s:>5} "
             f"{(peak or 0) / 2**20:>9.1f} {ratio(peak, t.get('peak_bytes')):>7} "
-            f"{speed or 0:>8.0f} {ratio(speed, t.get('real_tokens_per_s')):>7} "
-            f"{loss if loss is not None else float('nan'):>9.4f} "
+            f"{f'{speed:.0f}' if speed else '-':>8} {ratio(speed, t.get('real_tokens_per_s')):>7} "
+            f"{f'{loss:.4f}' if loss is not None else '-':>9} "
             f"{loss_vs:>8}"
             f"  {r.get('memory_source')}{status}")
     return "\n".join(lines)
