@@ -1,4 +1,4 @@
-"""Command line: ``python -m lora_gui train | ui`` (plan and compare join with their issues).
+"""Command line: ``python -m lora_gui train | plan | compare | ui``.
 
 The CLI and the UI call the same engine functions.
 """
@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
@@ -144,6 +145,51 @@ def _print_fits(cfg, device: str) -> None:
         print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(f):>16}" for f in fits))
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Traditional vs optimized per length (text) or resolution (image): see engine/compare.py."""
+    from lora_gui.engine.compare import CompareSettings, format_table, run_comparison
+
+    if bool(args.seq_lens) == bool(args.resolutions):
+        raise ConfigError("compare: give --seq-lens (text) or --resolutions (image), not both")
+    cfg = load_config(args.preset, parse_set_args(args.set))
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    if args.resolutions:
+        from lora_gui.engine.compare_image import run_image_comparison
+
+        result = run_image_comparison(cfg, _int_list(args.resolutions, "--resolutions"), args.steps,
+                                      Path(args.out), overwrite=args.overwrite, stop=stop,
+                                      progress=not args.quiet and not args.json)
+    else:
+        settings = CompareSettings(
+            seq_lens=_int_list(args.seq_lens, "--seq-lens"), steps=args.steps,
+            questions=args.questions.split(","), data_kinds=args.data.split(","),
+            ablations=not args.no_ablations,
+            ablation_data=args.ablation_data.split(",") if args.ablation_data else None,
+            measure=args.measure, eval_samples=args.eval_samples,
+            device=args.device)
+        result = run_comparison(cfg, settings, Path(args.out), overwrite=args.overwrite, stop=stop,
+                                progress=not args.quiet and not args.json)
+    if args.html:
+        from lora_gui.ui.charts import write_compare_report
+
+        write_compare_report(result["rows"], Path(args.html), title=f"lora_gui compare: {args.out}")
+    if args.json:
+        print(json.dumps(result["rows"], indent=1))
+    else:
+        print(format_table(result["rows"]))
+        print(f"\nrows: {Path(args.out) / 'compare.json'}, {Path(args.out) / 'compare.csv'}"
+              + (f"; report: {args.html}" if args.html else ""))
+    return 130 if stop.is_set() else 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from app import main as app_main
 
@@ -175,6 +221,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--fsdp", action="store_true",
                       help="with --world-size: FSDP shards the frozen weights over the GPUs")
     plan.set_defaults(func=cmd_plan)
+    cmp = sub.add_parser("compare", help="traditional vs optimized, measured per length or resolution")
+    cmp.add_argument("--preset", help="presets/NAME.yaml or a path")
+    cmp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override one setting of every row (repeatable)")
+    cmp.add_argument("--seq-lens", help="text: comma-separated lengths, e.g. 512,1024,2048")
+    cmp.add_argument("--resolutions", help="image: comma-separated resolutions, e.g. 512,768")
+    cmp.add_argument("--steps", type=int, default=20, help="optimizer steps per row (memory question)")
+    cmp.add_argument("--out", required=True, help="folder for compare.json, compare.csv and the runs")
+    cmp.add_argument("--questions", default="memory,speed", help="memory (same work), speed (same budget)")
+    cmp.add_argument("--data", default="corpus,full", help="corpus (real documents), full (filled rows)")
+    cmp.add_argument("--no-ablations", action="store_true", help="skip the one-switch-alone rows")
+    cmp.add_argument("--ablation-data", help="data kinds that get ablation rows (default: all)")
+    cmp.add_argument("--measure", choices=("measured", "predicted"), default="measured",
+                     help="predicted: fill the memory rows from the planner alone (big models)")
+    cmp.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="--measure predicted: the device to plan for (auto: this machine's)")
+    cmp.add_argument("--eval-samples", type=int, default=8, help="held-out samples for eval_loss")
+    cmp.add_argument("--overwrite", action="store_true", help="start again instead of resuming --out")
+    cmp.add_argument("--html", help="also write a self-contained report page (plotly.js embedded)")
+    cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    cmp.add_argument("--quiet", action="store_true", help="no progress bar")
+    cmp.set_defaults(func=cmd_compare)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)
     ui.set_defaults(func=cmd_ui)

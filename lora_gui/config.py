@@ -76,6 +76,10 @@ class RunConfig:
                                 "query also sees.", "memory", low=0, high=1 << 20)
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
+    loss_chunk: int = option(0, "Chunked loss: compute the cross-entropy over this many token "
+                             "positions at a time instead of the whole batch's float32 logits (same "
+                             "value; saves ~12 bytes x vocab per token). 0 = off.", "memory",
+                             low=0, high=1 << 22)
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
                             "where bf16 autocast is slower.", "memory",
                             choices=("auto", "fp32", "bf16", "fp16"))

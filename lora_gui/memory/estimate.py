@@ -124,13 +124,16 @@ WINDOWED_BLOCK = 128  # query block of the blocked windowed kernel: each block s
 def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: int = 16,
                        target_modules: Any = "all-linear", attn_implementation: str = "sdpa",
                        gradient_checkpointing: bool = False, dtype: Any = "bfloat16",
-                       device: str = "cuda", attention_window: int | None = None) -> TraceResult:
+                       device: str = "cuda", attention_window: int | None = None,
+                       loss_chunk: int = 0) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.trace.trace_text_step` (no dropout, no fake run), plus
         attention_window: keys per query of a windowed attention (sliding window / blocked
             kernel): the S x S terms of eager attention shrink to S x window. No effect on SDPA,
             which keeps no S x S term.
+        loss_chunk: chunked loss (lora_gui.models.chunked_loss): the logits terms cover at most
+            ``loss_chunk`` positions, plus the hidden-state gradient the fused loss keeps.
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -163,6 +166,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
     head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
     temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
+    if loss_chunk:  # one chunk's logits, plus the hidden-state gradient kept and then scaled
+        temporaries = 12 * min(tokens, loss_chunk) * s["V"] + 2 * tokens * s["h"] * d
     # Backward of one layer frees its saved tensors while it allocates gradients; the net rise
     # above "everything saved" measured with the trace on Llama-family configs is 0.1-0.33 x the
     # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.2).

@@ -174,6 +174,8 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
 
     if not step.get("gradient_checkpointing"):
         add("gradient_checkpointing=True", gradient_checkpointing=True)
+    if not step.get("loss_chunk"):
+        add("loss_chunk=1024", loss_chunk=1024)
     if step.get("attn_implementation", "sdpa") == "eager":
         add("attn_implementation='sdpa'", attn_implementation="sdpa")
         add("windowed attention (window 512)", attention_window=512)

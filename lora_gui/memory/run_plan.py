@@ -53,7 +53,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     if device != "cuda" or dtype is None:
         dtype = torch.float32
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
-            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.loss_chunk,
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}
@@ -81,6 +81,8 @@ def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
         per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
         if cfg.resolved_batching() == "fixed":
             batch_size = per_rank
+        elif cfg.resolved_batching() == "packed":  # one packed row per micro-batch
+            batch_size, seq_len = 1, min(seq_len, cfg.token_budget)
         else:
             batch_size = max(1, min(per_rank, cfg.token_budget // seq_len))
     config = model_config_for(cfg, source)

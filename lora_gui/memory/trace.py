@@ -209,8 +209,9 @@ def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor])
 
 def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
                      lora_rank: int, lora_alpha: float | None, target_modules: Any,
-                     lora_dropout: float = 0.0) -> nn.Module:
-    """Builds a causal LM from its config on the meta device and attaches LoRA (still meta)."""
+                     lora_dropout: float = 0.0, loss_chunk: int = 0) -> nn.Module:
+    """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
+    ``loss_chunk`` > 0 switches on the chunked loss as the engine does."""
     from transformers import AutoModelForCausalLM
 
     if attn_implementation not in ("eager", "sdpa", "windowed"):
@@ -222,6 +223,10 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         register_windowed_attention()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    if loss_chunk:
+        from lora_gui.models.chunked_loss import enable_chunked_loss
+
+        enable_chunked_loss(model, loss_chunk)
     return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
 
 
@@ -412,7 +417,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     lora_alpha: float | None = None, target_modules: Any = "all-linear",
                     attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
-                    lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0) -> TraceResult:
+                    lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0,
+                    loss_chunk: int = 0) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -432,6 +438,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             slow for big models: use tiny configs).
         warm_steps: real steps run before the measured one (instead of materializing the
             AdamW state); used to check the steady-state shortcut.
+        loss_chunk: chunked loss over this many positions (0: the model's own full-logits loss).
+            The fused chunked loss does not call the head module, so its logits count as
+            ``activations`` in the breakdown (the peak itself is exact).
 
     Returns:
         A :class:`TraceResult`.
@@ -444,7 +453,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         raise ValueError("this is a UNet config: use trace_unet_step")
     model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
-                             lora_dropout=lora_dropout)
+                             lora_dropout=lora_dropout, loss_chunk=loss_chunk)
     vocab = cfg.vocab_size
 
     def make_inputs() -> dict:

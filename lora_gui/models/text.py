@@ -97,6 +97,13 @@ def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float
         except ValueError as err:
             raise ModelError(f"attention=windowed: {err}") from None
     model = load_base_model(source, cfg.resolved_attn_backend(), dtype)
+    if cfg.loss_chunk:
+        from lora_gui.models.chunked_loss import enable_chunked_loss
+
+        try:
+            enable_chunked_loss(model, cfg.loss_chunk)
+        except ValueError as err:
+            raise ModelError(str(err)) from None
     if cfg.attention == "windowed":
         from lora_gui.attention import enable_windowed_attention
 

@@ -6,6 +6,8 @@ simulated budget is labelled as simulated.
 
 from __future__ import annotations
 
+import html
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -123,3 +125,155 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
     fig.update_layout(title="Memory over time", xaxis_title="seconds", yaxis_title=f"MiB ({source})",
                       height=320, margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
+
+
+# -- comparison (issue 7): rows of compare.json ------------------------------------------------
+COMPARE_MODES = ("traditional", "strong_baseline", "optimized")
+MODE_COLORS = {"traditional": "#9e9e9e", "strong_baseline": "#6baed6", "optimized": "#31a354"}
+
+
+def _size(row: dict[str, Any]) -> int:
+    return row["seq_len"] if row.get("seq_len") is not None else row["resolution"]
+
+
+def _size_label(rows: list[dict[str, Any]]) -> str:
+    return "resolution (px)" if rows and rows[0].get("seq_len") is None else "sequence length (tokens)"
+
+
+def _pick(rows: list[dict[str, Any]], question: str, data: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["question"] == question and r["data"] == data]
+
+
+def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str = "corpus") -> go.Figure:
+    """Grouped bars of peak MiB per length (or resolution): traditional / strong baseline /
+    optimized, with each bar's saving against traditional on top; OOM rows are marked."""
+    picked = _pick(rows, question, data)
+    sizes = sorted({_size(r) for r in picked})
+    by = {(r["mode"], _size(r)): r for r in picked}
+    source = next((r["memory_source"] for r in picked if r.get("memory_source")), "no data")
+    fig = go.Figure()
+    for mode in COMPARE_MODES:
+        ys, texts = [], []
+        for n in sizes:
+            r, trad = by.get((mode, n)), by.get(("traditional", n))
+            peak = r.get("peak_bytes") if r else None
+            ys.append(peak / MIB if peak else None)
+            if r and r.get("status") == "oom":
+                texts.append("OOM")
+            elif peak and trad and trad.get("peak_bytes") and mode != "traditional":
+                texts.append(f"{peak / trad['peak_bytes'] - 1:+.0%}")
+            else:
+                texts.append("")
+        fig.add_trace(go.Bar(x=[str(n) for n in sizes], y=ys, name=mode.replace("_", " "), text=texts,
+                             textposition="outside", marker_color=MODE_COLORS[mode]))
+    fig.update_layout(barmode="group", title=f"Peak memory, {question} question, {data} data "
+                      f"(source: {source})", xaxis_title=_size_label(picked),
+                      yaxis_title=f"peak MiB ({source})", height=380,
+                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def ablation_waterfall(rows: list[dict[str, Any]], data: str = "corpus",
+                       size: int | None = None) -> go.Figure:
+    """Waterfall from traditional's peak: each optimization's own change (switched on alone),
+    the interaction of combining them, and the optimized peak (MiB)."""
+    picked = _pick(rows, "memory", data)
+    sizes = sorted({_size(r) for r in picked})
+    size = size if size is not None else (sizes[-1] if sizes else None)
+    by = {r["mode"]: r for r in picked if _size(r) == size and r.get("peak_bytes")}
+    fig = go.Figure()
+    trad, opt = by.get("traditional"), by.get("optimized")
+    if trad is None:
+        fig.update_layout(title=f"Ablation: no traditional row for {data} {size}")
+        return fig
+    base = trad["peak_bytes"] / MIB
+    names, values, measures = ["traditional"], [base], ["absolute"]
+    for mode, r in by.items():
+        if mode.startswith("ablation:"):
+            names.append(mode.split(":", 1)[1] + " alone")
+            values.append(r["peak_bytes"] / MIB - base)
+            measures.append("relative")
+    if opt is not None:
+        names.append("combined (interaction)")
+        values.append(opt["peak_bytes"] / MIB - base - sum(values[1:]))
+        measures.append("relative")
+        names.append("optimized")
+        values.append(0)
+        measures.append("total")
+    texts = [f"{v:+.0f}" if m == "relative" else "" for v, m in zip(values, measures)]
+    fig.add_trace(go.Waterfall(x=names, y=values, measure=measures, text=texts))
+    fig.update_layout(title=f"What each optimization saves alone ({data} data, {size}; peak MiB, "
+                      f"source: {trad.get('memory_source')})", yaxis_title="peak MiB", height=420,
+                      showlegend=False, margin={"l": 50, "r": 20, "t": 50, "b": 90})
+    return fig
+
+
+def speed_bars(rows: list[dict[str, Any]], data: str = "corpus") -> go.Figure:
+    """Real tokens/s (or images/s) per length at the same budget, with the ratio to traditional."""
+    picked = _pick(rows, "speed", data)
+    key = "images_per_s" if picked and picked[0].get("seq_len") is None else "real_tokens_per_s"
+    sizes = sorted({_size(r) for r in picked})
+    by = {(r["mode"], _size(r)): r for r in picked}
+    fig = go.Figure()
+    for mode in COMPARE_MODES:
+        ys, texts = [], []
+        for n in sizes:
+            r, trad = by.get((mode, n)), by.get(("traditional", n))
+            value = r.get(key) if r else None
+            ys.append(value)
+            base = trad.get(key) if trad else None
+            texts.append("OOM" if r and r.get("status") == "oom" else
+                         f"{value / base:.2f}x" if value and base else "")
+        fig.add_trace(go.Bar(x=[str(n) for n in sizes], y=ys, name=mode.replace("_", " "), text=texts,
+                             textposition="outside", marker_color=MODE_COLORS[mode]))
+    label = key.replace("_per_s", "/s").replace("_", " ")
+    fig.update_layout(barmode="group", title=f"{label} at the same budget, {data} data",
+                      xaxis_title=_size_label(picked), yaxis_title=label, height=380,
+                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def compare_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """Every comparison figure the rows support, titled: bars, waterfalls and speed per data."""
+    figs = []
+    for data in sorted({r["data"] for r in rows}):
+        for question in ("memory", "speed"):
+            if _pick(rows, question, data):
+                figs.append((f"peak memory: {question} question, {data}", compare_bars(rows, question, data)))
+        if any(r["mode"].startswith("ablation:") for r in _pick(rows, "memory", data)):
+            for n in sorted({_size(r) for r in _pick(rows, "memory", data)}):
+                figs.append((f"ablation: {data} {n}", ablation_waterfall(rows, data, n)))
+        if _pick(rows, "speed", data):
+            figs.append((f"speed: {data}", speed_bars(rows, data)))
+    return figs
+
+
+def write_compare_report(rows: list[dict[str, Any]], path: Path, title: str = "lora_gui compare") -> Path:
+    """A self-contained HTML page (plotly.js embedded: works offline) with every figure and the
+    rows as a table; written atomically."""
+    from lora_gui.engine.checkpoint import write_atomic
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1><p>Every memory figure names its source (tracker: live "
+             "tensor bytes on CPU; cuda_allocator: torch.cuda.max_memory_allocated; predicted: the "
+             "planner). Rows labelled predicted were not measured.</p>"]
+    for i, (name, fig) in enumerate(compare_figures(rows)):
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))
+    cols = ("question", "data", "mode", "seq_len", "resolution", "status", "batch_size", "peak_bytes",
+            "memory_source", "predicted_peak_bytes", "real_tokens_per_s", "images_per_s", "eval_loss",
+            "eval_loss_full_attention", "message")
+    parts.append("<h2>rows</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>")
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append(f"{v:.4g}" if isinstance(v, float) else "" if v is None else html.escape(str(v)))
+        parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    parts.append("</table></body></html>")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "\n".join(parts))
+    return path

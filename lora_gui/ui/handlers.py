@@ -332,3 +332,84 @@ def benchmark_table() -> str:
             break
         table.append(line)
     return "\n".join(table)
+
+
+# -- Compare tab (issue 7) ------------------------------------------------------------------------
+COMPARE_TABLE_COLUMNS = ("question", "data", "mode", "seq_len", "status", "batch_size", "peak MiB",
+                         "memory_source", "predicted MiB", "real tokens/s", "eval_loss", "message")
+_COMPARE: dict[str, Any] = {"thread": None, "stop": None, "out": None, "error": None}
+
+
+def _compare_table(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    def mib(v: int | None) -> float | None:
+        return round(v / 2**20, 1) if v else None
+
+    return [[r["question"], r["data"], r["mode"], r.get("seq_len") or r.get("resolution"), r.get("status"),
+             r.get("batch_size"), mib(r.get("peak_bytes")), r.get("memory_source"),
+             mib(r.get("predicted_peak_bytes")),
+             round(r.get("real_tokens_per_s") or r.get("images_per_s") or 0, 1) or None,
+             r.get("eval_loss"), r.get("message")] for r in rows]
+
+
+def load_compare(path: str, data: str = "corpus", size: str | None = None) -> tuple:
+    """Figures and table from a compare.json: (message, memory bars, speed bars, waterfall, table)."""
+    from lora_gui.engine.compare import load_results
+
+    try:
+        rows = load_results(Path(path or "runs/cmp"))["rows"]
+    except ConfigError as err:
+        return f"Error: {err}", None, None, None, []
+    kinds = sorted({r["data"] for r in rows})
+    data = data if data in kinds else (kinds[0] if kinds else data)
+    sizes = sorted({r.get("seq_len") or r.get("resolution") for r in rows if r["data"] == data})
+    chosen = sizes[-1] if sizes else None
+    if size and str(size).isdigit() and int(size) in sizes:
+        chosen = int(size)
+    message = (f"{len(rows)} rows from {path} ({data} data; sources: "
+               f"{', '.join(sorted({str(r.get('memory_source')) for r in rows}))}).")
+    running = _COMPARE["thread"] is not None and _COMPARE["thread"].is_alive()
+    if running:
+        message += " A comparison is running: press Load again for new rows."
+    elif _COMPARE["error"]:
+        message += f" Last run failed: {_COMPARE['error']}"
+    return (message, charts.compare_bars(rows, "memory", data), charts.speed_bars(rows, data),
+            charts.ablation_waterfall(rows, data, chosen), _compare_table(rows))
+
+
+def start_compare(preset: str, seq_lens: str, steps: float, out: str) -> str:
+    """Runs `compare` in a background thread (one at a time, never beside a training job)."""
+    import threading
+
+    from lora_gui.engine.compare import CompareSettings, run_comparison
+
+    if _COMPARE["thread"] is not None and _COMPARE["thread"].is_alive():
+        return f"Error: a comparison is already running (into {_COMPARE['out']})"
+    if MANAGER.job is not None and MANAGER.job.running:
+        return f"Error: a training job is running ({MANAGER.job.name}); stop it first"
+    try:
+        lengths = [int(x) for x in str(seq_lens).split(",") if x.strip()]
+        settings = CompareSettings(seq_lens=lengths, steps=int(steps or 0)).validate()
+        cfg = load_config(preset)
+    except ValueError as err:
+        return f"Error: {err}"
+    stop = threading.Event()
+    target = Path(out or "runs/cmp")
+
+    def work() -> None:
+        try:
+            run_comparison(cfg, settings, target, stop=stop)
+            _COMPARE["error"] = None
+        except Exception as err:  # shown by the next Load; the thread must not die silently
+            _COMPARE["error"] = f"{type(err).__name__}: {err}"
+
+    _COMPARE.update(thread=threading.Thread(target=work, daemon=True, name="compare"), stop=stop,
+                    out=target, error=None)
+    _COMPARE["thread"].start()
+    return f"Comparing into {target} (rows appear in {target / 'compare.json'} one by one)"
+
+
+def stop_compare() -> str:
+    if _COMPARE["thread"] is None or not _COMPARE["thread"].is_alive():
+        return "no comparison is running"
+    _COMPARE["stop"].set()
+    return "stopping after the current row (rows written so far are kept; run again to resume)"
