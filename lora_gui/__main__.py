@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
+from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
 from lora_gui.engine.rundir import RunDirError, load_run_config
 from lora_gui.models.text import ModelError
 from lora_gui.presets import load_config
 
-USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError)
+USER_ERRORS = (ConfigError, DataError, ImageDataError, ModelError, RunDirError)
 
 
 def _stop_on_signals(stop) -> None:
@@ -34,8 +35,19 @@ def _stop_on_signals(stop) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def train_for(cfg):
+    """The engine entry point of the run's task: train_text or train_image (same signature)."""
+    if cfg.task == "image":
+        from lora_gui.engine.diffusion import train_image
+
+        return train_image
+    from lora_gui.engine.text import train_text
+
+    return train_text
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from lora_gui.engine.text import TrainControl, train_text
+    from lora_gui.engine.text import TrainControl
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -50,8 +62,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.preset, overrides)
     control = TrainControl()
     _stop_on_signals(control.stop)
-    summary = train_text(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
-                         control=control, progress=not args.quiet)
+    summary = train_for(cfg)(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
+                             control=control, progress=not args.quiet)
     shown = {k: v for k, v in summary.items() if k != "config"}
     print(json.dumps(shown, indent=1))
     return 0 if summary["status"] == "completed" else 130
