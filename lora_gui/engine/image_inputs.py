@@ -29,7 +29,7 @@ from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
 EVAL_SEED = 4321  # fixed noise of the held-out loss
-EVAL_TIMESTEPS = (50, 250, 450, 650, 850)  # fixed timesteps of the held-out loss, per image
+EVAL_TIMESTEPS = (100, 500, 900)  # fixed timesteps of the held-out loss, per image (low, mid, high noise)
 
 
 @dataclass

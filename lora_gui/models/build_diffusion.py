@@ -7,7 +7,7 @@ and ``pipe.load_lora_weights`` work offline:
 - UNet2DConditionModel: channels (32, 64), one layer per block, cross-attention at both levels,
   so the first attention level sees (resolution / 8)^2 tokens as in SD 1.5 (4,096 at 512 px):
   what makes eager attention and large resolutions expensive is kept, at 1/200 of the width.
-- AutoencoderKL: four levels (16, 32, 64, 64 channels), 8x downsampling, 4 latent channels.
+- AutoencoderKL: four levels (8, 16, 32, 32 channels), 8x downsampling, 4 latent channels.
 - CLIPTextModel (2 layers, width 64) and a CLIPTokenizer whose BPE merges spell out the words of
   the demo captions (other text falls back to byte-level characters), 77 tokens.
 - DDIM scheduler with SD's scaled-linear betas (training uses DDPM with the same betas).
@@ -37,7 +37,7 @@ UNET = {"sample_size": 64, "in_channels": 4, "out_channels": 4, "block_out_chann
         "up_block_types": ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), "cross_attention_dim": 64,
         "attention_head_dim": (2, 4), "norm_num_groups": 8}  # attention_head_dim = heads (diffusers)
 VAE = {"sample_size": 512, "in_channels": 3, "out_channels": 3, "latent_channels": 4,
-       "block_out_channels": (16, 32, 64, 64), "layers_per_block": 1, "norm_num_groups": 8,
+       "block_out_channels": (8, 16, 32, 32), "layers_per_block": 1, "norm_num_groups": 8,
        "down_block_types": ("DownEncoderBlock2D",) * 4, "up_block_types": ("UpDecoderBlock2D",) * 4}
 TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 2, "max_position_embeddings": 77, "projection_dim": 64}

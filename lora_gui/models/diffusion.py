@@ -205,7 +205,10 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
                for k, v in get_peft_model_state_dict(model.unet).items()}
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    model.pipeline_class.save_lora_weights(tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd))
+    # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
+    model.pipeline_class.save_lora_weights(
+        tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
+        unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict())
     if export_kohya:
         from safetensors.torch import save_file
 
