@@ -2,12 +2,12 @@
 
     .venv/bin/python -m bench.image_memory [--resolutions 512,768] [--images 10,5] [--batch 2,1]
 
-For each resolution both modes train the same pictures (a fresh demo set with the same number of
-images in each of five aspect ratios, so every bucket step is full) for one epoch with the same
-batch size: the same images and the same number of optimizer steps. Memory is the tracker's peak
-of live tensor bytes (source: tracker) on this CPU: the larger of the training steps and, for
-the optimized mode, the one-time caching pass. images/s is reported for training alone and
-including the caching pass. Eval and samples are off (training only).
+For each resolution both modes train the same pictures (a fresh demo set with the same number
+of images in each of five aspect ratios, so every bucket step is full) for the same epochs
+(default one) with the same batch size: the same images and the same number of optimizer steps.
+Memory is the tracker's peak of live tensor bytes (source: tracker) on this CPU: the larger of
+the training steps and, for the optimized mode, the one-time caching pass. images/s is given for
+training alone and including the caching pass. Eval and samples are off (training only).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ MODES = ("traditional", "optimized")
 MIB = 2**20
 
 
-def run_pair(resolution: int, images: int, batch: int, data: Path, out: Path) -> list[dict]:
+def run_pair(resolution: int, images: int, batch: int, data: Path, out: Path, epochs: int = 1) -> list[dict]:
     """Both modes at one resolution; returns one row each."""
     rows = []
     for mode in MODES:
         cfg = load_config(None, {"task": "image", "mode": mode, "resolution": resolution, "data": str(data),
-                                 "batch_size": batch, "epochs": 1, "eval_fraction": 0.0,
+                                 "batch_size": batch, "epochs": epochs, "eval_fraction": 0.0,
                                  "sample_images": 0, "monitor_hz": 0, "seed": 0})
         s = train_image(cfg, out / f"{resolution}-{mode}", overwrite=True, progress=False)
         keys = ("images", "steps", "peak_bytes", "train_peak_bytes", "cache_peak_bytes",
@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--resolutions", default="512,768")
     parser.add_argument("--images", default="10,5", help="pictures per resolution (multiples of 5)")
     parser.add_argument("--batch", default="2,1", help="batch size per resolution")
+    parser.add_argument("--epochs", type=int, default=1, help="passes (the cache is built once)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-image"))
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
             data = Path(tmp) / f"pictures-{count}"
             if not data.exists():
                 build(data, count=count)
-            rows += run_pair(res, count, batch, data, args.out)
+            rows += run_pair(res, count, batch, data, args.out, args.epochs)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
