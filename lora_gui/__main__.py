@@ -89,6 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    if cfg.task == "image":
+        return _plan_image(cfg, budget_gb, budget_from, args)
     try:
         budget = planner.check_budget(budget_gb * 1e9)
         plan, step = run_plan.plan_and_predict(cfg, budget, args.device)
@@ -120,6 +122,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"  {row.card_gb:>3} GB: longest {row.longest or 'nothing fits'}, "
               f"batch {row.batch_at_chosen} at {cfg.max_seq_len}")
+    return 0
+
+
+def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+    """`plan` for an image run: per-bucket micro-batch and the trace of the largest (predicted)."""
+    from lora_gui.memory import planner
+    from lora_gui.memory.image_run_plan import plan_image_run
+
+    try:
+        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget_gb * 1e9), args.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if args.json:
+        from lora_gui.memory.run_plan import plan_to_json
+
+        print(json.dumps(plan_to_json(plan, step), indent=1, default=str))
+        return 0
+    mib = 2**20
+    print(f"Predicted peak of the largest UNet micro-batch on {args.device} (source: predicted, "
+          f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
+    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+    print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
+    for b in plan.buckets:
+        print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
+    for sug in plan.suggestions:
+        print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB{' -> fits' if sug.fits else ''}")
     return 0
 
 

@@ -133,3 +133,12 @@ def test_unsupported_pipeline_architecture_is_named(tmp_path):
         train_image(cfg, tmp_path / "run", progress=False)
     with pytest.raises(ModelError, match="no model_index.json"):
         resolve_pipeline_source(str(tmp_path / "run"))
+
+
+def test_plan_command_for_an_image_run(capsys):
+    assert main(["plan", "--preset", "image-768", "--budget-gb", "0.6", "--device", "cpu", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["source"] == "predicted" and len(result["buckets"]) > 3  # aspect buckets
+    batches = [b["micro_batch"] for b in result["buckets"]]
+    assert 0 < min(batches) and max(batches) < 8  # 0.6 GB holds fewer than 8 images at 768 px
+    assert result["peak_bytes"] <= 0.6e9
