@@ -236,7 +236,9 @@ def load_pipeline(source: str, adapter: str | Path | None = None, device: str = 
     kind = pipeline_kind(source)
     cls = getattr(diffusers, {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline"}[kind])
     extra = {"safety_checker": None, "requires_safety_checker": False} if kind == "sd" else {}
-    pipe = cls.from_pretrained(source, **extra)
+    # half precision on GPUs (the VAE upcasts itself where its config asks); fp32 on CPU
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    pipe = cls.from_pretrained(source, torch_dtype=dtype, **extra)
     if adapter is not None:
         pipe.load_lora_weights(str(adapter))
     pipe.set_progress_bar_config(disable=True)
