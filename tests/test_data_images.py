@@ -122,3 +122,24 @@ def test_pixels_are_in_the_vae_range_and_bucket_shaped(tmp_path):
     assert px.shape == (3, 448, 576)
     assert math.isclose(px[0].mean().item(), 1.0, abs_tol=1e-3) and px[1].max().item() <= -0.99
     assert corner[0] == 0 and corner[1] >= 0
+
+
+def test_disk_and_ram_caches_give_the_same_inputs(tmp_path):
+    import torch
+
+    from lora_gui.data.build_images import build
+    from lora_gui.engine.image_inputs import InputSource
+    from lora_gui.models.diffusion import load_image_model, resolve_pipeline_source
+
+    items = images.load_image_folder(build(tmp_path / "pics", count=2)[0].parent)
+    buckets = [(512, 512), (512, 512)]
+    model = load_image_model(resolve_pipeline_source("builtin"))
+    cpu = torch.device("cpu")
+    ram = InputSource(model, items, buckets, "ram", cpu)
+    disk = InputSource(model, items, buckets, "disk", cpu, tmp_path / "cache")
+    ram.build_cache()
+    disk.build_cache()
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+    a, b = ram.batch((0, 1), torch.float32), disk.batch((0, 1), torch.float32)
+    assert a.latents.shape == (2, 4, 64, 64) and a.hidden.shape[:2] == (2, 77)
+    assert torch.equal(a.latents, b.latents) and torch.equal(a.hidden, b.hidden)

@@ -21,6 +21,7 @@ import logging
 import math
 import random
 import re
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -257,6 +258,9 @@ def _build_cache(cfg: RunConfig, out: Path, model: dm.ImageModel, data: ImageDat
 def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
     """Validates, loads data and model, caches, restores a checkpoint, plans memory."""
     prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    if not resume:  # image-only leftovers of a replaced run (not in the shared RUN_FILES list)
+        for name in ("samples", "cache"):
+            shutil.rmtree(out / name, ignore_errors=True)
     control.phase("loading")
     data = load_image_data(cfg)
     save_run_config(out, cfg)
