@@ -150,3 +150,15 @@ def test_plan_tab_text_and_unet_configs_offline():
     assert text.startswith("Error:") and "64" in text
     _, text, _, _ = handlers.plan("text-demo", "builtin", 1024, 0, "cuda", False)
     assert text.startswith("Error:") and "budget" in text
+
+
+def test_predicted_peak_of_an_image_preset_is_the_unet_step():
+    values = dict(zip(handlers.FORM_KEYS, handlers.form_defaults("image-512")))
+    optimized = handlers.predict("image-512", *[values[k] for k in handlers.FORM_KEYS])
+    values["mode"] = "traditional"
+    traditional = handlers.predict("image-512", *[values[k] for k in handlers.FORM_KEYS])
+
+    def mib(text):
+        return float(text.split("**")[1].split()[0].replace(",", ""))
+
+    assert "source: predicted" in optimized and mib(traditional) > 2 * mib(optimized)

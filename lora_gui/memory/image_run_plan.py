@@ -53,3 +53,24 @@ def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
     traced = trace_unet_step(unet, batch_size=max(1, worst.micro_batch), resolution=worst.bucket,
                              attention=cfg.resolved_attn_backend(), **step)
     return plan, traced, shapes
+
+
+def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
+    """Peak of the run's largest UNet micro-batch (square at ``resolution``) for the UI: the
+    trace-calibrated estimate with SDPA (instant after two cached traces), the fake-tensor trace
+    with eager attention (its S x S scores are not linear in pixels)."""
+    from lora_gui.memory.estimate import estimate_unet_step
+
+    unet = unet_config_for(cfg)
+    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
+        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    batch = cfg.batch_size
+    if cfg.resolved_image_batch() == "adaptive":
+        table = cfg.batch_by_resolution()
+        covering = [r for r in sorted(table) if r >= cfg.resolution]
+        batch = min(batch, table[covering[0]] if covering else 1)
+    step = {"batch_size": batch, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device}
+    if cfg.resolved_attn_backend() == "sdpa":
+        return estimate_unet_step(unet, **step)
+    return trace_unet_step(unet, attention="eager", **step)

@@ -85,7 +85,12 @@ def predict(preset: str, *values: Any) -> str:
     try:
         cfg = build_config(preset, *values)
         device = "cuda" if gpu_total_gb() is not None else "cpu"
-        step = run_plan.estimated_step(cfg, device)
+        if cfg.task == "image":
+            from lora_gui.memory.image_run_plan import estimated_image_step
+
+            step = estimated_image_step(cfg, device)
+        else:
+            step = run_plan.estimated_step(cfg, device)
     except (ValueError, *USER_ERRORS) as err:
         return f"Predicted peak: not available ({err})"
     budget = int(cfg.budget_gb * GB)
