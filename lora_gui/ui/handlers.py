@@ -89,16 +89,17 @@ def predict(preset: str, *values: Any) -> str:
             from lora_gui.memory.image_run_plan import estimated_image_step
 
             step = estimated_image_step(cfg, device)
+            how = "UNet trace" if cfg.resolved_attn_backend() == "eager" else "trace-calibrated UNet estimate"
         else:
-            step = run_plan.estimated_step(cfg, device)
+            step, how = run_plan.estimated_step(cfg, device), "closed-form estimate"
     except (ValueError, *USER_ERRORS) as err:
         return f"Predicted peak: not available ({err})"
     budget = int(cfg.budget_gb * GB)
     verdict = ""
     if budget:
         verdict = " — fits the budget" if step.peak_bytes <= budget else " — **above the budget**"
-    return (f"Predicted peak: **{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, closed-form "
-            f"estimate for {device}; largest micro-batch){verdict}")
+    return (f"Predicted peak: **{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how} "
+            f"for {device}; largest micro-batch){verdict}")
 
 
 def start(preset: str, out_name: str, *values: Any, resume: bool = False) -> str:
