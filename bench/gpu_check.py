@@ -5,10 +5,13 @@
 
 1. Planner accuracy (issue 3): a ~1B Llama (Llama-3.2-1B shapes, random bf16 weights built from
    the config: nothing is downloaded) with LoRA r16 on all linear layers, batch 1 at seq
-   512/1024/2048, and the SD-1.5 UNet (presets/models/sd15-unet.json) at 512/768 px: one real
+   512/1024/2048, and the SD-1.5 and SDXL UNets (presets/models/sd15-unet.json, sdxl-unet.json;
+   SDXL with its pooled text embedding and time ids) at 512/768/1024 px (issue 5): one real
    steady-state step (a warm step first, so AdamW state exists) measured with
    ``torch.cuda.max_memory_allocated`` next to the trace's ``allocator_peak_bytes`` (trace +
-   cuBLAS workspace + 512-byte rounding; the CUDA context is outside the allocator). Target 5%.
+   cuBLAS workspace + 512-byte rounding; the CUDA context is outside the allocator), and for the
+   UNets also the planner's trace-calibrated estimate (what plan_image sizes batches with).
+   Target 5%.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
 Writes gpu_check.json and gpu_check.md under --out.
@@ -39,6 +42,14 @@ TINY_UNET = {"_class_name": "UNet2DConditionModel", "block_out_channels": [32, 6
              "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
              "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "cross_attention_dim": 32,
              "layers_per_block": 1, "attention_head_dim": 8, "norm_num_groups": 8, "sample_size": 8}
+# SDXL-shaped (text_time added conditioning, linear projections, 2 transformer layers), tiny
+TINY_SDXL_UNET = {"_class_name": "UNet2DConditionModel", "block_out_channels": [32, 64],
+                  "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                  "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "cross_attention_dim": 64,
+                  "layers_per_block": 1, "attention_head_dim": [2, 4], "norm_num_groups": 8,
+                  "transformer_layers_per_block": [1, 2], "use_linear_projection": True,
+                  "addition_embed_type": "text_time", "addition_time_embed_dim": 8,
+                  "projection_class_embeddings_input_dim": 80, "sample_size": 8}  # 80 = 32 + 6 x 8
 
 
 def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
@@ -96,26 +107,47 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
     return rows
 
 
+def _unet_extra(c: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """SDXL's added conditioning (pooled text embedding, 6 time ids); nothing for SD 1.x."""
+    if c.get("addition_embed_type") != "text_time":
+        return {}
+    pooled = c.get("projection_class_embeddings_input_dim", 2816) - 6 * c.get("addition_time_embed_dim", 256)
+    return {"added_cond_kwargs": {"text_embeds": torch.randn(1, pooled, device=device, dtype=dtype),
+                                  "time_ids": torch.randn(1, 6, device=device, dtype=dtype)}}
+
+
 def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[str, Any]]:
+    """UNet LoRA step (r16 on to_q/k/v/out, batch 1): measured peak, trace and planner estimate."""
+    from lora_gui.memory.estimate import estimate_unet_step
+
     rows = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     c = dict(load_model_config(config))
+    name = config if isinstance(config, str) else ("tiny sdxl-shaped unet" if "addition_embed_type" in c
+                                                   else "tiny unet")
     for res in resolutions:
         predicted = tr.trace_unet_step(c, batch_size=1, resolution=res, lora_rank=16, dtype=dtype,
                                        device="cuda")
+        planner_estimate = estimate_unet_step(c, batch_size=1, resolution=res, lora_rank=16,
+                                              dtype=dtype, device="cuda")
         unet = _materialized(tr.build_unet(c, dtype=dtype, lora_rank=16, lora_alpha=None,
                                            target_modules=tr.UNET_LORA_TARGETS), device, dtype)
         ctx = c.get("cross_attention_dim", 768)
+        ctx = ctx[0] if isinstance(ctx, (list, tuple)) else ctx
 
         def loss(u=unet, r=res, ctx=ctx):
             latents = torch.randn(1, 4, r // 8, r // 8, device=device, dtype=dtype)
             text = torch.randn(1, 77, ctx, device=device, dtype=dtype)
             t = torch.randint(0, 1000, (1,), device=device)
-            return torch.nn.functional.mse_loss(u(latents, t, text).sample.float(), latents.float())
+            out = u(latents, t, text, **_unet_extra(c, device, dtype)).sample
+            return torch.nn.functional.mse_loss(out.float(), latents.float())
 
         measured = _real_step_peak(unet, loss, device)
-        rows.append({"model": "sd15-unet" if isinstance(config, str) else "tiny unet", "resolution": res,
-                     "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
+        rows.append({"model": name, "resolution": res, "measured_bytes": measured,
+                     "predicted_bytes": predicted.allocator_peak_bytes,
+                     # same allocator view as the trace: + cuBLAS workspace, no CUDA context
+                     "planner_estimate_bytes": planner_estimate.traced_peak_bytes
+                     + tr.CUBLAS_WORKSPACE_BYTES,
                      "error": predicted.allocator_peak_bytes / measured - 1 if measured else None})
         del unet
         if device == "cuda":
@@ -162,12 +194,14 @@ def check_flex(seqs: list[int], device: str, repeats: int = 5) -> list[dict[str,
 def _markdown(result: dict[str, Any]) -> str:
     mib = 2**20
     out = [f"# GPU check ({result['device_name']})", "", "## Planner accuracy (allocator peak)", "",
-           "| model | shape | measured MiB | predicted MiB | error |", "|---|---|---|---|---|"]
+           "| model | shape | measured MiB | predicted MiB (trace) | error | planner estimate MiB |",
+           "|---|---|---|---|---|---|"]
     for r in result["text"] + result["unet"]:
         shape = f"seq {r['seq_len']}" if "seq_len" in r else f"{r['resolution']} px"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        est = f"{r['planner_estimate_bytes'] / mib:,.0f}" if "planner_estimate_bytes" in r else "-"
         out.append(f"| {r['model']} | {shape} | {r['measured_bytes'] / mib:,.0f} | "
-                   f"{r['predicted_bytes'] / mib:,.0f} | {err} |")
+                   f"{r['predicted_bytes'] / mib:,.0f} | {err} | {est} |")
     out += ["", "## Windowed attention vs causal SDPA (fwd+bwd, B=1, 4x64, W=256, G=4)", "",
             "| S | impl | median ms | peak MiB |", "|---|---|---|---|"]
     for r in result["flex"]:
@@ -184,11 +218,13 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        result = {"text": check_text(TINY_LLAMA, [64], device), "unet": check_unet(TINY_UNET, [64], device),
+        unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
+        result = {"text": check_text(TINY_LLAMA, [64], device), "unet": unet,
                   "flex": check_flex([512], device, repeats=2)}
     else:
         result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device),
-                  "unet": check_unet("sd15-unet", [512, 768], device),
+                  "unet": check_unet("sd15-unet", [512, 768, 1024], device)
+                  + check_unet("sdxl-unet", [512, 768, 1024], device),
                   "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
     result["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")

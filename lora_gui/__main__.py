@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
+from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
 from lora_gui.engine.distributed import Dist
 from lora_gui.engine.fsdp import FsdpOutOfMemoryError
@@ -22,7 +23,7 @@ from lora_gui.engine.rundir import RunDirError, load_run_config
 from lora_gui.models.text import ModelError
 from lora_gui.presets import load_config
 
-USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError, FsdpOutOfMemoryError)
+USER_ERRORS = (ConfigError, DataError, ImageDataError, ModelError, RunDirError, FsdpOutOfMemoryError)
 
 
 def _stop_on_signals(stop) -> None:
@@ -46,8 +47,19 @@ def _stop_on_signals(stop) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def train_for(cfg):
+    """The engine entry point of the run's task: train_text or train_image (same signature)."""
+    if cfg.task == "image":
+        from lora_gui.engine.diffusion import train_image
+
+        return train_image
+    from lora_gui.engine.text import train_text
+
+    return train_text
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from lora_gui.engine.text import TrainControl, train_text
+    from lora_gui.engine.text import TrainControl
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -62,9 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.preset, overrides)
     control = TrainControl()
     _stop_on_signals(control.stop)
-    summary = train_text(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
-                         control=control, progress=not args.quiet)
-    dist = Dist.from_env()  # the launch's process group (joined by train_text), or one process
+    summary = train_for(cfg)(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
+                             control=control, progress=not args.quiet)
+    dist = Dist.from_env()  # the launch's process group (joined by the engine), or one process
     if dist.is_main:  # one summary per launch, not one per process
         shown = {k: v for k, v in summary.items() if k != "config"}
         print(json.dumps(shown, indent=1))
@@ -93,6 +105,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    if cfg.task == "image":
+        return _plan_image(cfg, budget_gb, budget_from, args)
     try:
         parallel = Parallel(args.world_size, args.fsdp)
         budget = planner.check_budget(budget_gb * 1e9)
@@ -188,6 +202,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"\nrows: {Path(args.out) / 'compare.json'}, {Path(args.out) / 'compare.csv'}"
               + (f"; report: {args.html}" if args.html else ""))
     return 130 if stop.is_set() else 0
+
+
+def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+    """`plan` for an image run: per-bucket micro-batch and the trace of the largest (predicted)."""
+    from lora_gui.memory import planner
+    from lora_gui.memory.image_run_plan import plan_image_run
+
+    try:
+        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget_gb * 1e9), args.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if args.json:
+        from lora_gui.memory.run_plan import plan_to_json
+
+        print(json.dumps(plan_to_json(plan, step), indent=1, default=str))
+        return 0
+    mib = 2**20
+    print(f"Predicted peak of the largest UNet micro-batch on {args.device} (source: predicted, "
+          f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
+    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+    print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
+    for b in plan.buckets:
+        print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
+    for sug in plan.suggestions:
+        print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB{' -> fits' if sug.fits else ''}")
+    return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

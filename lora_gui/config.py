@@ -24,6 +24,8 @@ BUILTIN_MODEL_DIR = ASSETS / "base-model"
 BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
                 "builtin:finetune": ASSETS / "corpus" / "finetune.txt",
                 "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt"}
+BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
+IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 
 
@@ -43,13 +45,14 @@ class RunConfig:
     """All settings of a training run (text now; image settings join with the image engine)."""
 
     # -- task and model ----------------------------------------------------------------------
-    task: str = option("text", "What to train: a causal language model (text).", "task",
-                       choices=("text",))
-    model: str = option("builtin", "Base model: 'builtin' (bundled 4M-parameter Llama), a Hugging "
-                        "Face id (needs network) or a local directory saved with save_pretrained.",
-                        "task")
-    data: str = option("builtin", "Training data: 'builtin' (bundled fine-tune corpus), or a "
-                       ".txt / .jsonl / .csv file.", "task")
+    task: str = option("text", "What to train: a causal language model (text) or a diffusion "
+                       "model's UNet (image).", "task", choices=("text", "image"))
+    model: str = option("builtin", "Base model: 'builtin' (text: bundled 4M-parameter Llama; image: "
+                        "bundled small SD-style pipeline), a Hugging Face id (needs network) or a "
+                        "local directory saved with save_pretrained (image: SD 1.x or SDXL).", "task")
+    data: str = option("builtin", "Training data: 'builtin' (text: bundled fine-tune corpus; image: "
+                       "bundled demo pictures), a .txt / .jsonl / .csv file (text) or an image "
+                       "folder with .txt captions or metadata.jsonl (image).", "task")
     eval_fraction: float = option(0.05, "Share of documents held out for eval_loss.", "task",
                                   low=0.0, high=0.5)
     # -- the three memory switches -------------------------------------------------------------
@@ -103,6 +106,37 @@ class RunConfig:
                        low=0, high=2**31 - 1)
     checkpoint_every: int = option(50, "Save a checkpoint every N steps (and always on stop).",
                                    "train", low=1, high=10_000_000)
+    # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
+    resolution: int = option(512, "Image: training resolution in px (512-1536, steps of 64); "
+                             "buckets hold about resolution^2 pixels.", "image", low=512, high=1536)
+    cache_latents: str = option("auto", "Image: encode latents and text embeddings once and keep "
+                                "them in RAM or on disk, freeing the VAE and text encoder from the "
+                                "device; auto picks off (traditional) or ram (optimized).", "image",
+                                choices=("auto", "off", "ram", "disk"))
+    aspect_buckets: str = option("auto", "Image: on = aspect-ratio buckets of about equal area; off "
+                                 "= square resize + centre crop; auto: off (traditional), on "
+                                 "(optimized).", "image", choices=("auto", "off", "on"))
+    image_batch: str = option("auto", "Image: fixed = batch_size images a micro-batch; adaptive = "
+                              "micro-batch per bucket from batch_table (or the planner under "
+                              "budget_gb), gradient accumulation keeps batch_size; auto: fixed "
+                              "(traditional), adaptive (optimized).", "image",
+                              choices=("auto", "fixed", "adaptive"))
+    batch_table: str = option("512:8,768:4,1024:2,1536:1", "Image, adaptive batch without a budget: "
+                              "micro-batch per resolution (a 24 GB card); a bucket uses the entry "
+                              "of the smallest resolution whose area covers it.", "image")
+    bucket_max_ratio: float = option(2.0, "Image: largest long/short side ratio of a bucket.",
+                                     "image", low=1.0, high=4.0)
+    bucket_no_upscale: bool = option(False, "Image: never upscale; images smaller than every "
+                                     "bucket are skipped.", "image")
+    optimizer: str = option("auto", "Image: adamw, or adamw8bit (bitsandbytes, CUDA only); auto "
+                            "picks adamw8bit in optimized mode when both are present.", "image",
+                            choices=("auto", "adamw", "adamw8bit"))
+    export_kohya: bool = option(False, "Image: also write adapter/kohya_lora.safetensors (kohya / "
+                                "A1111 / ComfyUI keys).", "image")
+    sample_images: int = option(2, "Image: sample pictures generated from validation prompts at "
+                                "the end (samples/*.png; 0 = none).", "image", low=0, high=16)
+    sample_steps: int = option(8, "Image: denoising steps per sample picture.", "image",
+                               low=1, high=200)
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,
@@ -124,8 +158,39 @@ class RunConfig:
             return self.attn_backend
         return "eager" if self.mode == "traditional" else "sdpa"
 
+    def resolved_cache_latents(self) -> str:
+        """Image: 'off', 'ram' or 'disk' once 'auto' is resolved by the mode."""
+        if self.cache_latents != "auto":
+            return self.cache_latents
+        return "off" if self.mode == "traditional" else "ram"
+
+    def resolved_aspect_buckets(self) -> bool:
+        """Image: True for aspect-ratio buckets, False for square crops."""
+        if self.aspect_buckets != "auto":
+            return self.aspect_buckets == "on"
+        return self.mode != "traditional"
+
+    def resolved_image_batch(self) -> str:
+        """Image: 'fixed' or 'adaptive' once 'auto' is resolved by the mode."""
+        if self.image_batch != "auto":
+            return self.image_batch
+        return "fixed" if self.mode == "traditional" else "adaptive"
+
+    def batch_by_resolution(self) -> dict[int, int]:
+        """batch_table parsed: {resolution px: micro-batch}."""
+        try:
+            table = {int(k): int(v) for k, v in (p.split(":") for p in self.batch_table.split(","))}
+        except ValueError:
+            raise ConfigError(f"batch_table: {self.batch_table!r} is not 'px:batch,px:batch' "
+                              "(e.g. 512:8,768:4)") from None
+        if not table or min(table.values()) < 1 or min(table) < IMAGE_GRID:
+            raise ConfigError(f"batch_table: {self.batch_table!r} needs positive batches and sizes")
+        return table
+
     def data_path(self) -> Path:
-        """The data file: a bundled corpus name resolved to its path, or the given path."""
+        """The data file (or image folder): a bundled name resolved to its path, or the given path."""
+        if self.task == "image" and self.data == "builtin":
+            return BUILTIN_IMAGES
         return BUILTIN_DATA.get(self.data, Path(self.data))
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,6 +201,12 @@ class RunConfig:
         hints = typing.get_type_hints(RunConfig)
         for f in dataclasses.fields(self):
             _check_value(f, hints[f.name], getattr(self, f.name))
+        if self.resolution % IMAGE_GRID:
+            raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
+                              f"(512-1536 in steps of {IMAGE_GRID})")
+        self.batch_by_resolution()
+        if self.task == "image" and self.attention == "windowed":
+            raise ConfigError("attention: windowed is for text runs; image runs use attn_backend")
         if self.attention == "windowed":
             for key in ("window", "global_tokens"):
                 if getattr(self, key) > self.max_seq_len:

@@ -127,9 +127,17 @@ def test_upload_checks_the_file_and_copies_it(tmp_path, monkeypatch):
     assert path == str(tmp_path / "uploads" / "good.txt")
 
 
-def test_image_task_is_a_marked_gap(runs_root):
-    message = handlers.start_task("image", "text-demo", "img", *form())
-    assert message.startswith("Error:") and "not built yet" in message and handlers.MANAGER.job is None
+def test_image_task_starts_the_image_engine_and_follows_presets(runs_root, monkeypatch):
+    started = []
+    monkeypatch.setattr(handlers.MANAGER, "start", lambda cfg, out, **kw: started.append(cfg) or
+                        type("J", (), {"name": out.name, "out": out})())
+    message = handlers.start_task("image", "image-768", "img", *form(), resolution=1024)
+    assert "Started" in message and started[0].task == "image" and started[0].resolution == 1024
+    bad = handlers.start_task("image", "image-512", "img", *form(), resolution=700)
+    assert bad.startswith("Error:") and "700" in bad
+    assert handlers.preset_task("image-1024") == ("image", 1024)
+    assert handlers.task_preset("image", "text-demo") == "image-512"
+    assert handlers.task_preset("image", "image-768") == "image-768"
 
 
 def test_plan_tab_text_and_unet_configs_offline():
@@ -142,3 +150,15 @@ def test_plan_tab_text_and_unet_configs_offline():
     assert text.startswith("Error:") and "64" in text
     _, text, _, _ = handlers.plan("text-demo", "builtin", 1024, 0, "cuda", False)
     assert text.startswith("Error:") and "budget" in text
+
+
+def test_predicted_peak_of_an_image_preset_is_the_unet_step():
+    values = dict(zip(handlers.FORM_KEYS, handlers.form_defaults("image-512")))
+    optimized = handlers.predict("image-512", *[values[k] for k in handlers.FORM_KEYS])
+    values["mode"] = "traditional"
+    traditional = handlers.predict("image-512", *[values[k] for k in handlers.FORM_KEYS])
+
+    def mib(text):
+        return float(text.split("**")[1].split()[0].replace(",", ""))
+
+    assert "source: predicted" in optimized and mib(traditional) > 2 * mib(optimized)

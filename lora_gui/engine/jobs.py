@@ -1,7 +1,7 @@
 """One background training job at a time, for the UI: start, stop, re-attach, events.
 
-The job runs the same ``train_text`` as the CLI in a worker thread (torch releases the GIL in
-its kernels, so the page stays responsive). The UI only reads: ``snapshot()`` returns the
+The job runs the same ``train_text`` / ``train_image`` as the CLI in a worker thread (torch
+releases the GIL in its kernels, so the page stays responsive). The UI only reads: ``snapshot()`` returns the
 records so far; the engine never calls the UI.
 """
 
@@ -123,8 +123,11 @@ class JobManager:
 
     def _run(self, job: Job, resume: bool, overwrite: bool) -> None:
         try:
-            job.summary = train_text(job.cfg, job.out, resume=resume, overwrite=overwrite,
-                                     control=job.control, progress=False)
+            train = train_text
+            if job.cfg.task == "image":
+                from lora_gui.engine.diffusion import train_image as train
+            job.summary = train(job.cfg, job.out, resume=resume, overwrite=overwrite,
+                                control=job.control, progress=False)
             job.status = job.summary["status"]
             job.add_event(f"{job.status}: adapter saved in {job.summary['adapter']}")
         except Exception as err:  # the job must never stay "running" after a failure

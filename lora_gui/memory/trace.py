@@ -476,7 +476,7 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
                     target_modules: Any = UNET_LORA_TARGETS, gradient_checkpointing: bool = False,
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     text_seq_len: int = 77, lora_dropout: float = 0.0, fake: bool = True,
-                    warm_steps: int = 0) -> TraceResult:
+                    warm_steps: int = 0, attention: str = "sdpa") -> TraceResult:
     """Traces one LoRA training step of a diffusers ``UNet2DConditionModel`` (noise-prediction MSE).
 
     Inputs: noisy latents (B, in_channels, res/8, res/8), timesteps, text-encoder hidden states
@@ -493,6 +493,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
         gradient_checkpointing: diffusers gradient checkpointing of the down/mid/up blocks.
         dtype: weights dtype; device, fake, warm_steps: as in :func:`trace_text_step`.
         text_seq_len: tokens of the text encoder hidden states (77 for CLIP).
+        attention: 'sdpa' (diffusers' AttnProcessor2_0, the default) or 'eager' (AttnProcessor:
+            the S x S score matrix is materialised).
 
     Returns:
         A :class:`TraceResult`.
@@ -507,6 +509,12 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
     dt = _dtype(dtype)
     unet = build_unet(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       target_modules=target_modules, lora_dropout=lora_dropout)
+    if attention == "eager":
+        from diffusers.models.attention_processor import AttnProcessor
+
+        unet.get_base_model().set_attn_processor(AttnProcessor())
+    elif attention != "sdpa":
+        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
     c = dict(cfg)
     ctx_dim = c.get("cross_attention_dim", 768)
     ctx_dim = ctx_dim[0] if isinstance(ctx_dim, (list, tuple)) else ctx_dim

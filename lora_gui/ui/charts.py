@@ -51,8 +51,13 @@ def loss_figure(records: list[dict[str, Any]]) -> go.Figure:
 
 
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
-    """Real (non-padding) tokens/s and padding efficiency per step."""
+    """Real (non-padding) tokens/s and padding efficiency per step (image runs: images/s)."""
     steps = [r["step"] for r in records]
+    if records and "images_per_s" in records[0]:
+        fig = go.Figure(go.Scatter(x=steps, y=[r["images_per_s"] for r in records], name="images/s"))
+        fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="images/s", height=320,
+                          margin={"l": 50, "r": 50, "t": 40, "b": 40})
+        return fig
     fig = go.Figure(go.Scatter(x=steps, y=[r["tokens_per_s"] for r in records], name="real tokens/s"))
     fig.add_trace(go.Scatter(x=steps, y=[r["real_tokens"] / r["padded_tokens"] for r in records],
                              name="padding efficiency", yaxis="y2"))

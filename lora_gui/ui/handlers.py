@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from lora_gui.config import ConfigError, RunConfig
+from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
 from lora_gui.engine.jobs import JobBusyError, JobManager
 from lora_gui.engine.rundir import RunDirError, load_run_config
@@ -18,7 +19,7 @@ from lora_gui.presets import list_presets, load_config
 from lora_gui.ui import charts
 
 RUNS_ROOT = Path("runs")
-USER_ERRORS = (ConfigError, DataError, ModelError, RunDirError, JobBusyError)
+USER_ERRORS = (ConfigError, DataError, ImageDataError, ModelError, RunDirError, JobBusyError)
 FORM_KEYS = ("model", "data", "max_seq_len", "budget_gb", "mode", "batching", "gradient_checkpointing",
              "attention", "window", "global_tokens", "precision")
 MANAGER = JobManager()  # one job per server process, shared by every page that attaches
@@ -72,7 +73,7 @@ def build_config(preset: str, *values: Any) -> RunConfig:
     data = str(overrides["data"]).strip()
     if not data:
         raise ConfigError("data: empty; use 'builtin' or a file path")
-    if not data.startswith("builtin") and not Path(data).is_file():
+    if not data.startswith("builtin") and not (Path(data).is_file() or Path(data).is_dir()):
         raise DataError(f"data: {data} not found")
     return load_config(preset, overrides)
 
@@ -84,15 +85,21 @@ def predict(preset: str, *values: Any) -> str:
     try:
         cfg = build_config(preset, *values)
         device = "cuda" if gpu_total_gb() is not None else "cpu"
-        step = run_plan.estimated_step(cfg, device)
+        if cfg.task == "image":
+            from lora_gui.memory.image_run_plan import estimated_image_step
+
+            step = estimated_image_step(cfg, device)
+            how = "UNet trace" if cfg.resolved_attn_backend() == "eager" else "trace-calibrated UNet estimate"
+        else:
+            step, how = run_plan.estimated_step(cfg, device), "closed-form estimate"
     except (ValueError, *USER_ERRORS) as err:
         return f"Predicted peak: not available ({err})"
     budget = int(cfg.budget_gb * GB)
     verdict = ""
     if budget:
         verdict = " — fits the budget" if step.peak_bytes <= budget else " — **above the budget**"
-    return (f"Predicted peak: **{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, closed-form "
-            f"estimate for {device}; largest micro-batch){verdict}")
+    return (f"Predicted peak: **{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how} "
+            f"for {device}; largest micro-batch){verdict}")
 
 
 def gpu_count() -> int:
@@ -123,18 +130,52 @@ def start(preset: str, out_name: str, *values: Any, resume: bool = False, proces
     return f"{'Resuming' if resume else 'Started'} **{job.name}**{on} → `{job.out}`"
 
 
-def start_with_processes(processes: Any, task: str, preset: str, out_name: str, *values: Any) -> str:
+def start_with_processes(processes: Any, task: str, preset: str, out_name: str, *values: Any,
+                         resolution: Any = None) -> str:
     """Start button with the processes field (shown only where more than one GPU is visible)."""
     if task == "text" and int(processes or 1) > 1:
         return start(preset, out_name, *values, processes=processes)
-    return start_task(task, preset, out_name, *values)
+    return start_task(task, preset, out_name, *values, resolution=resolution)
 
 
-def start_task(task: str, preset: str, out_name: str, *values: Any) -> str:
-    """Start button: the text engine, or a clear word that the image engine is not built yet."""
-    if task != "text":
-        return "Error: image training is not built yet (it arrives with the image engine); choose text"
-    return start(preset, out_name, *values)
+def start_task(task: str, preset: str, out_name: str, *values: Any, resolution: Any = None) -> str:
+    """Start button: the form as it stands, for the chosen task (image: at ``resolution`` px)."""
+    try:
+        out = RUNS_ROOT / (out_name.strip() or preset)
+        cfg = build_config(preset, *values)
+        extra: dict[str, Any] = {"task": task}
+        if task == "image" and resolution:
+            extra["resolution"] = int(resolution)
+        from lora_gui.config import apply_overrides
+
+        cfg = apply_overrides(cfg, extra, where="form")
+        job = MANAGER.start(cfg, out, overwrite=True)
+    except USER_ERRORS as err:
+        return f"Error: {err}"
+    return f"Started **{job.name}** ({cfg.task}) → `{job.out}`"
+
+
+def preset_task(preset: str) -> tuple[str, int]:
+    """The task and resolution a preset sets (the Train tab follows the preset)."""
+    cfg = load_config(preset)
+    return cfg.task, cfg.resolution
+
+
+def task_preset(task: str, preset: str) -> str:
+    """A preset for the task the user picked: the current one when it fits, else the demo one."""
+    if load_config(preset).task == task:
+        return preset
+    names = preset_names()
+    wanted = "image-512" if task == "image" else "text-demo"
+    return wanted if wanted in names else preset
+
+
+def sample_gallery() -> list[str]:
+    """Sample pictures of the current job (runs/NAME/samples/*.png), newest run only."""
+    job = MANAGER.job
+    if job is None:
+        return []
+    return sorted(str(p) for p in (job.out / "samples").glob("*.png"))
 
 
 UPLOAD_DIR = Path("runs") / "uploads"

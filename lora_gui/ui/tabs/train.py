@@ -18,8 +18,9 @@ def build() -> dict[str, gr.components.Component]:
     default = "text-demo" if "text-demo" in names else names[0]
     values = handlers.form_defaults(default)
     with gr.Row():
-        task = gr.Radio(["text", "image"], value="text", label="Task",
-                        info="image: diffusers LoRA at 512-1536 px — not built yet (the image engine)")
+        task = gr.Radio(list(_meta("task")["choices"]), value="text", label="Task",
+                        info="image: diffusers UNet LoRA at 512-1536 px (phases: caching, training, "
+                             "sampling)", elem_id="task")
         preset = gr.Dropdown(names, value=default, label="Preset", elem_id="preset")
         out_name = gr.Textbox(value=default, label="Run name (folder under runs/)", elem_id="run-name")
     with gr.Row():
@@ -29,6 +30,8 @@ def build() -> dict[str, gr.components.Component]:
                          elem_id="upload")
     with gr.Row():
         max_seq_len = gr.Number(value=values[2], label="Max sequence length (tokens)", precision=0)
+        resolution = gr.Number(value=512, label="Resolution (px, image)", precision=0,
+                               info=_meta("resolution")["help"], elem_id="resolution")
         budget = gr.Number(value=values[3], label=handlers.budget_label(), elem_id="budget")
     with gr.Row():
         mode = gr.Radio(list(_meta("mode")["choices"]), value=values[4], label="Mode",
@@ -63,19 +66,25 @@ def build() -> dict[str, gr.components.Component]:
         loss_plot = gr.Plot(label="Loss", elem_id="loss-plot")
         throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
     events = gr.Textbox(label="Events", lines=6, interactive=False, elem_id="events")
+    gallery = gr.Gallery(label="Samples (image runs: samples/*.png)", columns=4, height=260,
+                         elem_id="samples")
 
     form = [model, data, max_seq_len, budget, mode, batching, checkpointing, attention, window,
             global_tokens, precision]
     for component in [preset, *form]:  # every switch updates the prediction at once
         component.change(handlers.predict, [preset, *form], predicted)
-    preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name)
+    preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name).then(
+        handlers.preset_task, preset, [task, resolution])
+    task.input(handlers.task_preset, [task, preset], preset)
     upload.upload(handlers.use_upload, upload, [data, message])
-    start.click(handlers.start_with_processes, [processes, task, preset, out_name, *form], message)
+    start.click(lambda n, t, r, p, o, *v: handlers.start_with_processes(n, t, p, o, *v, resolution=r),
+                [processes, task, resolution, preset, out_name, *form], message)
     resume.click(lambda n, p, o, *v: handlers.start(p, o, *v, resume=True, processes=n),
                  [processes, preset, out_name, *form], message)
     stop.click(handlers.stop, None, message)
     timer = gr.Timer(1.0)
     timer.tick(handlers.poll, None, [memory_plot, step_peak_plot, loss_plot, throughput_plot, status, events])
+    timer.tick(handlers.sample_gallery, None, gallery)
     return {"preset": preset, "form": form, "predicted": predicted, "start": start, "stop": stop,
             "memory_plot": memory_plot,
             "status": status, "message": message, "timer": timer}

@@ -1,0 +1,496 @@
+"""The image training loop: LoRA on a diffusion model's UNet, per-bucket micro-batches with
+image-weighted gradient accumulation, per-step peak memory, atomic checkpoints, resume, samples.
+
+A second readable loop next to :mod:`lora_gui.engine.text`, sharing its leaf helpers (run folder,
+checkpoints, records, peak meter, out-of-memory guard, monitor, planner). Each memory switch is
+one setting whose 'auto' follows ``mode`` (see :mod:`lora_gui.config`): ``cache_latents``,
+``aspect_buckets``, ``attn_backend``, ``image_batch``, ``gradient_checkpointing``.
+
+Loss normalisation: each micro-batch's summed per-image MSE is divided by the number of images
+in the whole optimizer step, so the gradient is the same however the step is cut.
+Resolution is sequence length here: a bucket of W x H px is (W/8) x (H/8) latent tokens, the
+key the planner's caps and the guard use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import math
+import random
+import re
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from lora_gui.config import ConfigError, RunConfig
+from lora_gui.data import images as image_data
+from lora_gui.data.batching import MicroBatch, Step
+from lora_gui.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic
+from lora_gui.engine.image_inputs import InputSource, encode_eval_set, eval_loss, unet_loss
+from lora_gui.engine.precision import choose_precision
+from lora_gui.engine.records import RecordLog
+from lora_gui.engine.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.text import TrainControl, memory_report
+from lora_gui.memory.guard import (
+    BatchCaps,
+    MicroBatchOutOfMemory,
+    RunOutOfMemoryError,
+    free_memory,
+    run_guarded,
+)
+from lora_gui.memory.meter import GB, PeakMeter
+from lora_gui.memory.monitor import MemoryMonitor
+from lora_gui.models import diffusion as dm
+
+log = logging.getLogger(__name__)
+Bucket = tuple[int, int]  # (width, height) px
+
+
+@dataclass
+class ImageData:
+    """Training images with their buckets, and the held-out images."""
+
+    train: list[image_data.ImageItem]
+    buckets: list[Bucket]
+    held_out: list[image_data.ImageItem]
+
+
+def load_image_data(cfg: RunConfig) -> ImageData:
+    """Reads the folder, holds out ``eval_fraction`` of it (seeded) and assigns buckets."""
+    image_data.check_resolution(cfg.resolution)
+    items = image_data.load_image_folder(cfg.data_path())
+    order = list(range(len(items)))
+    random.Random(cfg.seed).shuffle(order)
+    n_eval = min(len(items) - 1, math.ceil(len(items) * cfg.eval_fraction)) if cfg.eval_fraction else 0
+    held = sorted(order[:n_eval])
+    train = [items[i] for i in sorted(order[n_eval:])]
+    if cfg.resolved_aspect_buckets():
+        choices = image_data.make_buckets(cfg.resolution, cfg.bucket_max_ratio)
+    else:  # traditional: every image resized and centre-cropped to a square
+        choices = [(cfg.resolution, cfg.resolution)]
+    train, buckets = image_data.assign_buckets(train, choices, cfg.bucket_no_upscale)
+    return ImageData(train, buckets, [items[i] for i in held])
+
+
+def latent_tokens(bucket: Bucket) -> int:
+    """Latent pixels of a bucket: the UNet's sequence length at its first level."""
+    return (bucket[0] // 8) * (bucket[1] // 8)
+
+
+def table_batch(cfg: RunConfig, bucket: Bucket) -> int:
+    """batch_table's micro-batch for the smallest listed resolution whose area covers the bucket."""
+    table = cfg.batch_by_resolution()
+    covering = [r for r in sorted(table) if r * r >= bucket[0] * bucket[1]]
+    return table[covering[0]] if covering else 1
+
+
+def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
+    """Steps of ``batch_size`` same-bucket images (the last of a bucket may be smaller), in a
+    seeded order; one micro-batch each (the caps of the guard cut them when adaptive)."""
+    groups: dict[Bucket, list[int]] = defaultdict(list)
+    for i, b in enumerate(buckets):
+        groups[b].append(i)
+    rng = random.Random(cfg.seed * 1_000_003 + epoch)
+    steps = []
+    for bucket in sorted(groups):
+        idx = groups[bucket]
+        rng.shuffle(idx)
+        for start in range(0, len(idx), cfg.batch_size):
+            chunk = tuple(idx[start : start + cfg.batch_size])
+            steps.append(Step((MicroBatch(chunk, latent_tokens(bucket)),)))
+    rng.shuffle(steps)
+    return steps
+
+
+def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
+                 device: torch.device, weights_dtype: torch.dtype) -> tuple[BatchCaps, int | None]:
+    """Micro-batch caps per bucket (adaptive: the planner under a budget, else batch_table) and
+    the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
+    of the UNet step plus the VAE / text encoders when they stay resident)."""
+    from lora_gui.memory import planner
+    from lora_gui.memory.trace import trace_unet_step
+
+    caps = BatchCaps()
+    used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
+    unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
+    step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": weights_dtype, "device": device.type}
+    if cfg.resolved_image_batch() == "adaptive":
+        if budget:
+            plan = planner.plan_image(unet_config, budget, [(b[1], b[0]) for b in used],
+                                      effective_batch=cfg.batch_size, max_batch=cfg.batch_size, **step)
+            caps.caps = {latent_tokens((p.bucket[1], p.bucket[0])): max(1, p.micro_batch)
+                         for p in plan.buckets}
+        else:
+            caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
+    sizes = {b: min(cfg.batch_size, caps.cap(latent_tokens(b)) or cfg.batch_size,
+                    data.buckets.count(b)) for b in used}
+    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    predicted = None
+    try:
+        traced = trace_unet_step(unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
+                                 target_modules=dm.lora_targets(cfg), lora_alpha=cfg.lora_alpha,
+                                 attention=cfg.resolved_attn_backend(),
+                                 text_seq_len=model.tokenizers[0].model_max_length, **step)
+        resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
+            p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
+        predicted = traced.peak_bytes + resident
+    except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
+        log.warning("no memory prediction for %s: %s", cfg.model, err)
+    return caps, predicted
+
+
+def _make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter], device: torch.device):
+    """AdamW, or bitsandbytes' 8-bit AdamW (optimizer state in 8 bits: 2 bytes/param instead of 8)."""
+    choice = cfg.optimizer
+    has_bnb = device.type == "cuda" and _bitsandbytes_present()
+    if choice == "auto":
+        choice = "adamw8bit" if cfg.mode == "optimized" and has_bnb else "adamw"
+    if choice == "adamw8bit":
+        if not has_bnb:
+            raise ConfigError("optimizer: adamw8bit needs bitsandbytes and a CUDA GPU")
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
+
+
+def _bitsandbytes_present() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+@dataclass
+class _Session:
+    """Everything one image run holds while it trains (built by :func:`_setup`)."""
+
+    cfg: RunConfig
+    out: Path
+    data: ImageData
+    model: dm.ImageModel
+    inputs: InputSource
+    eval_set: list
+    accelerator: Accelerator
+    unet: Any
+    optimizer: Any
+    scheduler: Any
+    state: dict[str, Any]
+    metrics: RecordLog
+    events: RecordLog
+    meter: PeakMeter
+    caps: BatchCaps
+    predicted: int | None
+    per_epoch: int
+    total: int
+    control: TrainControl
+    dtype: torch.dtype
+    info: dict[str, Any]
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Appends to events.jsonl and tells the listener."""
+        event = {"step": self.state["step"], "time": time.time(), **event}
+        self.events.append(event)
+        self.control.emit(event)
+
+    def checkpoint(self, reason: str) -> None:
+        path = save_checkpoint(self.out, self.state["step"], self.accelerator.unwrap_model(self.unet),
+                               self.optimizer, self.scheduler, self.state)
+        self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
+
+    def on_oom(self, event: dict[str, Any]) -> None:
+        self.event({**event, "step": self.state["step"] + 1})
+        log.warning("step %d: %s", self.state["step"] + 1, event["message"])
+
+
+def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, str, torch.dtype]:
+    """The pipeline parts on the device with LoRA on the UNet and the run's attention kernel."""
+    source = dm.resolve_pipeline_source(cfg.model)
+    mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
+    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
+    dtype = weights or torch.float32
+    model = dm.load_image_model(source, dtype)
+    torch.manual_seed(cfg.seed)  # LoRA init
+    dm.attach_unet_lora(model.unet, cfg)
+    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
+    if cfg.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+    for module in (model.unet, model.vae, *model.text_encoders):
+        module.to(device)
+    model.unet.train()
+    return model, mixed, dtype
+
+
+def _build_cache(cfg: RunConfig, out: Path, model: dm.ImageModel, data: ImageData,
+                 device: torch.device, meter: PeakMeter, control: TrainControl,
+                 ) -> tuple[InputSource, list, dict]:
+    """Encodes the held-out set (always) and, when caching, every training image; frees the VAE
+    and text encoders afterwards. Measured by the meter: the pass's own peak is reported."""
+    mode = cfg.resolved_cache_latents()
+    inputs = InputSource(model, data.train, data.buckets, mode, device,
+                         out / "cache" if mode == "disk" else None)
+    control.phase("caching")
+    start = time.perf_counter()
+    with meter:
+        meter.start_step()
+        eval_set = encode_eval_set(model, data.held_out, cfg.resolution, device)
+        inputs.build_cache()
+        cache_peak = meter.step_peak()
+    seconds = time.perf_counter() - start if mode != "off" else 0.0
+    if mode != "off":
+        model.drop_encoders()  # latents and embeddings are cached: free VAE + text encoders
+        free_memory()
+    return inputs, eval_set, {"cache_seconds": seconds, "cache_peak_bytes": cache_peak}
+
+
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
+    """Validates, loads data and model, caches, restores a checkpoint, plans memory."""
+    prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    if not resume:  # image-only leftovers of a replaced run (not in the shared RUN_FILES list)
+        for name in ("samples", "cache"):
+            shutil.rmtree(out / name, ignore_errors=True)
+    control.phase("loading")
+    data = load_image_data(cfg)
+    save_run_config(out, cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, mixed, dtype = _load_model(cfg, device)
+    ckpt = latest_checkpoint(out) if resume else None
+    if ckpt:  # a resumed run keeps the precision it started with
+        mixed = json.loads((ckpt / "trainer_state.json").read_text())["precision"]
+    budget = int(cfg.budget_gb * GB) or None
+    caps, predicted = _memory_plan(cfg, model, data, budget, device, dtype)
+    meter = PeakMeter(device, budget)
+    modules = (model.unet, model.vae, *model.text_encoders)
+    meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
+    inputs, eval_set, info = _build_cache(cfg, out, model, data, device, meter, control)
+    AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
+    per_epoch = len(epoch_plan(cfg, data.buckets, 0))
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    optimizer, info["optimizer"] = _make_optimizer(
+        cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
+    unet, optimizer, scheduler = accelerator.prepare(model.unet, optimizer, scheduler)
+    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
+    if resume and ckpt is None:
+        log.warning("%s: no checkpoint yet; starting from step 0", out)
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, accelerator.unwrap_model(unet), optimizer, scheduler)
+    if state["base_eval_loss"] is None:
+        state["base_eval_loss"] = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
+    meter.track(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    session = _Session(cfg, out, data, model, inputs, eval_set, accelerator, unet, optimizer, scheduler,
+                       state, RecordLog(out / "metrics.jsonl", keep_until_step=state["step"]),
+                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None),
+                       meter, caps, predicted, per_epoch, total, control, dtype, info)
+    session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
+                   "budget_bytes": budget, "total_steps": total, **info})
+    return session
+
+
+def run_image_step(run: _Session, step: Step) -> dict[str, Any]:
+    """Forward + backward of every micro-batch of one optimizer step (no optimizer update)."""
+    n_images = len(step.indices)
+    loss_sum = 0.0
+    sched = run.model.noise_scheduler
+    for mb in step.micro_batches:
+        try:
+            enc = run.inputs.batch(mb.indices, run.dtype)
+            noise = torch.randn_like(enc.latents)
+            timesteps = torch.randint(0, sched.config.num_train_timesteps, (len(mb.indices),),
+                                      device=enc.latents.device)
+            loss = unet_loss(run.unet, sched, enc, noise, timesteps, reduction="sum") / n_images
+            run.accelerator.backward(loss)
+        except torch.OutOfMemoryError as err:
+            raise MicroBatchOutOfMemory(mb, err) from None
+        loss_sum += loss.item()
+        del loss, enc, noise
+    return {"loss": loss_sum, "images": n_images}
+
+
+def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
+    """One optimizer step under the memory guard; returns its metric record."""
+    run.meter.start_step()
+    start = time.perf_counter()
+    stats = run_guarded(lambda st: run_image_step(run, st), step, run.caps,
+                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom)
+    run.accelerator.clip_grad_norm_(run.unet.parameters(), 1.0)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - start
+    run.state["step"] += 1
+    w, h = run.data.buckets[step.indices[0]]
+    applied = run.caps.apply(step)
+    return {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": stats["loss"],
+            "lr": run.scheduler.get_last_lr()[0], "images": stats["images"], "bucket": f"{w}x{h}",
+            "latent_tokens": latent_tokens((w, h)), "batch_size": stats["images"],
+            "micro_batches": len(applied.micro_batches), "seconds": seconds,
+            "images_per_s": stats["images"] / seconds, "peak_bytes": run.meter.step_peak(),
+            "memory_source": run.meter.source, "time": time.time()}
+
+
+def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
+    """Steps until done, stopped or out of memory; returns (status, message)."""
+    bar = tqdm(total=run.total, initial=run.state["step"], disable=not progress, unit="step")
+    plan_epoch_index, plan = -1, []
+    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"])
+
+    def on_sample(sample: dict[str, Any]) -> None:
+        sample = {"step": run.state["step"], **sample}
+        samples.append(sample)
+        if control.on_sample:
+            control.on_sample(sample)
+
+    control.phase("training")
+    monitor = MemoryMonitor(on_sample, interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
+                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
+    with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
+        while run.state["step"] < run.total:
+            if control.stop.is_set():
+                return "stopped", None
+            epoch, index = divmod(run.state["step"], run.per_epoch)
+            if epoch != plan_epoch_index:
+                plan_epoch_index, plan = epoch, epoch_plan(run.cfg, run.data.buckets, epoch)
+            try:
+                record = _one_step(run, plan[index], epoch)
+            except RunOutOfMemoryError as err:
+                return "out_of_memory", str(err)
+            run.metrics.append(record)
+            if control.on_record:
+                control.on_record(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
+            if run.state["step"] % run.cfg.checkpoint_every == 0:
+                run.checkpoint("periodic")
+    return "completed", None
+
+
+def _sample_prompts(run: _Session) -> list[str]:
+    """Validation prompts: held-out captions first, then training captions (distinct, non-empty)."""
+    prompts: list[str] = []
+    for item in [*run.data.held_out, *run.data.train]:
+        if item.caption and item.caption not in prompts:
+            prompts.append(item.caption)
+    return prompts[: run.cfg.sample_images]
+
+
+def generate_samples(cfg: RunConfig, source: str, adapter: Path, prompts: list[str], out: Path,
+                     device: str) -> list[str]:
+    """Loads the pipeline with the adapter (the caller has freed the training model first) and
+    writes one PNG per prompt into out/samples (seeded, ``sample_steps`` denoising steps)."""
+    pipe = dm.load_pipeline(source, adapter, device)
+    folder = out / "samples"
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for i, prompt in enumerate(prompts):
+        gen = torch.Generator(device="cpu").manual_seed(cfg.seed + i)
+        image = pipe(prompt, num_inference_steps=cfg.sample_steps, height=cfg.resolution,
+                     width=cfg.resolution, generator=gen).images[0]
+        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "empty"
+        path = folder / f"{i:02d}-{slug}.png"
+        image.save(path)
+        paths.append(str(path))
+    write_atomic(folder / "prompts.json", json.dumps(dict(zip(paths, prompts, strict=True)), indent=1))
+    del pipe
+    free_memory()
+    return paths
+
+
+def _summary(run: _Session, status: str, message: str | None, eval_loss_value: float | None,
+             adapter: Path) -> dict[str, Any]:
+    records = run.metrics.snapshot()
+    images = sum(r["images"] for r in records)
+    seconds = sum(r["seconds"] for r in records)
+    peaks = [r["peak_bytes"] for r in records]
+    cache_peak = run.info.get("cache_peak_bytes") or 0
+    cfg = run.cfg
+    summary = {
+        "status": status, "message": message, "task": "image",
+        "final_loss": records[-1]["loss"] if records else None, "eval_loss": eval_loss_value,
+        "base_eval_loss": run.state["base_eval_loss"], "steps": len(records), "images": images,
+        "images_per_s": images / seconds if seconds else None,
+        "images_per_s_with_caching": images / (seconds + run.info["cache_seconds"]) if seconds else None,
+        "train_seconds": seconds, "cache_seconds": run.info["cache_seconds"],
+        # the run's peak: training steps and the one-time caching pass (whichever is higher)
+        "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
+        "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
+        "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
+        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
+        "predicted_peak_bytes": run.predicted,
+        "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
+        "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
+        "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
+        "optimizer": run.info["optimizer"], "train_images": len(run.data.train),
+        "eval_images": len(run.data.held_out), "resolution": cfg.resolution,
+        "buckets": {f"{w}x{h}": run.data.buckets.count((w, h)) for w, h in sorted(set(run.data.buckets))},
+        "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],
+        "config": cfg.to_dict(),
+    }
+    summary["memory_report"] = memory_report(summary)
+    return summary
+
+
+def resolved_switches(cfg: RunConfig) -> dict[str, Any]:
+    """The image memory switches with 'auto' resolved by the mode (for compare rows)."""
+    return {"cache_latents": cfg.resolved_cache_latents(), "aspect_buckets": cfg.resolved_aspect_buckets(),
+            "attn_backend": cfg.resolved_attn_backend(), "image_batch": cfg.resolved_image_batch(),
+            "gradient_checkpointing": cfg.gradient_checkpointing}
+
+
+def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
+                control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
+    """Trains a UNet LoRA and writes the run folder; returns the run.json summary.
+
+    Args:
+        cfg: validated settings with ``task='image'`` (for a resume, the run's saved config).
+        out: run folder (adapter/, samples/, metrics.jsonl, events.jsonl, memory.jsonl,
+            run.json, checkpoints/).
+        resume: continue from the newest checkpoint in ``out``.
+        overwrite: replace a run that ``out`` already holds.
+        control: stop request and record listener (the UI's job uses it).
+        progress: show a progress bar.
+    """
+    if cfg.task != "image":
+        raise ConfigError(f"task: train_image needs task=image, got {cfg.task!r}")
+    out = Path(out)
+    control = control or TrainControl()
+    run = _setup(cfg, out, resume, overwrite, control)
+    status, message = _loop(run, control, progress)
+    control.phase("saving")
+    run.checkpoint(status)
+    control.phase("evaluating")
+    try:
+        final_eval = eval_loss(run.unet, run.model.noise_scheduler, run.eval_set,
+                               run.accelerator.device, run.dtype)
+    except torch.OutOfMemoryError as err:
+        log.warning("evaluation ran out of memory: %s", err)
+        final_eval = None
+    control.phase("saving")
+    adapter = dm.save_adapter(run.model, out, cfg.export_kohya)
+    summary = _summary(run, status, message, final_eval, adapter)
+    write_atomic(out / "run.json", json.dumps(summary, indent=1))
+    prompts, source, device = _sample_prompts(run), run.model.source, run.accelerator.device.type
+    if prompts and status == "completed":
+        control.phase("sampling")
+        del run  # free the training UNet, optimizer and caches before the pipeline loads
+        gc.collect()
+        free_memory()
+        try:
+            summary["samples"] = generate_samples(cfg, source, adapter, prompts, out, device)
+        except torch.OutOfMemoryError as err:
+            log.warning("sampling ran out of memory: %s", err)
+        write_atomic(out / "run.json", json.dumps(summary, indent=1))
+    return summary

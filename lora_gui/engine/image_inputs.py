@@ -1,0 +1,170 @@
+"""What the UNet sees in an image run: latents, text embeddings and SDXL time ids per image.
+
+Two ways to get them, one switch (``cache_latents``):
+
+- ``off`` (traditional): every step reads the image files, resizes and crops them, runs the VAE
+  encoder and the text encoder(s). Costs: VAE + text-encoder weights resident on the device all
+  run long, and their compute every step. Saves: nothing (no RAM or disk for a cache).
+- ``ram`` / ``disk`` (optimized): one pass encodes every image once (latent distribution
+  sampled once with a seeded generator, as diffusers' and kohya's caches do) and every distinct
+  caption once; afterwards the VAE and text encoders are freed. Saves: their weights and compute
+  for the whole run. Costs: the one-time pass, host RAM (4 x (H/8) x (W/8) floats per image:
+  64 KiB at 512 px) or disk, and no per-step augmentation of the pixels.
+
+The held-out set is always encoded once, square at the run's resolution, with the latent mean,
+so that eval_loss is the same computation in every mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lora_gui.data.images import ImageItem, load_pixels
+from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
+
+CACHE_SEED = 1234  # the latent sample drawn once per image when caching
+EVAL_SEED = 4321  # fixed noise of the held-out loss
+EVAL_TIMESTEPS = (100, 500, 900)  # fixed timesteps of the held-out loss, per image (low, mid, high noise)
+
+
+@dataclass
+class Encoded:
+    """The UNet's inputs for a batch of images (all in one bucket)."""
+
+    latents: torch.Tensor  # (B, 4, H/8, W/8), scaled by the VAE's scaling_factor
+    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states
+    pooled: torch.Tensor | None  # (B, 1280) SDXL pooled text embedding
+    time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
+
+    def to(self, device: torch.device) -> Encoded:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Encoded(move(self.latents), move(self.hidden), move(self.pooled), move(self.time_ids))
+
+
+@torch.no_grad()
+def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple[int, int]],
+                  device: torch.device, *, sample: bool, generator: torch.Generator | None = None,
+                  ) -> Encoded:
+    """Reads, crops and encodes images of one bucket, and their captions."""
+    pixels, time_ids = [], []
+    for item, bucket in zip(items, buckets, strict=True):
+        px, corner = load_pixels(item, bucket)
+        pixels.append(px)
+        time_ids.append(sdxl_time_ids(item.size[::-1], corner, bucket[::-1]))
+    batch = torch.stack(pixels).to(device, model.vae.dtype)
+    dist = model.vae.encode(batch).latent_dist
+    latents = dist.sample(generator) if sample else dist.mode()
+    latents = latents * model.vae.config.scaling_factor
+    hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
+    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
+    return Encoded(latents, hidden, pooled, ids)
+
+
+class InputSource:
+    """Gives the UNet inputs of any set of training images (same bucket), cached or not."""
+
+    def __init__(self, model: ImageModel, items: list[ImageItem], buckets: list[tuple[int, int]],
+                 mode: str, device: torch.device, cache_dir: Path | None = None) -> None:
+        self.model, self.items, self.buckets, self.mode = model, items, buckets, mode
+        self.device, self.cache_dir = device, cache_dir
+        self._ram: list[Encoded] = []
+
+    def build_cache(self, on_progress: Any = None) -> None:
+        """Encodes every image once (batch 1, so the pass peaks low) into RAM or disk."""
+        if self.mode == "off":
+            return
+        gen = torch.Generator().manual_seed(CACHE_SEED)
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        for i, (item, bucket) in enumerate(zip(self.items, self.buckets, strict=True)):
+            enc = encode_images(self.model, [item], [bucket], self.device, sample=True,
+                                generator=gen if self.device.type == "cpu" else None)
+            enc = Encoded(*(None if t is None else t[0].detach().to("cpu", torch.float32) for t in
+                            (enc.latents, enc.hidden, enc.pooled, enc.time_ids)))
+            if self.mode == "disk":
+                save_file({k: v for k, v in vars(enc).items() if v is not None}, self._path(i))
+            else:
+                self._ram.append(enc)
+            if on_progress:
+                on_progress(i + 1, len(self.items))
+
+    def _path(self, index: int) -> Path:
+        assert self.cache_dir is not None
+        return self.cache_dir / f"{index:06d}.safetensors"
+
+    def _cached(self, index: int) -> Encoded:
+        if self.mode == "ram":
+            return self._ram[index]
+        data = load_file(self._path(index))
+        return Encoded(data["latents"], data["hidden"], data.get("pooled"), data.get("time_ids"))
+
+    def batch(self, indices: tuple[int, ...], dtype: torch.dtype) -> Encoded:
+        """The inputs of ``indices`` on the device (hidden states in the UNet's dtype)."""
+        if self.mode == "off":
+            enc = encode_images(self.model, [self.items[i] for i in indices],
+                                [self.buckets[i] for i in indices], self.device, sample=True)
+        else:
+            parts = [self._cached(i) for i in indices]
+            stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
+                [getattr(p, name) for p in parts]).to(self.device)
+            enc = Encoded(stack("latents"), stack("hidden"), stack("pooled"), stack("time_ids"))
+        cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+        return Encoded(enc.latents.float(), cast(enc.hidden), cast(enc.pooled), cast(enc.time_ids))
+
+
+@torch.no_grad()
+def encode_eval_set(model: ImageModel, items: list[ImageItem], resolution: int,
+                    device: torch.device) -> list[Encoded]:
+    """Held-out images, square at ``resolution``, latent mean (no sampling), kept on the CPU."""
+    out = []
+    for item in items:
+        enc = encode_images(model, [item], [(resolution, resolution)], device, sample=False)
+        out.append(Encoded(*(None if t is None else t.cpu() for t in
+                             (enc.latents, enc.hidden, enc.pooled, enc.time_ids))))
+    return out
+
+
+def unet_loss(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor,
+              reduction: str = "mean") -> torch.Tensor:
+    """Noise-prediction MSE (epsilon or v target, by the scheduler's prediction_type)."""
+    noisy = scheduler.add_noise(enc.latents, noise, timesteps)
+    if scheduler.config.prediction_type == "v_prediction":
+        target = scheduler.get_velocity(enc.latents, noise, timesteps)
+    else:
+        target = noise
+    dtype = enc.hidden.dtype
+    extra = {}
+    if enc.pooled is not None:
+        extra["added_cond_kwargs"] = {"text_embeds": enc.pooled, "time_ids": enc.time_ids}
+    pred = unet(noisy.to(dtype), timesteps, enc.hidden, **extra).sample
+    per_image = torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="none")
+    per_image = per_image.mean(dim=(1, 2, 3))
+    return per_image.sum() if reduction == "sum" else per_image.mean()
+
+
+@torch.no_grad()
+def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
+              dtype: torch.dtype) -> float | None:
+    """Mean denoising loss on the held-out images at fixed timesteps with fixed noise."""
+    if not encoded:
+        return None
+    was_training = unet.training
+    unet.eval()
+    gen = torch.Generator().manual_seed(EVAL_SEED)
+    total = 0.0
+    n = len(EVAL_TIMESTEPS)
+    rep = lambda t: None if t is None else t.expand(n, *t.shape[1:]).to(device)  # noqa: E731
+    for enc in encoded:
+        batch = Encoded(rep(enc.latents).float(), rep(enc.hidden).to(dtype),
+                        None if enc.pooled is None else rep(enc.pooled).to(dtype),
+                        None if enc.time_ids is None else rep(enc.time_ids).to(dtype))
+        noise = torch.randn(batch.latents.shape, generator=gen).to(device)
+        steps = torch.tensor(EVAL_TIMESTEPS, device=device)
+        total += unet_loss(unet, scheduler, batch, noise, steps).item()
+    unet.train(was_training)
+    return total / len(encoded)

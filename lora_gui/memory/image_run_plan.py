@@ -1,0 +1,76 @@
+"""The planner applied to an image run: UNet shapes, buckets of the resolution, per-bucket batch.
+
+Used by ``python -m lora_gui plan`` when ``task=image`` (the text path is :mod:`run_plan`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lora_gui.config import RunConfig
+from lora_gui.memory import planner
+from lora_gui.memory.model_configs import bundled_models, load_model_config
+from lora_gui.memory.trace import TraceResult, trace_unet_step
+
+
+def unet_config_for(cfg: RunConfig) -> dict[str, Any]:
+    """UNet shapes: a bundled name (sd15-unet, sdxl-unet), the built-in pipeline or a local one."""
+    if cfg.model in bundled_models():
+        return dict(load_model_config(cfg.model))
+    from lora_gui.models.diffusion import resolve_pipeline_source
+
+    source = resolve_pipeline_source(cfg.model)
+    if Path(source).is_dir():
+        path = Path(source) / "unet" / "config.json"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(source, "unet/config.json"))
+    return {**json.loads(path.read_text(encoding="utf-8")), "_class_name": "UNet2DConditionModel"}
+
+
+def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
+                   ) -> tuple[planner.Plan, TraceResult, list[tuple[int, int]]]:
+    """Micro-batch per bucket under the budget (trace-calibrated estimate), the trace of the
+    largest bucket at its planned micro-batch, and the buckets as (height, width)."""
+    from lora_gui.data.images import make_buckets
+
+    unet = unet_config_for(cfg)
+    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
+        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": dtype, "device": device}
+    buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
+        else [(cfg.resolution, cfg.resolution)]
+    shapes = sorted({(h, w) for w, h in buckets if w <= h})  # one of each mirrored pair
+    plan = planner.plan_image(unet, budget_bytes, shapes, effective_batch=cfg.batch_size,
+                              max_batch=cfg.batch_size, **step)
+    worst = max(plan.buckets, key=lambda b: b.peak_bytes)
+    traced = trace_unet_step(unet, batch_size=max(1, worst.micro_batch), resolution=worst.bucket,
+                             attention=cfg.resolved_attn_backend(), **step)
+    return plan, traced, shapes
+
+
+def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
+    """Peak of the run's largest UNet micro-batch (square at ``resolution``) for the UI: the
+    trace-calibrated estimate with SDPA (instant after two cached traces), the fake-tensor trace
+    with eager attention (its S x S scores are not linear in pixels)."""
+    from lora_gui.memory.estimate import estimate_unet_step
+
+    unet = unet_config_for(cfg)
+    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
+        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    batch = cfg.batch_size
+    if cfg.resolved_image_batch() == "adaptive":
+        table = cfg.batch_by_resolution()
+        covering = [r for r in sorted(table) if r >= cfg.resolution]
+        batch = min(batch, table[covering[0]] if covering else 1)
+    step = {"batch_size": batch, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device}
+    if cfg.resolved_attn_backend() == "sdpa":
+        return estimate_unet_step(unet, **step)
+    return trace_unet_step(unet, attention="eager", **step)

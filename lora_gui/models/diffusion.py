@@ -1,0 +1,245 @@
+"""Diffusion base models: resolve 'builtin' / a local pipeline folder / a Hugging Face id, load
+the parts a LoRA run needs (UNet, VAE, text encoder(s), tokenizer(s), noise scheduler), attach
+LoRA to the UNet with peft, encode prompts (SD 1.x and SDXL), and save the adapter in diffusers'
+own format (``pytorch_lora_weights.safetensors``, loadable with ``pipe.load_lora_weights``) and,
+on request, in the kohya / A1111 / ComfyUI key format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, get_peft_model_state_dict
+
+from lora_gui.config import ASSETS, RunConfig
+from lora_gui.models.text import HUB_TIMEOUT_S, ModelError
+
+log = logging.getLogger(__name__)
+BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
+# pipeline class -> kind; other architectures (SD3, Flux, Kandinsky...) are refused by name
+SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
+UNET_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # diffusers' train_text_to_image_lora
+ADAPTER_FILE = "pytorch_lora_weights.safetensors"
+KOHYA_FILE = "kohya_lora.safetensors"
+
+
+@dataclass
+class ImageModel:
+    """The parts of a diffusion pipeline a LoRA run uses (VAE/text encoders may be dropped)."""
+
+    kind: str  # "sd" or "sdxl"
+    source: str
+    unet: Any
+    vae: Any | None
+    text_encoders: list[Any]
+    tokenizers: list[Any]
+    noise_scheduler: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pipeline_class(self) -> Any:
+        import diffusers
+
+        return getattr(diffusers, {"sd": "StableDiffusionPipeline",
+                                   "sdxl": "StableDiffusionXLPipeline"}[self.kind])
+
+    def drop_encoders(self) -> None:
+        """Frees the VAE and text encoders (caching made them unnecessary for training)."""
+        self.vae = None
+        self.text_encoders = []
+
+
+def _model_index(source: str) -> dict[str, Any]:
+    path = Path(source)
+    if path.is_dir():
+        return json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    from huggingface_hub import hf_hub_download
+
+    return json.loads(Path(hf_hub_download(source, "model_index.json")).read_text(encoding="utf-8"))
+
+
+def pipeline_kind(source: str) -> str:
+    """'sd' or 'sdxl' from model_index.json; any other architecture raises :class:`ModelError`."""
+    name = _model_index(source).get("_class_name", "?")
+    if name not in SUPPORTED_PIPELINES:
+        raise ModelError(f"model: {source} is a {name}; supported are "
+                         f"{', '.join(SUPPORTED_PIPELINES)} (UNet LoRA)")
+    return SUPPORTED_PIPELINES[name]
+
+
+def resolve_pipeline_source(name: str) -> str:
+    """A local pipeline folder or a reachable Hugging Face id; fails fast when offline.
+
+    Raises:
+        ModelError: missing folder, no model_index.json, not cached and the Hub unreachable.
+    """
+    if name == "builtin":
+        if not (BUILTIN_DIFFUSION_DIR / "model_index.json").is_file():
+            raise ModelError(f"model: the built-in diffusion model is missing in {BUILTIN_DIFFUSION_DIR}; "
+                             "build it with `python -m lora_gui.models.build_diffusion`")
+        return str(BUILTIN_DIFFUSION_DIR)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "model_index.json").is_file():
+            raise ModelError(f"model: {path} has no model_index.json (save the pipeline with "
+                             "save_pretrained; a single .safetensors checkpoint is not supported)")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelError(f"model: local directory {name} not found")
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        hf_hub_download(name, "model_index.json", local_files_only=True)
+        return name
+    except Exception:  # not cached: ask the Hub below
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(f"model: '{name}' is not in the local cache and HF_HUB_OFFLINE=1 is set; "
+                         "use 'builtin' or a local pipeline folder")
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelError(f"model: '{name}' is not a Hugging Face model id (not found, or gated)") from None
+    except Exception as err:  # connection refused, DNS failure, timeout
+        raise ModelError(f"model: cannot reach the Hugging Face Hub to download '{name}' "
+                         f"({type(err).__name__}); offline? use 'builtin' or a local folder") from None
+    return name
+
+
+def load_image_model(source: str, weights_dtype: torch.dtype = torch.float32) -> ImageModel:
+    """Loads UNet, VAE (fp32: the SD VAEs overflow in fp16), text encoder(s), tokenizer(s) and
+    the DDPM training scheduler of a supported pipeline."""
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    kind = pipeline_kind(source)
+    unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", torch_dtype=weights_dtype)
+    vae = AutoencoderKL.from_pretrained(source, subfolder="vae", torch_dtype=torch.float32)
+    encoders = [CLIPTextModel.from_pretrained(source, subfolder="text_encoder", dtype=weights_dtype)]
+    tokenizers = [CLIPTokenizer.from_pretrained(source, subfolder="tokenizer")]
+    if kind == "sdxl":
+        encoders.append(CLIPTextModelWithProjection.from_pretrained(
+            source, subfolder="text_encoder_2", dtype=weights_dtype))
+        tokenizers.append(CLIPTokenizer.from_pretrained(source, subfolder="tokenizer_2"))
+    for module in (unet, vae, *encoders):
+        module.requires_grad_(False)
+        module.eval()
+    scheduler = DDPMScheduler.from_pretrained(source, subfolder="scheduler")
+    return ImageModel(kind, source, unet, vae, encoders, tokenizers, scheduler)
+
+
+def set_attention_backend(unet, backend: str) -> None:
+    """eager: diffusers' AttnProcessor (materialises the S x S score matrix, 4 bytes x heads x S^2
+    per image in fp32); sdpa: AttnProcessor2_0 (torch SDPA, flash/memory-efficient kernels)."""
+    from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+
+    if backend not in ("eager", "sdpa"):
+        raise ModelError(f"attn_backend: {backend!r} is not supported by the image engine (eager, sdpa)")
+    unet.set_attn_processor(AttnProcessor() if backend == "eager" else AttnProcessor2_0())
+
+
+def lora_targets(cfg: RunConfig) -> list[str]:
+    """UNet modules that get LoRA: 'all-linear' means the attention projections (the targets of
+    diffusers' and kohya's default UNet LoRA), else the comma list given."""
+    if cfg.lora_targets == "all-linear":
+        return list(UNET_LORA_TARGETS)
+    return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+
+
+def attach_unet_lora(unet, cfg: RunConfig) -> None:
+    """Adds a trainable LoRA adapter (peft, diffusers' ``add_adapter``) to the frozen UNet."""
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                        init_lora_weights="gaussian", target_modules=lora_targets(cfg))
+    try:
+        unet.add_adapter(config)
+    except ValueError as err:
+        raise ModelError(f"lora_targets: {err}") from None
+    for p in unet.parameters():  # LoRA weights train in fp32 even over bf16/fp16 frozen weights
+        if p.requires_grad:
+            p.data = p.data.float()
+
+
+@torch.no_grad()
+def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Text-encoder hidden states (B, 77, D) and, for SDXL, the pooled embedding (B, 1280).
+
+    SD 1.x: last hidden state of the CLIP text encoder. SDXL: penultimate hidden states of both
+    encoders concatenated, pooled output of the second (as StableDiffusionXLPipeline does).
+    """
+    states, pooled = [], None
+    for tokenizer, encoder in zip(model.tokenizers, model.text_encoders, strict=True):
+        ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length,
+                        truncation=True, return_tensors="pt").input_ids.to(device)
+        if model.kind == "sd":
+            states.append(encoder(ids)[0])
+            continue
+        out = encoder(ids, output_hidden_states=True)
+        states.append(out.hidden_states[-2])
+        if hasattr(out, "text_embeds"):
+            pooled = out.text_embeds
+    return torch.cat(states, dim=-1), pooled
+
+
+def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],
+                  target_hw: tuple[int, int]) -> list[int]:
+    """SDXL micro-conditioning: original size, crop top-left and target size, (h, w) each."""
+    return [*original_hw, *crop_tl, *target_hw]
+
+
+def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Path:
+    """Writes out/adapter/pytorch_lora_weights.safetensors (diffusers format) atomically, and
+    kohya_lora.safetensors next to it when asked."""
+    from diffusers.utils import convert_state_dict_to_diffusers, convert_state_dict_to_kohya
+
+    peft_sd = {k: v.detach().float().cpu().contiguous()
+               for k, v in get_peft_model_state_dict(model.unet).items()}
+    final = out / "adapter"
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
+    # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
+    model.pipeline_class.save_lora_weights(
+        tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
+        unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict())
+    if export_kohya:
+        from safetensors.torch import save_file
+
+        kohya = convert_state_dict_to_kohya({f"unet.{k}": v for k, v in peft_sd.items()})
+        # kohya's alpha is the LoRA alpha (scale = alpha / rank); the converter writes the rank
+        alpha = float(model.unet.peft_config["default"].lora_alpha)
+        kohya = {k: (torch.tensor(alpha) if k.endswith(".alpha") else v) for k, v in kohya.items()}
+        save_file(kohya, tmp / KOHYA_FILE, metadata={"ss_network_alpha": str(alpha),
+                                                     "ss_network_module": "networks.lora"})
+    (tmp / "adapter_info.json").write_text(json.dumps(
+        {"base_model": model.source, "kind": model.kind,
+         "lora_rank": model.unet.peft_config["default"].r,
+         "lora_alpha": model.unet.peft_config["default"].lora_alpha,
+         "target_modules": sorted(model.unet.peft_config["default"].target_modules)}, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def load_pipeline(source: str, adapter: str | Path | None = None, device: str = "cpu"):
+    """The full diffusers pipeline of ``source`` with the adapter loaded (for samples and tests)."""
+    import diffusers
+
+    kind = pipeline_kind(source)
+    cls = getattr(diffusers, {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline"}[kind])
+    extra = {"safety_checker": None, "requires_safety_checker": False} if kind == "sd" else {}
+    # half precision on GPUs (the VAE upcasts itself where its config asks); fp32 on CPU
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    pipe = cls.from_pretrained(source, torch_dtype=dtype, **extra)
+    if adapter is not None:
+        pipe.load_lora_weights(str(adapter))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
