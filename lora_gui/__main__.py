@@ -180,7 +180,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         result = run_image_comparison(cfg, _int_list(args.resolutions, "--resolutions"), args.steps,
                                       Path(args.out), overwrite=args.overwrite, stop=stop,
-                                      progress=not args.quiet and not args.json)
+                                      progress=not args.quiet and not args.json,
+                                      ablations=not args.no_ablations,
+                                      questions=tuple(args.questions.split(",")))
     else:
         settings = CompareSettings(
             seq_lens=_int_list(args.seq_lens, "--seq-lens"), steps=args.steps,

@@ -122,10 +122,10 @@ def test_cli_predicted_json_and_self_contained_html(tmp_path, capsys):
     assert "traditional" in page and "ablation" in page
 
 
-def test_cli_image_comparison_needs_the_image_engine(tmp_path, capsys):
+def test_cli_image_comparison_needs_an_image_preset(tmp_path, capsys):
     rc = main(["compare", "--resolutions", "512", "--out", str(tmp_path / "i")])
     err = capsys.readouterr().err
-    assert rc == 2 and ("image engine" in err or "image preset" in err)
+    assert rc == 2 and "image preset" in err
     assert main(["compare", "--out", str(tmp_path / "x")]) == 2
     assert "--seq-lens" in capsys.readouterr().err
 
