@@ -8,8 +8,11 @@ one setting whose 'auto' follows ``mode`` (see :mod:`lora_gui.config`): ``cache_
 
 Loss normalisation: each micro-batch's summed per-image MSE is divided by the number of images
 in the whole optimizer step, so the gradient is the same however the step is cut.
-Resolution is sequence length here: a bucket of W x H px is (W/8) x (H/8) latent tokens, the
-key the planner's caps and the guard use.
+Several processes (``accelerate launch``): each global step is dealt to the ranks and the
+loss divided by the step's global image count, so N processes train what one process trains with
+the same global batch (see :mod:`lora_gui.engine.image_ranks`); the main process alone writes the
+run folder and makes the samples. Resolution is sequence length here: a bucket of W x H px is
+(W/8) x (H/8) latent tokens, the key the planner's caps and the guard use.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from lora_gui.engine.distributed import (
     injected_oom,
     stop_agreed,
 )
-from lora_gui.engine.image_inputs import InputSource, encode_eval_set, eval_loss, unet_loss
+from lora_gui.engine.image_inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image_ranks import (
     image_noise,
     image_sampler_state,
@@ -61,12 +64,12 @@ from lora_gui.engine.image_ranks import (
     zero_missing_grads,
 )
 from lora_gui.engine.image_samples import generate_samples, sample_prompts
+from lora_gui.engine.image_summary import image_summary
 from lora_gui.engine.precision import choose_precision
 from lora_gui.engine.records import RecordLog
 from lora_gui.engine.resume import read_resume_checkpoint
 from lora_gui.engine.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.summary import peaks_by_rank
-from lora_gui.engine.text import TrainControl, memory_report
+from lora_gui.engine.text import TrainControl
 from lora_gui.memory.guard import (
     BatchCaps,
     MicroBatchOutOfMemory,
@@ -264,36 +267,6 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     return model, mixed, dtype
 
 
-def _build_cache(cfg: RunConfig, out: Path, model: dm.ImageModel, data: ImageData,
-                 device: torch.device, meter: PeakMeter, control: TrainControl, dist: Dist,
-                 ) -> tuple[InputSource, list, dict]:
-    """Encodes the held-out set (the main process, which evaluates) and, when caching, every
-    training image; frees the VAE and text encoders afterwards. Measured by the meter: the
-    pass's own peak is reported.
-
-    Several processes: with ``ram`` every rank caches every image (the cache's latent sample is
-    drawn from one seeded stream over all images, so each rank holds the latents one process
-    would: 64 KiB an image at 512 px); with ``disk`` the main process writes the cache and the
-    other ranks read it after a barrier (one writer per folder)."""
-    mode = cfg.resolved_cache_latents()
-    inputs = InputSource(model, data.train, data.buckets, mode, device,
-                         out / "cache" if mode == "disk" else None)
-    control.phase("caching")
-    start = time.perf_counter()
-    with meter:
-        meter.start_step()
-        eval_set = encode_eval_set(model, data.held_out if dist.is_main else [], cfg.resolution, device)
-        if mode != "disk" or dist.is_main:
-            inputs.build_cache()
-        cache_peak = meter.step_peak()
-    dist.barrier()
-    seconds = time.perf_counter() - start if mode != "off" else 0.0
-    if mode != "off":
-        model.drop_encoders()  # latents and embeddings are cached: free VAE + text encoders
-        free_memory()
-    return inputs, eval_set, {"cache_seconds": seconds, "cache_peak_bytes": cache_peak}
-
-
 def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
     """The run folder's decisions (the main process's; see Dist.on_main)."""
     prepare_run_dir(out, resume=resume, overwrite=overwrite)
@@ -306,9 +279,8 @@ def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
 def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
     """Validates, loads data and model, caches, restores a checkpoint, plans memory. Folder
     decisions are the main process's, broadcast with any error to every rank."""
+    refuse_fsdp()  # before anything is written, on every rank
     dist = Dist.from_env()
-    if dist.active:
-        refuse_fsdp()  # before anything is written
     dist.on_main(lambda: _prepare_folder(out, resume, overwrite))
     control.phase("loading")
     data = load_image_data(cfg)
@@ -331,7 +303,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
-    inputs, eval_set, info = _build_cache(cfg, out, model, data, device, meter, control, dist)
+    inputs, eval_set, info = build_inputs(cfg, out, model, data, device, meter, control, dist)
     AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
@@ -470,49 +442,6 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
     return "completed", None
 
 
-def _summary(run: _Session, status: str, message: str | None, eval_loss_value: float | None,
-             adapter: Path) -> dict[str, Any]:
-    records = run.metrics.snapshot()
-    images = sum(r["images"] for r in records)
-    seconds = sum(r["seconds"] for r in records)
-    peaks = [r["peak_bytes"] for r in records]
-    cache_peak = run.info.get("cache_peak_bytes") or 0
-    cfg = run.cfg
-    summary = {
-        "status": status, "message": message, "task": "image",
-        "final_loss": records[-1]["loss"] if records else None, "eval_loss": eval_loss_value,
-        "base_eval_loss": run.state["base_eval_loss"], "steps": len(records), "images": images,
-        "images_per_s": images / seconds if seconds else None,
-        "images_per_s_with_caching": images / (seconds + run.info["cache_seconds"]) if seconds else None,
-        "train_seconds": seconds, "cache_seconds": run.info["cache_seconds"],
-        # the run's peak: training steps and the one-time caching pass (whichever is higher)
-        "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
-        "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
-        "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
-        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
-        "predicted_peak_bytes": run.predicted,
-        "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
-        "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
-        "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
-        "optimizer": run.info["optimizer"], "train_images": len(run.data.train),
-        "eval_images": len(run.data.held_out), "resolution": cfg.resolution,
-        "buckets": {f"{w}x{h}": run.data.buckets.count((w, h)) for w, h in sorted(set(run.data.buckets))},
-        "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],
-        "world_size": run.dist.world_size, "fsdp": False,
-        "peak_bytes_by_rank": peaks_by_rank(records),
-        "config": cfg.to_dict(),
-    }
-    summary["memory_report"] = memory_report(summary)
-    return summary
-
-
-def resolved_switches(cfg: RunConfig) -> dict[str, Any]:
-    """The image memory switches with 'auto' resolved by the mode (for compare rows)."""
-    return {"cache_latents": cfg.resolved_cache_latents(), "aspect_buckets": cfg.resolved_aspect_buckets(),
-            "attn_backend": cfg.resolved_attn_backend(), "image_batch": cfg.resolved_image_batch(),
-            "gradient_checkpointing": cfg.gradient_checkpointing}
-
-
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                 control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a UNet LoRA and writes the run folder; returns the run.json summary.
@@ -546,7 +475,7 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
     adapter = out / "adapter"
     if run.dist.is_main:
         adapter = dm.save_adapter(run.model, out, cfg.export_kohya)
-    summary = _summary(run, status, message, final_eval, adapter)
+    summary = image_summary(run, status, message, final_eval, adapter)
     if not run.dist.is_main:  # samples and run.json are the main process's
         return summary
     write_atomic(out / "run.json", json.dumps(summary, indent=1))
