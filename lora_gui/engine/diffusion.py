@@ -348,7 +348,7 @@ def run_image_step(run: _Session, step: Step, n_images: int | None = None) -> di
         if mb.filler:
             continue
         try:
-            enc = run.inputs.batch(mb.indices, run.dtype)
+            enc = run.inputs.batch(mb.indices, run.dtype, run.state["step"] + 1)
             noise, timesteps = image_noise(run.cfg.seed, run.state["step"] + 1, mb.indices,
                                            enc.latents.shape[1:], sched.config.num_train_timesteps,
                                            enc.latents.device)

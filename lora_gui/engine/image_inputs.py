@@ -53,9 +53,10 @@ class Encoded:
 
 @torch.no_grad()
 def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple[int, int]],
-                  device: torch.device, *, sample: bool, generator: torch.Generator | None = None,
-                  ) -> Encoded:
-    """Reads, crops and encodes images of one bucket, and their captions."""
+                  device: torch.device, *, sample: bool,
+                  generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
+    """Reads, crops and encodes images of one bucket, and their captions. ``generator``: one for
+    the batch, or one per image (the image's latent sample then does not depend on its batch)."""
     pixels, time_ids = [], []
     for item, bucket in zip(items, buckets, strict=True):
         px, corner = load_pixels(item, bucket)
@@ -63,7 +64,11 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         time_ids.append(sdxl_time_ids(item.size[::-1], corner, bucket[::-1]))
     batch = torch.stack(pixels).to(device, model.vae.dtype)
     dist = model.vae.encode(batch).latent_dist
-    latents = dist.sample(generator) if sample else dist.mode()
+    if sample and isinstance(generator, list):
+        draws = torch.stack([torch.randn(dist.mean.shape[1:], generator=g) for g in generator])
+        latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
+    else:
+        latents = dist.sample(generator) if sample else dist.mode()
     latents = latents * model.vae.config.scaling_factor
     hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
@@ -108,11 +113,15 @@ class InputSource:
         data = load_file(self._path(index))
         return Encoded(data["latents"], data["hidden"], data.get("pooled"), data.get("time_ids"))
 
-    def batch(self, indices: tuple[int, ...], dtype: torch.dtype) -> Encoded:
-        """The inputs of ``indices`` on the device (hidden states in the UNet's dtype)."""
+    def batch(self, indices: tuple[int, ...], dtype: torch.dtype, step: int = 0) -> Encoded:
+        """The inputs of ``indices`` on the device (hidden states in the UNet's dtype). Without
+        a cache each image's latent sample is drawn from a generator seeded by (``step``, image),
+        so it is the same on any rank and in any micro-batch."""
         if self.mode == "off":
+            gens = [torch.Generator().manual_seed((CACHE_SEED * 1_000_003 + step) * 1_000_033 + i)
+                    for i in indices]
             enc = encode_images(self.model, [self.items[i] for i in indices],
-                                [self.buckets[i] for i in indices], self.device, sample=True)
+                                [self.buckets[i] for i in indices], self.device, sample=True, generator=gens)
         else:
             parts = [self._cached(i) for i in indices]
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
