@@ -136,3 +136,10 @@ def test_fsdp_image_run_is_refused_before_writing(folder, tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match=r"image runs \(task=image\) do not support FSDP"):
         train_image(config(folder), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_another_global_batch_is_refused(single, folder):
+    before = (single / "config.json").read_text()
+    with pytest.raises(ConfigError, match="incompatible run: batch_size 4 then, 2 now"):
+        train_image(config(folder, batch_size=2, max_steps=4), single, resume=True, progress=False)
+    assert (single / "config.json").read_text() == before  # nothing in the folder changed
