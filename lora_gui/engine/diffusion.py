@@ -8,8 +8,11 @@ one setting whose 'auto' follows ``mode`` (see :mod:`lora_gui.config`): ``cache_
 
 Loss normalisation: each micro-batch's summed per-image MSE is divided by the number of images
 in the whole optimizer step, so the gradient is the same however the step is cut.
-Resolution is sequence length here: a bucket of W x H px is (W/8) x (H/8) latent tokens, the
-key the planner's caps and the guard use.
+Several processes (``accelerate launch``): each global step is dealt to the ranks and the
+loss divided by the step's global image count, so N processes train what one process trains with
+the same global batch (see :mod:`lora_gui.engine.image_ranks`); the main process alone writes the
+run folder and makes the samples. Resolution is sequence length here: a bucket of W x H px is
+(W/8) x (H/8) latent tokens, the key the planner's caps and the guard use.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import gc
 import json
 import logging
 import math
+import os
 import random
-import re
 import shutil
 import time
 from collections import defaultdict
@@ -31,18 +34,42 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from peft import set_peft_model_state_dict
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data import images as image_data
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic
-from lora_gui.engine.image_inputs import InputSource, encode_eval_set, eval_loss, unet_loss
+from lora_gui.engine.checkpoint import restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.distributed import (
+    DEBUG_SAMPLES_ENV,
+    INJECT_OOM_ENV,
+    STOP_FILE,
+    Dist,
+    SampleRelay,
+    agree_on_oom,
+    check_world_size,
+    combine_step_stats,
+    injected_oom,
+    stop_agreed,
+)
+from lora_gui.engine.image_inputs import InputSource, build_inputs, eval_loss, unet_loss
+from lora_gui.engine.image_ranks import (
+    image_noise,
+    image_sampler_state,
+    prepare_image,
+    rank_share,
+    refuse_fsdp,
+    zero_missing_grads,
+)
+from lora_gui.engine.image_samples import generate_samples, sample_prompts
+from lora_gui.engine.image_summary import image_summary
 from lora_gui.engine.precision import choose_precision
 from lora_gui.engine.records import RecordLog
+from lora_gui.engine.resume import read_resume_checkpoint
 from lora_gui.engine.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.text import TrainControl, memory_report
+from lora_gui.engine.text import TrainControl
 from lora_gui.memory.guard import (
     BatchCaps,
     MicroBatchOutOfMemory,
@@ -115,10 +142,12 @@ def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
 
 
 def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
-                 device: torch.device, weights_dtype: torch.dtype) -> tuple[BatchCaps, int | None]:
+                 device: torch.device, weights_dtype: torch.dtype,
+                 world_size: int = 1) -> tuple[BatchCaps, int | None]:
     """Micro-batch caps per bucket (adaptive: the planner under a budget, else batch_table) and
     the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
-    of the UNet step plus the VAE / text encoders when they stay resident)."""
+    of the UNet step plus the VAE / text encoders when they stay resident), per process: with
+    several, a process trains at most ceil(batch_size / world_size) images of a step."""
     from lora_gui.memory import planner
     from lora_gui.memory.trace import trace_unet_step
 
@@ -135,8 +164,9 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
                          for p in plan.buckets}
         else:
             caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
-    sizes = {b: min(cfg.batch_size, caps.cap(latent_tokens(b)) or cfg.batch_size,
-                    data.buckets.count(b)) for b in used}
+    per_rank = math.ceil(cfg.batch_size / world_size)
+    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
+                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
     worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
     predicted = None
     try:
@@ -198,6 +228,7 @@ class _Session:
     control: TrainControl
     dtype: torch.dtype
     info: dict[str, Any]
+    dist: Dist
 
     def event(self, event: dict[str, Any]) -> None:
         """Appends to events.jsonl and tells the listener."""
@@ -206,6 +237,9 @@ class _Session:
         self.control.emit(event)
 
     def checkpoint(self, reason: str) -> None:
+        """Saves a checkpoint from the main process (LoRA weights are the same on every rank)."""
+        if not self.dist.is_main:
+            return
         path = save_checkpoint(self.out, self.state["step"], self.accelerator.unwrap_model(self.unet),
                                self.optimizer, self.scheduler, self.state)
         self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
@@ -233,48 +267,43 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     return model, mixed, dtype
 
 
-def _build_cache(cfg: RunConfig, out: Path, model: dm.ImageModel, data: ImageData,
-                 device: torch.device, meter: PeakMeter, control: TrainControl,
-                 ) -> tuple[InputSource, list, dict]:
-    """Encodes the held-out set (always) and, when caching, every training image; frees the VAE
-    and text encoders afterwards. Measured by the meter: the pass's own peak is reported."""
-    mode = cfg.resolved_cache_latents()
-    inputs = InputSource(model, data.train, data.buckets, mode, device,
-                         out / "cache" if mode == "disk" else None)
-    control.phase("caching")
-    start = time.perf_counter()
-    with meter:
-        meter.start_step()
-        eval_set = encode_eval_set(model, data.held_out, cfg.resolution, device)
-        inputs.build_cache()
-        cache_peak = meter.step_peak()
-    seconds = time.perf_counter() - start if mode != "off" else 0.0
-    if mode != "off":
-        model.drop_encoders()  # latents and embeddings are cached: free VAE + text encoders
-        free_memory()
-    return inputs, eval_set, {"cache_seconds": seconds, "cache_peak_bytes": cache_peak}
-
-
-def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
-    """Validates, loads data and model, caches, restores a checkpoint, plans memory."""
+def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """The run folder's decisions (the main process's; see Dist.on_main)."""
     prepare_run_dir(out, resume=resume, overwrite=overwrite)
     if not resume:  # image-only leftovers of a replaced run (not in the shared RUN_FILES list)
         for name in ("samples", "cache"):
             shutil.rmtree(out / name, ignore_errors=True)
+    (out / STOP_FILE).unlink(missing_ok=True)
+
+
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
+    """Validates, loads data and model, caches, restores a checkpoint, plans memory. Folder
+    decisions are the main process's, broadcast with any error to every rank."""
+    refuse_fsdp()  # before anything is written, on every rank
+    dist = Dist.from_env()
+    dist.on_main(lambda: _prepare_folder(out, resume, overwrite))
     control.phase("loading")
     data = load_image_data(cfg)
-    save_run_config(out, cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dist.active:
+        check_world_size(dist.world_size, len(data.train), cfg.batch_size)
+    if not resume:
+        dist.on_main(lambda: save_run_config(out, cfg))
+    sampler = image_sampler_state(cfg, data.buckets)
+    device = dist.device if dist.active else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, mixed, dtype = _load_model(cfg, device)
-    ckpt = latest_checkpoint(out) if resume else None
-    if ckpt:  # a resumed run keeps the precision it started with
-        mixed = json.loads((ckpt / "trainer_state.json").read_text())["precision"]
+    ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
+    if ckpt is not None:  # a resumed run keeps the precision it started with
+        set_peft_model_state_dict(model.unet, ckpt["adapter"])
+        mixed = ckpt["trainer"]["precision"]
+    if resume:
+        dist.on_main(lambda: save_run_config(out, cfg))
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted = _memory_plan(cfg, model, data, budget, device, dtype)
+    caps, predicted = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device, dtype,
+                                                        dist.world_size))
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
-    inputs, eval_set, info = _build_cache(cfg, out, model, data, device, meter, control)
+    inputs, eval_set, info = build_inputs(cfg, out, model, data, device, meter, control, dist)
     AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
@@ -282,71 +311,104 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     optimizer, info["optimizer"] = _make_optimizer(
         cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
-    unet, optimizer, scheduler = accelerator.prepare(model.unet, optimizer, scheduler)
+    unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)
     state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
     if resume and ckpt is None:
         log.warning("%s: no checkpoint yet; starting from step 0", out)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, accelerator.unwrap_model(unet), optimizer, scheduler)
-    if state["base_eval_loss"] is None:
+        state = restore_training_state(ckpt, optimizer, scheduler)
+    state.update(sampler=sampler, world_size=dist.world_size)
+    if dist.active:  # own dropout stream per rank (the checkpoint holds the main process's RNG)
+        torch.manual_seed(cfg.seed * 7919 + 1_000_003 * dist.rank + state["step"])
+    if state["base_eval_loss"] is None and dist.is_main:
         state["base_eval_loss"] = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
     meter.track(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    main = dist.is_main
     session = _Session(cfg, out, data, model, inputs, eval_set, accelerator, unet, optimizer, scheduler,
-                       state, RecordLog(out / "metrics.jsonl", keep_until_step=state["step"]),
-                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None),
-                       meter, caps, predicted, per_epoch, total, control, dtype, info)
+                       state, RecordLog(out / "metrics.jsonl", keep_until_step=state["step"], write=main),
+                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None,
+                                 write=main),
+                       meter, caps, predicted, per_epoch, total, control, dtype, info, dist)
     session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
-                   "budget_bytes": budget, "total_steps": total, **info})
+                   "budget_bytes": budget, "total_steps": total, "world_size": dist.world_size, **info})
     return session
 
 
-def run_image_step(run: _Session, step: Step) -> dict[str, Any]:
-    """Forward + backward of every micro-batch of one optimizer step (no optimizer update)."""
-    n_images = len(step.indices)
+def run_image_step(run: _Session, step: Step, n_images: int | None = None) -> dict[str, Any]:
+    """Forward + backward of every micro-batch of one optimizer step (no optimizer update).
+
+    ``n_images``: the loss normaliser; with several ranks, the images of the *global* step
+    (default: this step's own). Filler micro-batches (a rank's share ran out of images) train
+    nothing. Each image's noise and timestep come from :func:`image_noise` (seeded per image).
+    """
+    n_images = n_images or len(step.indices)
     loss_sum = 0.0
     sched = run.model.noise_scheduler
     for mb in step.micro_batches:
+        if mb.filler:
+            continue
         try:
-            enc = run.inputs.batch(mb.indices, run.dtype)
-            noise = torch.randn_like(enc.latents)
-            timesteps = torch.randint(0, sched.config.num_train_timesteps, (len(mb.indices),),
-                                      device=enc.latents.device)
+            enc = run.inputs.batch(mb.indices, run.dtype, run.state["step"] + 1)
+            noise, timesteps = image_noise(run.cfg.seed, run.state["step"] + 1, mb.indices,
+                                           enc.latents.shape[1:], sched.config.num_train_timesteps,
+                                           enc.latents.device)
             loss = unet_loss(run.unet, sched, enc, noise, timesteps, reduction="sum") / n_images
             run.accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
             raise MicroBatchOutOfMemory(mb, err) from None
         loss_sum += loss.item()
         del loss, enc, noise
-    return {"loss": loss_sum, "images": n_images}
+    return {"loss": loss_sum, "images": sum(len(mb.indices) for mb in step.micro_batches if not mb.filler)}
+
+
+def _run_share(run: _Session, step: Step) -> dict[str, Any]:
+    """This rank's share of a global step (the guard's runner, caps applied): forward and backward."""
+    mine = rank_share(step, run.dist, run.caps.cap if run.caps.caps else None)
+    if injected_oom(run.dist.rank, run.state["step"] + 1):
+        big = max(mine.micro_batches, key=lambda mb: len(mb.indices))
+        raise MicroBatchOutOfMemory(big, torch.OutOfMemoryError("injected by " + INJECT_OOM_ENV))
+    stats = run_image_step(run, mine, len(step.indices))
+    indices = [i for mb in mine.micro_batches if not mb.filler for i in mb.indices]
+    return {**stats, "indices": indices, "micro_batches": len(mine.micro_batches)}
 
 
 def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
-    """One optimizer step under the memory guard; returns its metric record."""
+    """One optimizer step under the memory guard; returns its metric record (every rank's)."""
     run.meter.start_step()
     start = time.perf_counter()
-    stats = run_guarded(lambda st: run_image_step(run, st), step, run.caps,
-                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom)
-    run.accelerator.clip_grad_norm_(run.unet.parameters(), 1.0)
+    agree = agree_on_oom(run.dist) if run.dist.active else None
+    stats = run_guarded(lambda st: _run_share(run, st), step, run.caps,
+                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom, agree)
+    trainable = [p for p in run.unet.parameters() if p.requires_grad]
+    if run.dist.active:
+        zero_missing_grads(trainable)
+        run.dist.all_reduce_grads(trainable)
+    run.accelerator.clip_grad_norm_(trainable, 1.0)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - start
     run.state["step"] += 1
     w, h = run.data.buckets[step.indices[0]]
-    applied = run.caps.apply(step)
-    return {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": stats["loss"],
-            "lr": run.scheduler.get_last_lr()[0], "images": stats["images"], "bucket": f"{w}x{h}",
-            "latent_tokens": latent_tokens((w, h)), "batch_size": stats["images"],
-            "micro_batches": len(applied.micro_batches), "seconds": seconds,
-            "images_per_s": stats["images"] / seconds, "peak_bytes": run.meter.step_peak(),
-            "memory_source": run.meter.source, "time": time.time()}
+    total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["images"], 0)
+    record = {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
+              "lr": run.scheduler.get_last_lr()[0], "images": total["real_tokens"], "bucket": f"{w}x{h}",
+              "latent_tokens": latent_tokens((w, h)), "batch_size": len(step.indices),
+              "micro_batches": stats["micro_batches"], "seconds": seconds,
+              "images_per_s": total["real_tokens"] / seconds, "peak_bytes": total["peak_bytes"],
+              "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
+              "time": time.time()}
+    if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
+        record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
+    return record
 
 
 def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
     """Steps until done, stopped or out of memory; returns (status, message)."""
-    bar = tqdm(total=run.total, initial=run.state["step"], disable=not progress, unit="step")
+    main = run.dist.is_main
+    bar = tqdm(total=run.total, initial=run.state["step"], disable=not (progress and main), unit="step")
     plan_epoch_index, plan = -1, []
-    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"])
+    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"], write=main)
 
     def on_sample(sample: dict[str, Any]) -> None:
         sample = {"step": run.state["step"], **sample}
@@ -354,12 +416,13 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
         if control.on_sample:
             control.on_sample(sample)
 
+    relay = SampleRelay(run.dist, on_sample)
     control.phase("training")
-    monitor = MemoryMonitor(on_sample, interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
+    monitor = MemoryMonitor(relay.add, interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
                             live_bytes=run.meter.live_bytes if run.meter.tracker else None)
     with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
         while run.state["step"] < run.total:
-            if control.stop.is_set():
+            if stop_agreed(run.dist, control.stop.is_set(), run.out):
                 return "stopped", None
             epoch, index = divmod(run.state["step"], run.per_epoch)
             if epoch != plan_epoch_index:
@@ -368,6 +431,7 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
                 record = _one_step(run, plan[index], epoch)
             except RunOutOfMemoryError as err:
                 return "out_of_memory", str(err)
+            relay.flush()
             run.metrics.append(record)
             if control.on_record:
                 control.on_record(record)
@@ -376,78 +440,6 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
             if run.state["step"] % run.cfg.checkpoint_every == 0:
                 run.checkpoint("periodic")
     return "completed", None
-
-
-def _sample_prompts(run: _Session) -> list[str]:
-    """Validation prompts: held-out captions first, then training captions (distinct, non-empty)."""
-    prompts: list[str] = []
-    for item in [*run.data.held_out, *run.data.train]:
-        if item.caption and item.caption not in prompts:
-            prompts.append(item.caption)
-    return prompts[: run.cfg.sample_images]
-
-
-def generate_samples(cfg: RunConfig, source: str, adapter: Path, prompts: list[str], out: Path,
-                     device: str) -> list[str]:
-    """Loads the pipeline with the adapter (the caller has freed the training model first) and
-    writes one PNG per prompt into out/samples (seeded, ``sample_steps`` denoising steps)."""
-    pipe = dm.load_pipeline(source, adapter, device)
-    folder = out / "samples"
-    folder.mkdir(exist_ok=True)
-    paths = []
-    for i, prompt in enumerate(prompts):
-        gen = torch.Generator(device="cpu").manual_seed(cfg.seed + i)
-        image = pipe(prompt, num_inference_steps=cfg.sample_steps, height=cfg.resolution,
-                     width=cfg.resolution, generator=gen).images[0]
-        slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "empty"
-        path = folder / f"{i:02d}-{slug}.png"
-        image.save(path)
-        paths.append(str(path))
-    write_atomic(folder / "prompts.json", json.dumps(dict(zip(paths, prompts, strict=True)), indent=1))
-    del pipe
-    free_memory()
-    return paths
-
-
-def _summary(run: _Session, status: str, message: str | None, eval_loss_value: float | None,
-             adapter: Path) -> dict[str, Any]:
-    records = run.metrics.snapshot()
-    images = sum(r["images"] for r in records)
-    seconds = sum(r["seconds"] for r in records)
-    peaks = [r["peak_bytes"] for r in records]
-    cache_peak = run.info.get("cache_peak_bytes") or 0
-    cfg = run.cfg
-    summary = {
-        "status": status, "message": message, "task": "image",
-        "final_loss": records[-1]["loss"] if records else None, "eval_loss": eval_loss_value,
-        "base_eval_loss": run.state["base_eval_loss"], "steps": len(records), "images": images,
-        "images_per_s": images / seconds if seconds else None,
-        "images_per_s_with_caching": images / (seconds + run.info["cache_seconds"]) if seconds else None,
-        "train_seconds": seconds, "cache_seconds": run.info["cache_seconds"],
-        # the run's peak: training steps and the one-time caching pass (whichever is higher)
-        "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
-        "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
-        "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
-        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
-        "predicted_peak_bytes": run.predicted,
-        "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
-        "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
-        "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
-        "optimizer": run.info["optimizer"], "train_images": len(run.data.train),
-        "eval_images": len(run.data.held_out), "resolution": cfg.resolution,
-        "buckets": {f"{w}x{h}": run.data.buckets.count((w, h)) for w, h in sorted(set(run.data.buckets))},
-        "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],
-        "config": cfg.to_dict(),
-    }
-    summary["memory_report"] = memory_report(summary)
-    return summary
-
-
-def resolved_switches(cfg: RunConfig) -> dict[str, Any]:
-    """The image memory switches with 'auto' resolved by the mode (for compare rows)."""
-    return {"cache_latents": cfg.resolved_cache_latents(), "aspect_buckets": cfg.resolved_aspect_buckets(),
-            "attn_backend": cfg.resolved_attn_backend(), "image_batch": cfg.resolved_image_batch(),
-            "gradient_checkpointing": cfg.gradient_checkpointing}
 
 
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -472,17 +464,23 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
     control.phase("saving")
     run.checkpoint(status)
     control.phase("evaluating")
-    try:
-        final_eval = eval_loss(run.unet, run.model.noise_scheduler, run.eval_set,
-                               run.accelerator.device, run.dtype)
+    final_eval = None
+    try:  # the main process evaluates (the LoRA weights are the same on every rank)
+        if run.dist.is_main:
+            final_eval = eval_loss(run.unet, run.model.noise_scheduler, run.eval_set,
+                                   run.accelerator.device, run.dtype)
     except torch.OutOfMemoryError as err:
         log.warning("evaluation ran out of memory: %s", err)
-        final_eval = None
     control.phase("saving")
-    adapter = dm.save_adapter(run.model, out, cfg.export_kohya)
-    summary = _summary(run, status, message, final_eval, adapter)
+    adapter = out / "adapter"
+    if run.dist.is_main:
+        adapter = dm.save_adapter(run.model, out, cfg.export_kohya)
+    summary = image_summary(run, status, message, final_eval, adapter)
+    if not run.dist.is_main:  # samples and run.json are the main process's
+        return summary
     write_atomic(out / "run.json", json.dumps(summary, indent=1))
-    prompts, source, device = _sample_prompts(run), run.model.source, run.accelerator.device.type
+    prompts, source, device = sample_prompts(run.data, cfg.sample_images), run.model.source, \
+        run.accelerator.device.type
     if prompts and status == "completed":
         control.phase("sampling")
         del run  # free the training UNet, optimizer and caches before the pipeline loads

@@ -17,6 +17,7 @@ so that eval_loss is the same computation in every mode.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from lora_gui.config import RunConfig
 from lora_gui.data.images import ImageItem, load_pixels
+from lora_gui.engine.distributed import Dist
+from lora_gui.memory.guard import free_memory
+from lora_gui.memory.meter import PeakMeter
 from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
@@ -48,9 +53,10 @@ class Encoded:
 
 @torch.no_grad()
 def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple[int, int]],
-                  device: torch.device, *, sample: bool, generator: torch.Generator | None = None,
-                  ) -> Encoded:
-    """Reads, crops and encodes images of one bucket, and their captions."""
+                  device: torch.device, *, sample: bool,
+                  generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
+    """Reads, crops and encodes images of one bucket, and their captions. ``generator``: one for
+    the batch, or one per image (the image's latent sample then does not depend on its batch)."""
     pixels, time_ids = [], []
     for item, bucket in zip(items, buckets, strict=True):
         px, corner = load_pixels(item, bucket)
@@ -58,7 +64,11 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         time_ids.append(sdxl_time_ids(item.size[::-1], corner, bucket[::-1]))
     batch = torch.stack(pixels).to(device, model.vae.dtype)
     dist = model.vae.encode(batch).latent_dist
-    latents = dist.sample(generator) if sample else dist.mode()
+    if sample and isinstance(generator, list):
+        draws = torch.stack([torch.randn(dist.mean.shape[1:], generator=g) for g in generator])
+        latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
+    else:
+        latents = dist.sample(generator) if sample else dist.mode()
     latents = latents * model.vae.config.scaling_factor
     hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
@@ -103,11 +113,15 @@ class InputSource:
         data = load_file(self._path(index))
         return Encoded(data["latents"], data["hidden"], data.get("pooled"), data.get("time_ids"))
 
-    def batch(self, indices: tuple[int, ...], dtype: torch.dtype) -> Encoded:
-        """The inputs of ``indices`` on the device (hidden states in the UNet's dtype)."""
+    def batch(self, indices: tuple[int, ...], dtype: torch.dtype, step: int = 0) -> Encoded:
+        """The inputs of ``indices`` on the device (hidden states in the UNet's dtype). Without
+        a cache each image's latent sample is drawn from a generator seeded by (``step``, image),
+        so it is the same on any rank and in any micro-batch."""
         if self.mode == "off":
+            gens = [torch.Generator().manual_seed((CACHE_SEED * 1_000_003 + step) * 1_000_033 + i)
+                    for i in indices]
             enc = encode_images(self.model, [self.items[i] for i in indices],
-                                [self.buckets[i] for i in indices], self.device, sample=True)
+                                [self.buckets[i] for i in indices], self.device, sample=True, generator=gens)
         else:
             parts = [self._cached(i) for i in indices]
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
@@ -168,3 +182,37 @@ def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
         total += unet_loss(unet, scheduler, batch, noise, steps).item()
     unet.train(was_training)
     return total / len(encoded)
+
+
+def build_inputs(cfg: RunConfig, out: Path, model: ImageModel, data: Any, device: torch.device,
+                 meter: PeakMeter, control: Any, dist: Dist) -> tuple[InputSource, list, dict]:
+    """Encodes the held-out set (the main process, which evaluates) and, when caching, every
+    training image; frees the VAE and text encoders afterwards. Measured by the meter: the
+    pass's own peak is reported.
+
+    Several processes: with ``ram`` every rank caches every image (the cache's latent sample is
+    drawn from one seeded stream over all images, so each rank holds the latents one process
+    would: 64 KiB an image at 512 px); with ``disk`` the main process writes the cache and the
+    other ranks read it after a barrier (one writer per folder).
+
+    Args:
+        data: the run's ImageData (train, buckets, held_out).
+        control: the run's TrainControl (phase events).
+    """
+    mode = cfg.resolved_cache_latents()
+    inputs = InputSource(model, data.train, data.buckets, mode, device,
+                         out / "cache" if mode == "disk" else None)
+    control.phase("caching")
+    start = time.perf_counter()
+    with meter:
+        meter.start_step()
+        eval_set = encode_eval_set(model, data.held_out if dist.is_main else [], cfg.resolution, device)
+        if mode != "disk" or dist.is_main:
+            inputs.build_cache()
+        cache_peak = meter.step_peak()
+    dist.barrier()
+    seconds = time.perf_counter() - start if mode != "off" else 0.0
+    if mode != "off":
+        model.drop_encoders()  # latents and embeddings are cached: free VAE + text encoders
+        free_memory()
+    return inputs, eval_set, {"cache_seconds": seconds, "cache_peak_bytes": cache_peak}

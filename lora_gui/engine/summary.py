@@ -8,6 +8,15 @@ from typing import Any
 from lora_gui.config import RunConfig
 
 
+def peaks_by_rank(records: list[dict]) -> list[int]:
+    """Each rank's largest step peak over the records (a resumed run may change the rank count)."""
+    by_rank: list[int] = []
+    for r in records:
+        for k, peak in enumerate(r.get("peak_bytes_by_rank", [r["peak_bytes"]])):
+            by_rank[k:k + 1] = [max(by_rank[k], peak)] if k < len(by_rank) else [peak]
+    return by_rank
+
+
 def run_summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, Any]:
     """run.json: totals over the step records, ``extra`` (status, eval, memory...), the config.
     ``peak_bytes_by_rank``: each rank's largest step peak (a resumed run may change the count)."""
@@ -15,10 +24,7 @@ def run_summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, A
     padded = sum(r["padded_tokens"] for r in records)
     seconds = sum(r["seconds"] for r in records)
     peaks = [r["peak_bytes"] for r in records]
-    by_rank: list[int] = []
-    for r in records:  # a resumed run may have changed its number of processes
-        for k, peak in enumerate(r.get("peak_bytes_by_rank", [r["peak_bytes"]])):
-            by_rank[k:k + 1] = [max(by_rank[k], peak)] if k < len(by_rank) else [peak]
+    by_rank = peaks_by_rank(records)
     return {
         "final_loss": records[-1]["loss"] if records else None,
         "real_tokens": real,
