@@ -275,11 +275,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     trad = {(r["question"], r["data"], r.get("seq_len") or r.get("resolution")): r
             for r in rows if r["mode"] == "traditional" and r.get("peak_bytes")}
     lines = [f"{'question':<8} {'data':<6} {'len':>5} {'mode':<30} {'batch':>5} {'peak MiB':>9} "
-             f"{'vs trad':>7} {'tok/s':>8} {'vs trad':>7} {'eval loss':>9} {'vs trad':>8}  source"]
+             f"{'vs trad':>7} {'tok|img/s':>9} {'vs trad':>7} {'eval loss':>9} {'vs trad':>8}  source"]
     for r in rows:
         size = r.get("seq_len") or r.get("resolution")
         t = trad.get((r["question"], r["data"], size), {})
-        peak, speed = r.get("peak_bytes"), r.get("real_tokens_per_s") or r.get("images_per_s")
+        images = r.get("seq_len") is None  # image rows: images/s with two decimals
+        speed_key = "images_per_s" if images else "real_tokens_per_s"
+        peak, speed = r.get("peak_bytes"), r.get(speed_key)
         loss = r.get("eval_loss")
 
         def ratio(a: float | None, b: float | None) -> str:
@@ -291,7 +293,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['question']:<8} {r['data']:<6} {size!s:>5} {r['mode']:<30} {r.get('batch_size')!s:>5} "
             f"{(peak or 0) / 2**20:>9.1f} {ratio(peak, t.get('peak_bytes')):>7} "
-            f"{f'{speed:.0f}' if speed else '-':>8} {ratio(speed, t.get('real_tokens_per_s')):>7} "
+            f"{f'{speed:.2f}' if images and speed else f'{speed:.0f}' if speed else '-':>9} "
+            f"{ratio(speed, t.get(speed_key)):>7} "
             f"{f'{loss:.4f}' if loss is not None else '-':>9} "
             f"{loss_vs:>8}"
             f"  {r.get('memory_source')}{status}")
