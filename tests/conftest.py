@@ -30,3 +30,27 @@ def small_corpus(tmp_path: Path) -> Path:
     path = tmp_path / "small.txt"
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
+
+
+
+def cmp_row(question, data, mode, n, peak, speed=None, status="ok"):
+    return {"question": question, "data": data, "mode": mode, "seq_len": n, "peak_bytes": peak,
+            "memory_source": "tracker", "real_tokens_per_s": speed, "status": status,
+            "eval_loss": 3.0, "batch_size": 8}
+
+
+# rows of a compare.json for the chart and Compare-tab tests
+COMPARE_ROWS = [cmp_row("memory", "full", "traditional", 512, 400 * 2**20),
+                cmp_row("memory", "full", "strong_baseline", 512, 300 * 2**20),
+                cmp_row("memory", "full", "optimized", 512, 100 * 2**20),
+                cmp_row("memory", "full", "ablation:sdpa", 512, 300 * 2**20),
+                cmp_row("memory", "full", "ablation:loss_chunk", 512, 250 * 2**20),
+                cmp_row("memory", "full", "traditional", 1024, None, status="oom"),
+                cmp_row("memory", "full", "optimized", 1024, 150 * 2**20),
+                cmp_row("speed", "full", "traditional", 512, 400 * 2**20, speed=100.0),
+                cmp_row("speed", "full", "optimized", 512, 390 * 2**20, speed=250.0)]
+
+
+@pytest.fixture()
+def compare_rows() -> list[dict]:
+    return [dict(r) for r in COMPARE_ROWS]

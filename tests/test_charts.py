@@ -56,25 +56,9 @@ def test_memory_timeline_prefers_the_cuda_allocator():
     assert "cuda_allocator" in fig.data[0].name and list(fig.data[0].y) == [2.0]
 
 
-def cmp_row(question, data, mode, n, peak, speed=None, status="ok"):
-    return {"question": question, "data": data, "mode": mode, "seq_len": n, "peak_bytes": peak,
-            "memory_source": "tracker", "real_tokens_per_s": speed, "status": status,
-            "eval_loss": 3.0, "batch_size": 8}
 
-
-COMPARE_ROWS = [cmp_row("memory", "full", "traditional", 512, 400 * 2**20),
-                cmp_row("memory", "full", "strong_baseline", 512, 300 * 2**20),
-                cmp_row("memory", "full", "optimized", 512, 100 * 2**20),
-                cmp_row("memory", "full", "ablation:sdpa", 512, 300 * 2**20),
-                cmp_row("memory", "full", "ablation:loss_chunk", 512, 250 * 2**20),
-                cmp_row("memory", "full", "traditional", 1024, None, status="oom"),
-                cmp_row("memory", "full", "optimized", 1024, 150 * 2**20),
-                cmp_row("speed", "full", "traditional", 512, 400 * 2**20, speed=100.0),
-                cmp_row("speed", "full", "optimized", 512, 390 * 2**20, speed=250.0)]
-
-
-def test_compare_bars_show_the_saving_and_oom():
-    fig = charts.compare_bars(COMPARE_ROWS, "memory", "full")
+def test_compare_bars_show_the_saving_and_oom(compare_rows):
+    fig = charts.compare_bars(compare_rows, "memory", "full")
     by = {t.name: t for t in fig.data}
     assert list(by) == ["traditional", "strong baseline", "optimized"]
     assert list(by["optimized"].x) == ["512", "1024"] and list(by["optimized"].y) == [100.0, 150.0]
@@ -82,19 +66,19 @@ def test_compare_bars_show_the_saving_and_oom():
     assert by["traditional"].text[1] == "OOM" and "tracker" in fig.layout.yaxis.title.text
 
 
-def test_ablation_waterfall_adds_up_to_optimized():
-    fig = charts.ablation_waterfall(COMPARE_ROWS, "full", 512)
+def test_ablation_waterfall_adds_up_to_optimized(compare_rows):
+    fig = charts.ablation_waterfall(compare_rows, "full", 512)
     wf = fig.data[0]
     assert list(wf.x) == ["traditional", "sdpa alone", "loss_chunk alone", "combined (interaction)",
                           "optimized"]
     assert list(wf.y)[:3] == [400.0, -100.0, -150.0]
     assert sum(list(wf.y)[:4]) == 100.0  # the bars land on optimized's peak
-    assert "no traditional row" in charts.ablation_waterfall(COMPARE_ROWS, "full", 1024).layout.title.text
+    assert "no traditional row" in charts.ablation_waterfall(compare_rows, "full", 1024).layout.title.text
 
 
-def test_speed_bars_and_self_contained_report(tmp_path):
-    fig = charts.speed_bars(COMPARE_ROWS, "full")
+def test_speed_bars_and_self_contained_report(tmp_path, compare_rows):
+    fig = charts.speed_bars(compare_rows, "full")
     by = {t.name: t for t in fig.data}
     assert list(by["optimized"].y) == [250.0] and by["optimized"].text[0] == "2.50x"
-    page = charts.write_compare_report(COMPARE_ROWS, tmp_path / "r.html").read_text()
+    page = charts.write_compare_report(compare_rows, tmp_path / "r.html").read_text()
     assert page.count("<script src=") == 0 and "Plotly" in page and "ablation: full 512" in page

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import torch
 from peft import LoraConfig, get_peft_model_state_dict
 
 from lora_gui.config import ASSETS, RunConfig
-from lora_gui.models.text import HUB_TIMEOUT_S, ModelError
+from lora_gui.models.text import ModelError, check_hub_id
 
 log = logging.getLogger(__name__)
 BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
@@ -94,24 +93,14 @@ def resolve_pipeline_source(name: str) -> str:
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelError(f"model: local directory {name} not found")
-    from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub import hf_hub_download
 
     try:
         hf_hub_download(name, "model_index.json", local_files_only=True)
         return name
     except Exception:  # not cached: ask the Hub below
         pass
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ModelError(f"model: '{name}' is not in the local cache and HF_HUB_OFFLINE=1 is set; "
-                         "use 'builtin' or a local pipeline folder")
-    try:
-        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
-    except RepositoryNotFoundError:
-        raise ModelError(f"model: '{name}' is not a Hugging Face model id (not found, or gated)") from None
-    except Exception as err:  # connection refused, DNS failure, timeout
-        raise ModelError(f"model: cannot reach the Hugging Face Hub to download '{name}' "
-                         f"({type(err).__name__}); offline? use 'builtin' or a local folder") from None
+    check_hub_id(name, "a local pipeline folder")
     return name
 
 

@@ -43,9 +43,17 @@ def resolve_model_source(name: str) -> str:
         return name
     except (OSError, ValueError):
         pass
+    check_hub_id(name, "a local directory")
+    return name
+
+
+def check_hub_id(name: str, local: str) -> None:
+    """Fails fast with a clear ModelError when ``name`` (not cached locally) cannot come from the
+    Hub: HF_HUB_OFFLINE set, an unknown id, or no network within HUB_TIMEOUT_S. ``local`` names
+    the local alternative in the messages."""
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelError(f"model: '{name}' is not in the local cache and HF_HUB_OFFLINE=1 is set; "
-                         "use 'builtin' or a local directory")
+                         f"use 'builtin' or {local}")
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -55,8 +63,7 @@ def resolve_model_source(name: str) -> str:
         raise ModelError(f"model: '{name}' is not a Hugging Face model id (not found, or gated)") from None
     except Exception as err:  # connection refused, DNS failure, timeout
         raise ModelError(f"model: cannot reach the Hugging Face Hub to download '{name}' "
-                         f"({type(err).__name__}); offline? use 'builtin' or a local directory") from None
-    return name
+                         f"({type(err).__name__}); offline? use 'builtin' or {local}") from None
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
