@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from lora_gui.engine.compare import CompareSettings, format_table, load_results, run_comparison
+from lora_gui.engine.compare.spec import CompareSettings, format_table, load_results, run_comparison
 from lora_gui.presets import load_config
 from lora_gui.ui.charts import write_compare_report
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from lora_gui.data.build_images import SIZES, build
-from lora_gui.engine.diffusion import train_image
+from lora_gui.engine.image.train import train_image
 from lora_gui.presets import load_config
 
 MODES = ("traditional", "optimized")

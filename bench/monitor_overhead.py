@@ -18,7 +18,7 @@ import torch
 from accelerate import Accelerator
 
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.text import load_text_data, run_step
+from lora_gui.engine.text.train import load_text_data, run_step
 from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.memory.tracker import StorageTracker
 from lora_gui.models import text as text_models

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from lora_gui.config import apply_overrides
-from lora_gui.engine.text import train_text
+from lora_gui.engine.text.train import train_text
 from lora_gui.presets import load_config
 
 MODES = {

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lora_gui.engine.text import train_text
+from lora_gui.engine.text.train import train_text
 from lora_gui.presets import load_config
 
 

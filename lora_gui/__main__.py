@@ -17,9 +17,9 @@ from pathlib import Path
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
-from lora_gui.engine.distributed import Dist
-from lora_gui.engine.fsdp import FsdpOutOfMemoryError
-from lora_gui.engine.rundir import RunDirError, load_run_config
+from lora_gui.engine.parallel.distributed import Dist
+from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
+from lora_gui.engine.core.rundir import RunDirError, load_run_config
 from lora_gui.models.text import ModelError
 from lora_gui.presets import load_config
 
@@ -30,7 +30,7 @@ def _stop_on_signals(stop) -> None:
     """First Ctrl-C / SIGTERM asks the loop to checkpoint and stop; a second one kills. Under a
     launcher (several processes) every rank gets the terminal's Ctrl-C and the launcher's forwarded
     signal at once, so the handler stays: the launcher's own kill timeout is the hard stop."""
-    from lora_gui.engine.distributed import launched_world_size
+    from lora_gui.engine.parallel.distributed import launched_world_size
 
     launched = launched_world_size() > 1
 
@@ -50,16 +50,16 @@ def _stop_on_signals(stop) -> None:
 def train_for(cfg):
     """The engine entry point of the run's task: train_text or train_image (same signature)."""
     if cfg.task == "image":
-        from lora_gui.engine.diffusion import train_image
+        from lora_gui.engine.image.train import train_image
 
         return train_image
-    from lora_gui.engine.text import train_text
+    from lora_gui.engine.text.train import train_text
 
     return train_text
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lora_gui.engine.text import TrainControl
+    from lora_gui.engine.text.train import TrainControl
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -167,8 +167,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Traditional vs optimized per length (text) or resolution (image): see engine/compare.py."""
-    from lora_gui.engine.compare import CompareSettings, format_table, run_comparison
+    """Traditional vs optimized per length (text) or resolution (image): see engine/compare/."""
+    from lora_gui.engine.compare.spec import CompareSettings, format_table, run_comparison
 
     if bool(args.seq_lens) == bool(args.resolutions):
         raise ConfigError("compare: give --seq-lens (text) or --resolutions (image), not both")
@@ -176,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _stop_on_signals(stop)
     if args.resolutions:
-        from lora_gui.engine.compare_image import run_image_comparison
+        from lora_gui.engine.compare.image_rows import run_image_comparison
 
         result = run_image_comparison(cfg, _int_list(args.resolutions, "--resolutions"), args.steps,
                                       Path(args.out), overwrite=args.overwrite, stop=stop,

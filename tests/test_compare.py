@@ -9,9 +9,9 @@ from lora_gui.__main__ import main
 from lora_gui.config import ConfigError, apply_overrides
 from lora_gui.data.text import load_documents
 from lora_gui.engine import compare
-from lora_gui.engine.compare import ABLATIONS, CompareSettings, load_results, mode_overrides, run_comparison
-from lora_gui.engine.compare_data import prepare_data
-from lora_gui.engine.text import load_text_data
+from lora_gui.engine.compare.spec import ABLATIONS, CompareSettings, load_results, mode_overrides, run_comparison
+from lora_gui.engine.compare.data import prepare_data
+from lora_gui.engine.text.train import load_text_data
 from lora_gui.models.text import load_tokenizer
 from lora_gui.presets import load_config
 
@@ -134,7 +134,7 @@ def test_compare_engine_never_imports_gradio():
     import subprocess
     import sys
 
-    code = ("import sys, lora_gui.engine.compare, lora_gui.engine.compare_rows, "
-            "lora_gui.engine.compare_image, lora_gui.ui.charts; print('gradio' in sys.modules)")
+    code = ("import sys, lora_gui.engine.compare.spec, lora_gui.engine.compare.text_rows, "
+            "lora_gui.engine.compare.image_rows, lora_gui.ui.charts; print('gradio' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.stdout.strip() == "False", res.stderr

@@ -6,7 +6,7 @@ import pytest
 
 from lora_gui.__main__ import main
 from lora_gui.data.build_images import build
-from lora_gui.engine.compare_image import IMAGE_ABLATIONS, image_modes, image_overrides
+from lora_gui.engine.compare.image_rows import IMAGE_ABLATIONS, image_modes, image_overrides
 
 FIELDS = {"question", "data", "mode", "resolution", "batch_size", "peak_bytes", "memory_source",
           "predicted_peak_bytes", "images_per_s", "final_loss", "eval_loss"}

@@ -128,7 +128,7 @@ def test_disk_and_ram_caches_give_the_same_inputs(tmp_path):
     import torch
 
     from lora_gui.data.build_images import build
-    from lora_gui.engine.image_inputs import InputSource
+    from lora_gui.engine.image.inputs import InputSource
     from lora_gui.models.diffusion import load_image_model, resolve_pipeline_source
 
     items = images.load_image_folder(build(tmp_path / "pics", count=2)[0].parent)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lora_gui.data.build_images import build
-from lora_gui.engine.diffusion import train_image
+from lora_gui.engine.image.train import train_image
 from lora_gui.models.build_diffusion import SCHEDULER, VAE, build_tokenizer
 from lora_gui.models.diffusion import load_pipeline
 from lora_gui.presets import load_config

@@ -16,9 +16,9 @@ from peft import PeftModel
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step
 from lora_gui.engine import checkpoint as ckpt
-from lora_gui.engine.records import read_records
-from lora_gui.engine.rundir import RunDirError
-from lora_gui.engine.text import TrainControl, load_text_data, run_step, train_text
+from lora_gui.engine.core.records import read_records
+from lora_gui.engine.core.rundir import RunDirError
+from lora_gui.engine.text.train import TrainControl, load_text_data, run_step, train_text
 from lora_gui.models import text as text_models
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from accelerate import Accelerator
 
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.text import load_text_data, run_step
+from lora_gui.engine.text.train import load_text_data, run_step
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.tracker import StorageTracker
 from lora_gui.models import text as text_models
@@ -80,7 +80,7 @@ def test_run_that_cannot_fit_stops_cleanly_with_a_checkpoint(tmp_path, small_cor
     import json
 
     from lora_gui.engine import checkpoint as ckpt
-    from lora_gui.engine.text import train_text
+    from lora_gui.engine.text.train import train_text
 
     cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 64, "budget_gb": 0.001,
                                         "max_steps": 3})

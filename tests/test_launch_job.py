@@ -6,9 +6,9 @@ import time
 import pytest
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.distributed import STOP_FILE
+from lora_gui.engine.parallel.distributed import STOP_FILE
 from lora_gui.engine.jobs import JobManager
-from lora_gui.engine.text import TrainControl, train_text
+from lora_gui.engine.text.train import TrainControl, train_text
 from lora_gui.ui import charts, handlers
 
 SMALL = {"max_seq_len": 64, "batch_size": 4, "lr": 5e-3, "eval_fraction": 0.1, "warmup_steps": 1,

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine import distributed, fsdp
-from lora_gui.engine.records import read_records
-from lora_gui.engine.text import train_text
+from lora_gui.engine.core.records import read_records
+from lora_gui.engine.text.train import train_text
 from lora_gui.memory.estimate import estimate_text_step
 from lora_gui.memory.model_configs import load_model_config
 from lora_gui.memory.parallel import Parallel, per_gpu

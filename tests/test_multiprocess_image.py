@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from lora_gui.config import ConfigError
 from lora_gui.data.build_images import build
 from lora_gui.engine import distributed
-from lora_gui.engine.diffusion import epoch_plan, load_image_data, train_image
-from lora_gui.engine.records import read_records
+from lora_gui.engine.image.train import epoch_plan, load_image_data, train_image
+from lora_gui.engine.core.records import read_records
 from lora_gui.presets import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from lora_gui.config import BUILTIN_MODEL_DIR, ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.checkpoint import latest_checkpoint, read_checkpoint
-from lora_gui.engine.resume import check_adapter, check_sampler
-from lora_gui.engine.text import train_text
+from lora_gui.engine.core.checkpoint import latest_checkpoint, read_checkpoint
+from lora_gui.engine.core.resume import check_adapter, check_sampler
+from lora_gui.engine.text.train import train_text
 from lora_gui.models import text as text_models
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.text import train_text
+from lora_gui.engine.text.train import train_text
 from lora_gui.models.text import ModelError
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.text import TrainControl, train_text
+from lora_gui.engine.text.train import TrainControl, train_text
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class JobManager:
         try:
             train = train_text
             if job.cfg.task == "image":
-                from lora_gui.engine.diffusion import train_image as train
+                from lora_gui.engine.image.train import train_image as train
             job.summary = train(job.cfg, job.out, resume=resume, overwrite=overwrite,
                                 control=job.control, progress=False)
             job.status = job.summary["status"]
@@ -139,7 +139,7 @@ class JobManager:
             job.phases.append(("done", time.time()))
 
     def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
-        from lora_gui.engine.launch import run_launched
+        from lora_gui.engine.parallel.launch import run_launched
 
         try:
             run_launched(job, processes, resume, overwrite, job.out.parent / ".launch")

@@ -1,7 +1,7 @@
 """Per-GPU memory of a data-parallel run (source: predicted), from a one-GPU prediction.
 
 Data parallel across N processes (``accelerate launch --num_processes N``), as the engine runs it
-(:mod:`lora_gui.engine.distributed`, :mod:`lora_gui.engine.fsdp`):
+(:mod:`lora_gui.engine.parallel.distributed`, :mod:`lora_gui.engine.parallel.fsdp`):
 
 - **DDP** (replicated): every GPU holds the whole model, so the per-GPU peak of a micro-batch is
   the one-GPU peak. N GPUs give N times the global batch at the same micro-batch. The LoRA

@@ -256,7 +256,7 @@ def compare_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
 def write_compare_report(rows: list[dict[str, Any]], path: Path, title: str = "lora_gui compare") -> Path:
     """A self-contained HTML page (plotly.js embedded: works offline) with every figure and the
     rows as a table; written atomically."""
-    from lora_gui.engine.checkpoint import write_atomic
+    from lora_gui.engine.core.checkpoint import write_atomic
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"

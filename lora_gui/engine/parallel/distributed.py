@@ -17,7 +17,7 @@ A run started by ``accelerate launch --num_processes N -m lora_gui train ...`` h
 
 With one process nothing here calls torch.distributed, so the single-process path is unchanged.
 
-A loop uses it like this (engine/text.py does; the image loop needs the same few lines)::
+A loop uses it like this (engine/text/train.py does; the image loop needs the same few lines)::
 
     dist = Dist.from_env()                                  # before anything is written
     dist.on_main(lambda: prepare_run_dir(out, ...))         # folder decisions: main, broadcast

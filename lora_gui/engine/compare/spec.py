@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.engine.checkpoint import write_atomic
+from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.memory.meter import GB
 
 log = logging.getLogger(__name__)
@@ -249,11 +249,11 @@ def run_comparison(base: RunConfig, settings: CompareSettings, out: str | Path, 
     cmp = Comparison(base, settings, Path(out), stop or threading.Event(), on_row, progress)
     cmp.rows = _resume_rows(cmp.out, cmp.saved_settings(), overwrite)
     if settings.measure == "predicted":
-        from lora_gui.engine.compare_rows import predicted_rows
+        from lora_gui.engine.compare.text_rows import predicted_rows
 
         predicted_rows(cmp)
     else:
-        from lora_gui.engine.compare_rows import measured_rows
+        from lora_gui.engine.compare.text_rows import measured_rows
 
         measured_rows(cmp)
     write_results(cmp.out, cmp.saved_settings(), cmp.rows)

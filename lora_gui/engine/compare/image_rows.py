@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.compare import CompareSettings, Comparison, _resume_rows, budget_gb, write_results
+from lora_gui.engine.compare.spec import CompareSettings, Comparison, _resume_rows, budget_gb, write_results
 from lora_gui.memory.meter import GB
 
 SPEED_HEADROOM = 1.05  # default speed budget: traditional's measured peak at batch_size + 5%
@@ -65,14 +65,14 @@ def image_overrides(mode: str, question: str) -> dict[str, Any]:
 
 
 def _train_image():
-    from lora_gui.engine.diffusion import train_image
+    from lora_gui.engine.image.train import train_image
 
     return train_image
 
 
 def _row(cmp: Comparison, question: str, mode: str, res: int, budget: int | None) -> dict[str, Any] | None:
     """Trains one row; None when the comparison was stopped meanwhile."""
-    from lora_gui.engine.text import TrainControl
+    from lora_gui.engine.text.train import TrainControl
 
     base = cmp.base
     cfg = apply_overrides(base, {**image_overrides(mode, question), "resolution": res,

@@ -34,9 +34,9 @@ from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
-from lora_gui.engine import fsdp
-from lora_gui.engine.checkpoint import lora_state_dict, restore_training_state, save_checkpoint, write_atomic
-from lora_gui.engine.distributed import (
+from lora_gui.engine.parallel import fsdp
+from lora_gui.engine.core.checkpoint import lora_state_dict, restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.parallel.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
     STOP_FILE,
@@ -51,12 +51,12 @@ from lora_gui.engine.distributed import (
     rank_peaks,
     stop_agreed,
 )
-from lora_gui.engine.fsdp import FsdpOutOfMemoryError
-from lora_gui.engine.precision import choose_precision
-from lora_gui.engine.records import RecordLog
-from lora_gui.engine.resume import read_resume_checkpoint, sampler_state
-from lora_gui.engine.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.summary import memory_report, run_summary
+from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
+from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.records import RecordLog
+from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
+from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.monitor import MemoryMonitor

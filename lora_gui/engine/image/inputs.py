@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from lora_gui.config import RunConfig
 from lora_gui.data.images import ImageItem, load_pixels
-from lora_gui.engine.distributed import Dist
+from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.memory.guard import free_memory
 from lora_gui.memory.meter import PeakMeter
 from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids

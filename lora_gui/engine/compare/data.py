@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.text import Document, load_documents, split_documents, tokenize_documents
-from lora_gui.engine.checkpoint import write_atomic
+from lora_gui.engine.core.checkpoint import write_atomic
 
 DATA_KINDS = ("corpus", "full")
 

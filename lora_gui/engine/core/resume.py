@@ -18,7 +18,7 @@ from typing import Any
 from peft import get_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.engine.checkpoint import latest_checkpoint, read_checkpoint
+from lora_gui.engine.core.checkpoint import latest_checkpoint, read_checkpoint
 
 ORDER_KEYS = ("seed", "batch_size", "batching", "max_seq_len", "pad_multiple", "train_samples",
               "data_fingerprint")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.summary import memory_report, peaks_by_rank
+from lora_gui.engine.core.summary import memory_report, peaks_by_rank
 from lora_gui.models import diffusion as dm
 
 

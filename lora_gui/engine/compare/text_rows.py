@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.text import DataError
-from lora_gui.engine.compare import (
+from lora_gui.engine.compare.spec import (
     MAX_SPEED_BATCH,
     SPEED_BUDGET_HEADROOM,
     Comparison,
@@ -23,7 +23,7 @@ from lora_gui.engine.compare import (
     mode_overrides,
     modes_for,
 )
-from lora_gui.engine.compare_data import CompareData, data_stats, prepare_data
+from lora_gui.engine.compare.data import CompareData, data_stats, prepare_data
 from lora_gui.memory.meter import GB
 from lora_gui.models.text import ModelError
 
@@ -135,7 +135,7 @@ def _base_row(spec: RowSpec, batch: int, cfg: RunConfig, measure: str) -> dict[s
 def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, precision: str | None,
              device: str) -> dict[str, Any] | None:
     """Trains one row through train_text; None when the comparison was stopped meanwhile."""
-    from lora_gui.engine.text import TrainControl, train_text
+    from lora_gui.engine.text.train import TrainControl, train_text
 
     extra = {"precision": precision} if precision else {}
     cfg = apply_overrides(cmp.base, {

@@ -5,7 +5,7 @@ would (``accelerate launch --multi_gpu --num_processes N -m lora_gui train ...``
 the run folder the main process writes: metrics.jsonl, events.jsonl and memory.jsonl (one
 sample a second per rank, labelled ``rank``) feed the job's records, and run.json ends it. A
 stop request writes ``RUN/STOP``, which the main process reads after each step and every rank
-obeys at the same step (:func:`lora_gui.engine.distributed.stop_agreed`).
+obeys at the same step (:func:`lora_gui.engine.parallel.distributed.stop_agreed`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from lora_gui.config import diff_from_defaults
-from lora_gui.engine.distributed import STOP_FILE
-from lora_gui.engine.rundir import prepare_run_dir
+from lora_gui.engine.parallel.distributed import STOP_FILE
+from lora_gui.engine.core.rundir import prepare_run_dir
 
 POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from

@@ -1,7 +1,7 @@
 """The image training loop: LoRA on a diffusion model's UNet, per-bucket micro-batches with
 image-weighted gradient accumulation, per-step peak memory, atomic checkpoints, resume, samples.
 
-A second readable loop next to :mod:`lora_gui.engine.text`, sharing its leaf helpers (run folder,
+A second readable loop next to :mod:`lora_gui.engine.text.train`, sharing its leaf helpers (run folder,
 checkpoints, records, peak meter, out-of-memory guard, monitor, planner). Each memory switch is
 one setting whose 'auto' follows ``mode`` (see :mod:`lora_gui.config`): ``cache_latents``,
 ``aspect_buckets``, ``attn_backend``, ``image_batch``, ``gradient_checkpointing``.
@@ -10,7 +10,7 @@ Loss normalisation: each micro-batch's summed per-image MSE is divided by the nu
 in the whole optimizer step, so the gradient is the same however the step is cut.
 Several processes (``accelerate launch``): each global step is dealt to the ranks and the
 loss divided by the step's global image count, so N processes train what one process trains with
-the same global batch (see :mod:`lora_gui.engine.image_ranks`); the main process alone writes the
+the same global batch (see :mod:`lora_gui.engine.image.ranks`); the main process alone writes the
 run folder and makes the samples. Resolution is sequence length here: a bucket of W x H px is
 (W/8) x (H/8) latent tokens, the key the planner's caps and the guard use.
 """
@@ -41,8 +41,8 @@ from transformers import get_cosine_schedule_with_warmup
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data import images as image_data
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.checkpoint import restore_training_state, save_checkpoint, write_atomic
-from lora_gui.engine.distributed import (
+from lora_gui.engine.core.checkpoint import restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.parallel.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
     STOP_FILE,
@@ -54,8 +54,8 @@ from lora_gui.engine.distributed import (
     injected_oom,
     stop_agreed,
 )
-from lora_gui.engine.image_inputs import InputSource, build_inputs, eval_loss, unet_loss
-from lora_gui.engine.image_ranks import (
+from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
+from lora_gui.engine.image.ranks import (
     image_noise,
     image_sampler_state,
     prepare_image,
@@ -63,13 +63,13 @@ from lora_gui.engine.image_ranks import (
     refuse_fsdp,
     zero_missing_grads,
 )
-from lora_gui.engine.image_samples import generate_samples, sample_prompts
-from lora_gui.engine.image_summary import image_summary
-from lora_gui.engine.precision import choose_precision
-from lora_gui.engine.records import RecordLog
-from lora_gui.engine.resume import read_resume_checkpoint
-from lora_gui.engine.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.text import TrainControl
+from lora_gui.engine.image.samples import generate_samples, sample_prompts
+from lora_gui.engine.image.summary import image_summary
+from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.records import RecordLog
+from lora_gui.engine.core.resume import read_resume_checkpoint
+from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.text.train import TrainControl
 from lora_gui.memory.guard import (
     BatchCaps,
     MicroBatchOutOfMemory,

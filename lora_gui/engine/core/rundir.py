@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.checkpoint import write_atomic
+from lora_gui.engine.core.checkpoint import write_atomic
 
 RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "memory.jsonl", "run.json",
              "config.json")
