@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench
+.PHONY: run test quick lint bench
 
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ lint: $(VENV)/.test
 
 test: $(VENV)/.test lint
 	$(PY) -m pytest tests -q --durations=10
+
+# the inner loop: everything but the slow and integration tests (launches, browser)
+quick: $(VENV)/.test lint
+	$(PY) -m pytest tests -q -m "not slow and not integration"
 
 bench: $(VENV)/.runtime
 	$(PY) -m bench.text_memory

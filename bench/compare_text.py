@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from lora_gui.engine.compare.spec import CompareSettings, format_table, load_results, run_comparison
+from lora_gui.engine.compare.results import load_results
+from lora_gui.engine.compare.spec import CompareSettings, format_table
+from lora_gui.engine.compare.text_rows import run_comparison
 from lora_gui.presets import load_config
 from lora_gui.ui.charts import write_compare_report
 

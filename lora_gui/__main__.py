@@ -17,9 +17,9 @@ from pathlib import Path
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
+from lora_gui.engine.core.rundir import RunDirError, load_run_config
 from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
-from lora_gui.engine.core.rundir import RunDirError, load_run_config
 from lora_gui.models.text import ModelError
 from lora_gui.presets import load_config
 
@@ -47,19 +47,9 @@ def _stop_on_signals(stop) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def train_for(cfg):
-    """The engine entry point of the run's task: train_text or train_image (same signature)."""
-    if cfg.task == "image":
-        from lora_gui.engine.image.train import train_image
-
-        return train_image
-    from lora_gui.engine.text.train import train_text
-
-    return train_text
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from lora_gui.engine.text.train import TrainControl
+    from lora_gui.engine import train
+    from lora_gui.engine.core.control import TrainControl
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -74,7 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.preset, overrides)
     control = TrainControl()
     _stop_on_signals(control.stop)
-    summary = train_for(cfg)(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
+    summary = train(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
                              control=control, progress=not args.quiet)
     dist = Dist.from_env()  # the launch's process group (joined by the engine), or one process
     if dist.is_main:  # one summary per launch, not one per process
@@ -168,7 +158,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Traditional vs optimized per length (text) or resolution (image): see engine/compare/."""
-    from lora_gui.engine.compare.spec import CompareSettings, format_table, run_comparison
+    from lora_gui.engine.compare.spec import CompareSettings, format_table
+    from lora_gui.engine.compare.text_rows import run_comparison
 
     if bool(args.seq_lens) == bool(args.resolutions):
         raise ConfigError("compare: give --seq-lens (text) or --resolutions (image), not both")

@@ -1,0 +1,31 @@
+"""The training engine: one core (engine/core) under one loop per task (engine/text,
+engine/image), comparisons (engine/compare), several processes (engine/parallel) and the
+dashboard's background job (engine/jobs.py). :func:`train` is the one entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lora_gui.config import RunConfig
+    from lora_gui.engine.core.control import TrainControl
+
+
+def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
+          control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
+    """Trains the run's task (``cfg.task``: text or image) into ``out``; returns run.json's summary.
+
+    Args:
+        cfg: validated settings (for a resume, the run's saved config).
+        out: the run folder.
+        resume: continue from the newest checkpoint in ``out``.
+        overwrite: replace a run that ``out`` already holds.
+        control: stop request and listeners (the dashboard's job and compare rows use it).
+        progress: show a progress bar.
+    """
+    if cfg.task == "image":
+        from lora_gui.engine.image.train import train_image as train_task
+    else:
+        from lora_gui.engine.text.train import train_text as train_task
+    return train_task(cfg, out, resume=resume, overwrite=overwrite, control=control, progress=progress)

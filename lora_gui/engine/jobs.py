@@ -1,6 +1,6 @@
 """One background training job at a time, for the UI: start, stop, re-attach, events.
 
-The job runs the same ``train_text`` / ``train_image`` as the CLI in a worker thread (torch
+The job runs the same :func:`lora_gui.engine.train` as the CLI in a worker thread (torch
 releases the GIL in its kernels, so the page stays responsive). The UI only reads: ``snapshot()`` returns the
 records so far; the engine never calls the UI.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.text.train import TrainControl, train_text
+from lora_gui.engine import train
+from lora_gui.engine.core.control import TrainControl
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +124,6 @@ class JobManager:
 
     def _run(self, job: Job, resume: bool, overwrite: bool) -> None:
         try:
-            train = train_text
-            if job.cfg.task == "image":
-                from lora_gui.engine.image.train import train_image as train
             job.summary = train(job.cfg, job.out, resume=resume, overwrite=overwrite,
                                 control=job.control, progress=False)
             job.status = job.summary["status"]

@@ -11,8 +11,8 @@ import torch
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
-from lora_gui.engine.jobs import JobBusyError, JobManager
 from lora_gui.engine.core.rundir import RunDirError, load_run_config
+from lora_gui.engine.jobs import JobBusyError, JobManager
 from lora_gui.memory.meter import GB
 from lora_gui.models.text import ModelError
 from lora_gui.presets import list_presets, load_config
@@ -394,7 +394,7 @@ def _compare_table(rows: list[dict[str, Any]]) -> list[list[Any]]:
 
 def load_compare(path: str, data: str = "corpus", size: str | None = None) -> tuple:
     """Figures and table from a compare.json: (message, memory bars, speed bars, waterfall, table)."""
-    from lora_gui.engine.compare.spec import load_results
+    from lora_gui.engine.compare.results import load_results
 
     try:
         rows = load_results(Path(path or "runs/cmp"))["rows"]
@@ -421,7 +421,8 @@ def start_compare(preset: str, seq_lens: str, steps: float, out: str) -> str:
     """Runs `compare` in a background thread (one at a time, never beside a training job)."""
     import threading
 
-    from lora_gui.engine.compare.spec import CompareSettings, run_comparison
+    from lora_gui.engine.compare.spec import CompareSettings
+    from lora_gui.engine.compare.text_rows import run_comparison
 
     if _COMPARE["thread"] is not None and _COMPARE["thread"].is_alive():
         return f"Error: a comparison is already running (into {_COMPARE['out']})"

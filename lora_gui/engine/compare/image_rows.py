@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine.compare.spec import CompareSettings, Comparison, _resume_rows, budget_gb, write_results
+from lora_gui.engine.compare.results import Comparison, resume_rows, write_results
+from lora_gui.engine.compare.spec import CompareSettings, budget_gb
 from lora_gui.memory.meter import GB
 
 SPEED_HEADROOM = 1.05  # default speed budget: traditional's measured peak at batch_size + 5%
@@ -64,15 +65,10 @@ def image_overrides(mode: str, question: str) -> dict[str, Any]:
     return over
 
 
-def _train_image():
-    from lora_gui.engine.image.train import train_image
-
-    return train_image
-
-
 def _row(cmp: Comparison, question: str, mode: str, res: int, budget: int | None) -> dict[str, Any] | None:
     """Trains one row; None when the comparison was stopped meanwhile."""
-    from lora_gui.engine.text.train import TrainControl
+    from lora_gui.engine import train
+    from lora_gui.engine.core.control import TrainControl
 
     base = cmp.base
     cfg = apply_overrides(base, {**image_overrides(mode, question), "resolution": res,
@@ -91,7 +87,7 @@ def _row(cmp: Comparison, question: str, mode: str, res: int, budget: int | None
     row = {"question": question, "data": "images", "mode": mode, "seq_len": None, "resolution": res,
            "status": "ok", "message": "", "batch_size": cfg.batch_size, "budget_bytes": budget,
            "measure": "measured", "switches": {k: getattr(cfg, k) for k in SWITCHES}}
-    s = _train_image()(cfg, cmp.out / "runs" / f"{question}-images-{res}-{mode.replace(':', '-')}",
+    s = train(cfg, cmp.out / "runs" / f"{question}-images-{res}-{mode.replace(':', '-')}",
                        overwrite=True, control=control, progress=False)
     if cmp.stop.is_set() and s["status"] == "stopped":
         return None
@@ -119,7 +115,7 @@ def run_image_comparison(base: RunConfig, resolutions: list[int], steps: int, ou
     settings = CompareSettings(seq_lens=list(resolutions), steps=steps, questions=list(questions),
                                data_kinds=["images"], ablations=ablations)
     cmp = Comparison(base, settings, Path(out), stop or threading.Event(), progress=progress)
-    cmp.rows = _resume_rows(cmp.out, cmp.saved_settings(), overwrite)
+    cmp.rows = resume_rows(cmp.out, cmp.saved_settings(), overwrite)
     for res in resolutions:
         for question in settings.questions:
             budget = None

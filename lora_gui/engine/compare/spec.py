@@ -25,7 +25,7 @@ Two questions, labelled in every row:
   The figure is real (non-padding) tokens/s over the steps after the first (the first carries
   one-off kernel-selection and allocation costs; ``real_tokens_per_s_all_steps`` keeps them).
 
-and two kinds of data (``corpus`` / ``full``, see :mod:`compare_data`). Rows are written to
+and two kinds of data (``corpus`` / ``full``, see :mod:`lora_gui.engine.compare.data`). Rows are written to
 ``compare.json`` and ``compare.csv`` atomically after each one, so an interrupted comparison
 resumes from the rows already written. A row that runs out of its budget is recorded as
 ``OOM at batch N`` with the predicted need, and the comparison goes on.
@@ -33,18 +33,12 @@ resumes from the rows already written. A row that runs out of its budget is reco
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.memory.meter import GB
 
 log = logging.getLogger(__name__)
@@ -154,110 +148,6 @@ def modes_for(question: str, ablations: bool) -> list[str]:
     if question == "memory" and ablations:
         names += [f"ablation:{a}" for a in ABLATIONS]
     return names
-
-
-# -- files ------------------------------------------------------------------------------------
-def _csv_text(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-    return buf.getvalue()
-
-
-def write_results(out: Path, settings: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """compare.json (settings + rows) and compare.csv, each replaced atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "compare.json", json.dumps({"settings": settings, "rows": rows}, indent=1))
-    write_atomic(out / "compare.csv", _csv_text(rows))
-
-
-def load_results(path: Path) -> dict[str, Any]:
-    """Reads a compare.json (or the compare.json in a folder); errors name the file."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "compare.json"
-    if not path.is_file():
-        raise ConfigError(f"{path}: no compare.json here (run `python -m lora_gui compare`)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not a compare.json ({err})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise ConfigError(f"{path}: expected an object with a 'rows' list")
-    return data
-
-
-def _resume_rows(out: Path, settings: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
-    path = out / "compare.json"
-    if overwrite or not path.is_file():
-        return []
-    saved = load_results(path)
-    if saved.get("settings") != settings:
-        raise ConfigError(f"{path}: holds a comparison with other settings; pass --overwrite to "
-                          "replace it or choose another --out")
-    return saved["rows"]
-
-
-# -- the runner ---------------------------------------------------------------------------------
-@dataclass
-class Comparison:
-    """State of one comparison while it runs: settings, rows so far, where they go."""
-
-    base: RunConfig
-    settings: CompareSettings
-    out: Path
-    stop: threading.Event = field(default_factory=threading.Event)
-    on_row: Callable[[dict[str, Any]], None] | None = None
-    progress: bool = False
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    def saved_settings(self) -> dict[str, Any]:
-        return {**self.settings.__dict__, "config": self.base.to_dict()}
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows = [r for r in self.rows if row_key(r) != row_key(row)] + [row]
-        write_results(self.out, self.saved_settings(), self.rows)
-        if self.on_row:
-            self.on_row(row)
-
-    def done(self) -> set[str]:
-        return {row_key(r) for r in self.rows}
-
-
-def run_comparison(base: RunConfig, settings: CompareSettings, out: str | Path, *,
-                   overwrite: bool = False, stop: threading.Event | None = None,
-                   on_row: Callable[[dict[str, Any]], None] | None = None,
-                   progress: bool = False) -> dict[str, Any]:
-    """Fills (or resumes) ``out/compare.json`` and ``compare.csv``; returns {settings, rows}.
-
-    Args:
-        base: the run settings every row starts from (preset + --set); each mode overrides only
-            its switches, the length, the data file and the batch.
-        settings: lengths, steps, questions, data kinds, ablations, measured or predicted.
-        out: output folder (compare.json, compare.csv, data/, runs/).
-        overwrite: start again instead of resuming rows already in out/compare.json.
-        stop: set it to stop after the row in progress (rows written so far are kept).
-        on_row: called with every new row.
-    """
-    if settings.measure == "predicted":  # the planner knows shapes, not documents or speed
-        settings.questions, settings.data_kinds = ["memory"], ["full"]
-    settings.validate()
-    if base.task != "text":
-        raise ConfigError(f"task: compare --seq-lens runs text presets; {base.task!r} needs --resolutions")
-    cmp = Comparison(base, settings, Path(out), stop or threading.Event(), on_row, progress)
-    cmp.rows = _resume_rows(cmp.out, cmp.saved_settings(), overwrite)
-    if settings.measure == "predicted":
-        from lora_gui.engine.compare.text_rows import predicted_rows
-
-        predicted_rows(cmp)
-    else:
-        from lora_gui.engine.compare.text_rows import measured_rows
-
-        measured_rows(cmp)
-    write_results(cmp.out, cmp.saved_settings(), cmp.rows)
-    return {"settings": cmp.saved_settings(), "rows": cmp.rows}
 
 
 def iter_specs(settings: CompareSettings) -> Iterator[tuple[str, str, int, str]]:

@@ -1,10 +1,12 @@
-"""Filling the rows of a comparison: real runs through train_text, or the planner alone."""
+"""A text comparison: its rows filled by real runs through the engine, or by the planner alone."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +15,18 @@ from tqdm.auto import tqdm
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.text import DataError
+from lora_gui.engine.compare.data import CompareData, data_stats, prepare_data
+from lora_gui.engine.compare.results import Comparison, resume_rows, write_results
 from lora_gui.engine.compare.spec import (
     MAX_SPEED_BATCH,
     SPEED_BUDGET_HEADROOM,
-    Comparison,
+    CompareSettings,
     RowSpec,
     budget_gb,
     iter_specs,
     mode_overrides,
     modes_for,
 )
-from lora_gui.engine.compare.data import CompareData, data_stats, prepare_data
 from lora_gui.memory.meter import GB
 from lora_gui.models.text import ModelError
 
@@ -135,7 +138,8 @@ def _base_row(spec: RowSpec, batch: int, cfg: RunConfig, measure: str) -> dict[s
 def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, precision: str | None,
              device: str) -> dict[str, Any] | None:
     """Trains one row through train_text; None when the comparison was stopped meanwhile."""
-    from lora_gui.engine.text.train import TrainControl, train_text
+    from lora_gui.engine import train
+    from lora_gui.engine.core.control import TrainControl
 
     extra = {"precision": precision} if precision else {}
     cfg = apply_overrides(cmp.base, {
@@ -159,7 +163,7 @@ def _run_row(cmp: Comparison, spec: RowSpec, batch: int, data: CompareData, prec
     control.on_event, control.on_record = on_event, on_record
     folder = cmp.out / "runs" / spec.folder
     try:
-        summary = train_text(cfg, folder, overwrite=True, control=control, progress=False)
+        summary = train(cfg, folder, overwrite=True, control=control, progress=False)
     except (ConfigError, DataError, ModelError) as err:
         return {**row, "status": "error", "message": str(err)}
     if cmp.stop.is_set() and summary["status"] == "stopped":
@@ -242,3 +246,33 @@ def predicted_rows(cmp: Comparison) -> None:
             cmp.add({**row, "micro_batch": step.info.get("batch_size"), "peak_bytes": step.peak_bytes,
                      "predicted_peak_bytes": step.peak_bytes, "memory_source": "predicted",
                      "device": device, "breakdown": step.breakdown})
+
+
+def run_comparison(base: RunConfig, settings: CompareSettings, out: str | Path, *,
+                   overwrite: bool = False, stop: threading.Event | None = None,
+                   on_row: Callable[[dict[str, Any]], None] | None = None,
+                   progress: bool = False) -> dict[str, Any]:
+    """Fills (or resumes) ``out/compare.json`` and ``compare.csv``; returns {settings, rows}.
+
+    Args:
+        base: the run settings every row starts from (preset + --set); each mode overrides only
+            its switches, the length, the data file and the batch.
+        settings: lengths, steps, questions, data kinds, ablations, measured or predicted.
+        out: output folder (compare.json, compare.csv, data/, runs/).
+        overwrite: start again instead of resuming rows already in out/compare.json.
+        stop: set it to stop after the row in progress (rows written so far are kept).
+        on_row: called with every new row.
+    """
+    if settings.measure == "predicted":  # the planner knows shapes, not documents or speed
+        settings.questions, settings.data_kinds = ["memory"], ["full"]
+    settings.validate()
+    if base.task != "text":
+        raise ConfigError(f"task: compare --seq-lens runs text presets; {base.task!r} needs --resolutions")
+    cmp = Comparison(base, settings, Path(out), stop or threading.Event(), on_row, progress)
+    cmp.rows = resume_rows(cmp.out, cmp.saved_settings(), overwrite)
+    if settings.measure == "predicted":
+        predicted_rows(cmp)
+    else:
+        measured_rows(cmp)
+    write_results(cmp.out, cmp.saved_settings(), cmp.rows)
+    return {"settings": cmp.saved_settings(), "rows": cmp.rows}

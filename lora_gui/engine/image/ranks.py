@@ -28,9 +28,9 @@ from accelerate.utils import DistributedType
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step
 from lora_gui.data.shard import split_step
+from lora_gui.engine.core.resume import sampler_state
 from lora_gui.engine.parallel import fsdp
 from lora_gui.engine.parallel.distributed import Dist, enable_autocast
-from lora_gui.engine.core.resume import sampler_state
 
 FSDP_MESSAGE = ("fsdp: image runs (task=image) do not support FSDP yet; launch them with the "
                 "data-parallel config (presets/accelerate/multi-gpu.yaml): the UNet's frozen weights "
@@ -73,12 +73,6 @@ def image_noise(seed: int, step: int, indices: tuple[int, ...], latent_shape: to
     return torch.stack(noises).to(device), torch.cat(timesteps).to(device)
 
 
-def zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
-    """Zero gradients where a rank trained nothing this step, so every rank all-reduces the same
-    tensors (after the sum every parameter holds the global gradient, as with one process)."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
 
 
 def prepare_image(accelerator: Accelerator, dist: Dist, unet, optimizer, scheduler):

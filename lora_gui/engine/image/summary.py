@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.summary import memory_report, peaks_by_rank
 from lora_gui.models import diffusion as dm
 
+if TYPE_CHECKING:  # the loop imports this module
+    from lora_gui.engine.image.train import ImageSession
 
-def image_summary(run, status: str, message: str | None, eval_loss_value: float | None,
+
+def image_summary(run: ImageSession, status: str, message: str | None, eval_loss_value: float | None,
                   adapter: Path) -> dict[str, Any]:
     """run.json of an image run (``run``: the loop's session): totals over the step records,
     memory (steps and the caching pass), the resolved switches, the config."""
@@ -18,15 +21,15 @@ def image_summary(run, status: str, message: str | None, eval_loss_value: float 
     images = sum(r["images"] for r in records)
     seconds = sum(r["seconds"] for r in records)
     peaks = [r["peak_bytes"] for r in records]
-    cache_peak = run.info.get("cache_peak_bytes") or 0
+    cache_peak = run.cache_peak_bytes or 0
     cfg = run.cfg
     summary = {
         "status": status, "message": message, "task": "image",
         "final_loss": records[-1]["loss"] if records else None, "eval_loss": eval_loss_value,
-        "base_eval_loss": run.state["base_eval_loss"], "steps": len(records), "images": images,
+        "base_eval_loss": run.state.base_eval_loss, "steps": len(records), "images": images,
         "images_per_s": images / seconds if seconds else None,
-        "images_per_s_with_caching": images / (seconds + run.info["cache_seconds"]) if seconds else None,
-        "train_seconds": seconds, "cache_seconds": run.info["cache_seconds"],
+        "images_per_s_with_caching": images / (seconds + run.cache_seconds) if seconds else None,
+        "train_seconds": seconds, "cache_seconds": run.cache_seconds,
         # the run's peak: training steps and the one-time caching pass (whichever is higher)
         "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
         "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
@@ -36,7 +39,7 @@ def image_summary(run, status: str, message: str | None, eval_loss_value: float 
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
         "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
         "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
-        "optimizer": run.info["optimizer"], "train_images": len(run.data.train),
+        "optimizer": run.optimizer_name, "train_images": len(run.data.train),
         "eval_images": len(run.data.held_out), "resolution": cfg.resolution,
         "buckets": {f"{w}x{h}": run.data.buckets.count((w, h)) for w, h in sorted(set(run.data.buckets))},
         "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],

@@ -17,7 +17,6 @@ run folder and makes the samples. Resolution is sequence length here: a bucket o
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
@@ -32,27 +31,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from peft import set_peft_model_state_dict
-from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data import images as image_data
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.core.checkpoint import restore_training_state, save_checkpoint, write_atomic
-from lora_gui.engine.parallel.distributed import (
-    DEBUG_SAMPLES_ENV,
-    INJECT_OOM_ENV,
-    STOP_FILE,
-    Dist,
-    SampleRelay,
-    agree_on_oom,
-    check_world_size,
-    combine_step_stats,
-    injected_oom,
-    stop_agreed,
+from lora_gui.engine.core.checkpoint import write_atomic
+from lora_gui.engine.core.control import TrainControl
+from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.resume import read_resume_checkpoint
+from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.core.session import RunSession
+from lora_gui.engine.core.setup import (
+    cosine_scheduler,
+    new_accelerator,
+    open_logs,
+    run_device,
+    start_state,
+    weights_dtype,
 )
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
@@ -61,24 +58,20 @@ from lora_gui.engine.image.ranks import (
     prepare_image,
     rank_share,
     refuse_fsdp,
-    zero_missing_grads,
 )
 from lora_gui.engine.image.samples import generate_samples, sample_prompts
 from lora_gui.engine.image.summary import image_summary
-from lora_gui.engine.core.precision import choose_precision
-from lora_gui.engine.core.records import RecordLog
-from lora_gui.engine.core.resume import read_resume_checkpoint
-from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.text.train import TrainControl
-from lora_gui.memory.guard import (
-    BatchCaps,
-    MicroBatchOutOfMemory,
-    RunOutOfMemoryError,
-    free_memory,
-    run_guarded,
+from lora_gui.engine.parallel.distributed import (
+    DEBUG_SAMPLES_ENV,
+    INJECT_OOM_ENV,
+    STOP_FILE,
+    Dist,
+    check_world_size,
+    combine_step_stats,
+    injected_oom,
 )
+from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.meter import GB, PeakMeter
-from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.models import diffusion as dm
 
 log = logging.getLogger(__name__)
@@ -203,58 +196,34 @@ def _bitsandbytes_present() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-@dataclass
-class _Session:
-    """Everything one image run holds while it trains (built by :func:`_setup`)."""
+@dataclass(kw_only=True)
+class ImageSession(RunSession):
+    """An image run: the shared session (``model`` is the UNet with LoRA) plus the pipeline's
+    other parts, the images, their encoded inputs and the caching pass's figures.
 
-    cfg: RunConfig
-    out: Path
+    Attributes:
+        pipeline: VAE, text encoders, tokenizers and noise scheduler (encoders freed once cached).
+        eval_set: the encoded held-out images (main process).
+        dtype: frozen weights' dtype (the compute dtype on GPUs, fp32 on a CPU).
+        cache_seconds, cache_peak_bytes: the one-time caching pass (0 without a cache).
+        optimizer_name: adamw or adamw8bit, as resolved.
+    """
+
+    pipeline: dm.ImageModel
     data: ImageData
-    model: dm.ImageModel
     inputs: InputSource
     eval_set: list
-    accelerator: Accelerator
-    unet: Any
-    optimizer: Any
-    scheduler: Any
-    state: dict[str, Any]
-    metrics: RecordLog
-    events: RecordLog
-    meter: PeakMeter
-    caps: BatchCaps
-    predicted: int | None
-    per_epoch: int
-    total: int
-    control: TrainControl
     dtype: torch.dtype
-    info: dict[str, Any]
-    dist: Dist
-
-    def event(self, event: dict[str, Any]) -> None:
-        """Appends to events.jsonl and tells the listener."""
-        event = {"step": self.state["step"], "time": time.time(), **event}
-        self.events.append(event)
-        self.control.emit(event)
-
-    def checkpoint(self, reason: str) -> None:
-        """Saves a checkpoint from the main process (LoRA weights are the same on every rank)."""
-        if not self.dist.is_main:
-            return
-        path = save_checkpoint(self.out, self.state["step"], self.accelerator.unwrap_model(self.unet),
-                               self.optimizer, self.scheduler, self.state)
-        self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
-
-    def on_oom(self, event: dict[str, Any]) -> None:
-        self.event({**event, "step": self.state["step"] + 1})
-        log.warning("step %d: %s", self.state["step"] + 1, event["message"])
+    cache_seconds: float = 0.0
+    cache_peak_bytes: int = 0
+    optimizer_name: str = "adamw"
 
 
 def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, str, torch.dtype]:
     """The pipeline parts on the device with LoRA on the UNet and the run's attention kernel."""
     source = dm.resolve_pipeline_source(cfg.model)
     mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
-    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
-    dtype = weights or torch.float32
+    dtype = weights_dtype(mixed, device)
     model = dm.load_image_model(source, dtype)
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
@@ -276,7 +245,8 @@ def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
     (out / STOP_FILE).unlink(missing_ok=True)
 
 
-def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
+           control: TrainControl) -> ImageSession:
     """Validates, loads data and model, caches, restores a checkpoint, plans memory. Folder
     decisions are the main process's, broadcast with any error to every rank."""
     refuse_fsdp()  # before anything is written, on every rank
@@ -289,7 +259,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     if not resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     sampler = image_sampler_state(cfg, data.buckets)
-    device = dist.device if dist.active else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = run_device(dist)
     model, mixed, dtype = _load_model(cfg, device)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
@@ -303,38 +273,30 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
-    inputs, eval_set, info = build_inputs(cfg, out, model, data, device, meter, control, dist)
-    AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
-    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
+    inputs, eval_set, cache = build_inputs(cfg, out, model, data, device, meter, control, dist)
+    accelerator = new_accelerator(device, mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, info["optimizer"] = _make_optimizer(
+    optimizer, optimizer_name = _make_optimizer(
         cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
+    scheduler = cosine_scheduler(cfg, optimizer, total)
     unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)
-    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
-    if resume and ckpt is None:
-        log.warning("%s: no checkpoint yet; starting from step 0", out)
-    if ckpt is not None:
-        state = restore_training_state(ckpt, optimizer, scheduler)
-    state.update(sampler=sampler, world_size=dist.world_size)
-    if dist.active:  # own dropout stream per rank (the checkpoint holds the main process's RNG)
-        torch.manual_seed(cfg.seed * 7919 + 1_000_003 * dist.rank + state["step"])
-    if state["base_eval_loss"] is None and dist.is_main:
-        state["base_eval_loss"] = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
+    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, mixed, sampler, dist)
+    if state.base_eval_loss is None and dist.is_main:
+        state.base_eval_loss = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
     meter.track(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
-    main = dist.is_main
-    session = _Session(cfg, out, data, model, inputs, eval_set, accelerator, unet, optimizer, scheduler,
-                       state, RecordLog(out / "metrics.jsonl", keep_until_step=state["step"], write=main),
-                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None,
-                                 write=main),
-                       meter, caps, predicted, per_epoch, total, control, dtype, info, dist)
-    session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
-                   "budget_bytes": budget, "total_steps": total, "world_size": dist.world_size, **info})
+    metrics, events = open_logs(out, state, resume, dist)
+    session = ImageSession(
+        cfg=cfg, out=out, control=control, dist=dist, accelerator=accelerator, model=unet,
+        optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
+        meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
+        data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
+        cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name)
+    session.plan_event(budget, **cache, optimizer=optimizer_name)
     return session
 
 
-def run_image_step(run: _Session, step: Step, n_images: int | None = None) -> dict[str, Any]:
+def run_image_step(run: ImageSession, step: Step, n_images: int | None = None) -> dict[str, Any]:
     """Forward + backward of every micro-batch of one optimizer step (no optimizer update).
 
     ``n_images``: the loss normaliser; with several ranks, the images of the *global* step
@@ -343,16 +305,16 @@ def run_image_step(run: _Session, step: Step, n_images: int | None = None) -> di
     """
     n_images = n_images or len(step.indices)
     loss_sum = 0.0
-    sched = run.model.noise_scheduler
+    sched = run.pipeline.noise_scheduler
     for mb in step.micro_batches:
         if mb.filler:
             continue
         try:
-            enc = run.inputs.batch(mb.indices, run.dtype, run.state["step"] + 1)
-            noise, timesteps = image_noise(run.cfg.seed, run.state["step"] + 1, mb.indices,
+            enc = run.inputs.batch(mb.indices, run.dtype, run.state.step + 1)
+            noise, timesteps = image_noise(run.cfg.seed, run.state.step + 1, mb.indices,
                                            enc.latents.shape[1:], sched.config.num_train_timesteps,
                                            enc.latents.device)
-            loss = unet_loss(run.unet, sched, enc, noise, timesteps, reduction="sum") / n_images
+            loss = unet_loss(run.model, sched, enc, noise, timesteps, reduction="sum") / n_images
             run.accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
             raise MicroBatchOutOfMemory(mb, err) from None
@@ -361,10 +323,10 @@ def run_image_step(run: _Session, step: Step, n_images: int | None = None) -> di
     return {"loss": loss_sum, "images": sum(len(mb.indices) for mb in step.micro_batches if not mb.filler)}
 
 
-def _run_share(run: _Session, step: Step) -> dict[str, Any]:
+def _run_share(run: ImageSession, step: Step) -> dict[str, Any]:
     """This rank's share of a global step (the guard's runner, caps applied): forward and backward."""
     mine = rank_share(step, run.dist, run.caps.cap if run.caps.caps else None)
-    if injected_oom(run.dist.rank, run.state["step"] + 1):
+    if injected_oom(run.dist.rank, run.state.step + 1):
         big = max(mine.micro_batches, key=lambda mb: len(mb.indices))
         raise MicroBatchOutOfMemory(big, torch.OutOfMemoryError("injected by " + INJECT_OOM_ENV))
     stats = run_image_step(run, mine, len(step.indices))
@@ -372,74 +334,22 @@ def _run_share(run: _Session, step: Step) -> dict[str, Any]:
     return {**stats, "indices": indices, "micro_batches": len(mine.micro_batches)}
 
 
-def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
-    """One optimizer step under the memory guard; returns its metric record (every rank's)."""
-    run.meter.start_step()
-    start = time.perf_counter()
-    agree = agree_on_oom(run.dist) if run.dist.active else None
-    stats = run_guarded(lambda st: _run_share(run, st), step, run.caps,
-                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom, agree)
-    trainable = [p for p in run.unet.parameters() if p.requires_grad]
-    if run.dist.active:
-        zero_missing_grads(trainable)
-        run.dist.all_reduce_grads(trainable)
-    run.accelerator.clip_grad_norm_(trainable, 1.0)
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - start
-    run.state["step"] += 1
+def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
+    """One optimizer step; returns its metric record (every rank's figures combined)."""
+    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st))
     w, h = run.data.buckets[step.indices[0]]
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["images"], 0)
-    record = {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
-              "lr": run.scheduler.get_last_lr()[0], "images": total["real_tokens"], "bucket": f"{w}x{h}",
+    images = total["real_tokens"]  # combine_step_stats sums the count it is given: images here
+    record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
+              "lr": run.scheduler.get_last_lr()[0], "images": images, "bucket": f"{w}x{h}",
               "latent_tokens": latent_tokens((w, h)), "batch_size": len(step.indices),
               "micro_batches": stats["micro_batches"], "seconds": seconds,
-              "images_per_s": total["real_tokens"] / seconds, "peak_bytes": total["peak_bytes"],
+              "images_per_s": images / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
               "time": time.time()}
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
         record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
     return record
-
-
-def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
-    """Steps until done, stopped or out of memory; returns (status, message)."""
-    main = run.dist.is_main
-    bar = tqdm(total=run.total, initial=run.state["step"], disable=not (progress and main), unit="step")
-    plan_epoch_index, plan = -1, []
-    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"], write=main)
-
-    def on_sample(sample: dict[str, Any]) -> None:
-        sample = {"step": run.state["step"], **sample}
-        samples.append(sample)
-        if control.on_sample:
-            control.on_sample(sample)
-
-    relay = SampleRelay(run.dist, on_sample)
-    control.phase("training")
-    monitor = MemoryMonitor(relay.add, interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
-                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
-    with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
-        while run.state["step"] < run.total:
-            if stop_agreed(run.dist, control.stop.is_set(), run.out):
-                return "stopped", None
-            epoch, index = divmod(run.state["step"], run.per_epoch)
-            if epoch != plan_epoch_index:
-                plan_epoch_index, plan = epoch, epoch_plan(run.cfg, run.data.buckets, epoch)
-            try:
-                record = _one_step(run, plan[index], epoch)
-            except RunOutOfMemoryError as err:
-                return "out_of_memory", str(err)
-            relay.flush()
-            run.metrics.append(record)
-            if control.on_record:
-                control.on_record(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
-            if run.state["step"] % run.cfg.checkpoint_every == 0:
-                run.checkpoint("periodic")
-    return "completed", None
 
 
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -460,26 +370,27 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
     out = Path(out)
     control = control or TrainControl()
     run = _setup(cfg, out, resume, overwrite, control)
-    status, message = _loop(run, control, progress)
+    status, message = run_loop(run, lambda epoch: epoch_plan(cfg, run.data.buckets, epoch),
+                               lambda step, epoch: _one_step(run, step, epoch), progress)
     control.phase("saving")
     run.checkpoint(status)
     control.phase("evaluating")
     final_eval = None
     try:  # the main process evaluates (the LoRA weights are the same on every rank)
         if run.dist.is_main:
-            final_eval = eval_loss(run.unet, run.model.noise_scheduler, run.eval_set,
+            final_eval = eval_loss(run.model, run.pipeline.noise_scheduler, run.eval_set,
                                    run.accelerator.device, run.dtype)
     except torch.OutOfMemoryError as err:
         log.warning("evaluation ran out of memory: %s", err)
     control.phase("saving")
     adapter = out / "adapter"
     if run.dist.is_main:
-        adapter = dm.save_adapter(run.model, out, cfg.export_kohya)
+        adapter = dm.save_adapter(run.pipeline, out, cfg.export_kohya)
     summary = image_summary(run, status, message, final_eval, adapter)
     if not run.dist.is_main:  # samples and run.json are the main process's
         return summary
     write_atomic(out / "run.json", json.dumps(summary, indent=1))
-    prompts, source, device = sample_prompts(run.data, cfg.sample_images), run.model.source, \
+    prompts, source, device = sample_prompts(run.data, cfg.sample_images), run.pipeline.source, \
         run.accelerator.device.type
     if prompts and status == "completed":
         control.phase("sampling")

@@ -295,6 +295,13 @@ def combine_step_stats(dist: Dist, peak: int, loss: float, real: int, padded: in
             "padded_tokens": int(sum(r[3] for r in rows)), "peak_bytes": max(peaks),
             "peak_bytes_by_rank": peaks}
 
+def zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
+    """Zero gradients where a rank trained nothing this step, so every rank all-reduces the same
+    tensors (after the sum every parameter holds the global gradient, as with one process)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
 
 class SampleRelay:
     """Memory-monitor samples of every rank, brought to the main process once a step.

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from lora_gui.config import diff_from_defaults
-from lora_gui.engine.parallel.distributed import STOP_FILE
 from lora_gui.engine.core.rundir import prepare_run_dir
+from lora_gui.engine.parallel.distributed import STOP_FILE
 
 POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from

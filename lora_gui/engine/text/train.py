@@ -8,14 +8,12 @@ however the step is cut into micro-batches (the accumulation bug Hugging Face fi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,44 +22,49 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 from peft import set_peft_model_state_dict
-from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
+from lora_gui.engine.core.checkpoint import lora_state_dict, write_atomic
+from lora_gui.engine.core.control import TrainControl
+from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
+from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.core.session import RunSession
+from lora_gui.engine.core.setup import (
+    cosine_scheduler,
+    new_accelerator,
+    open_logs,
+    run_device,
+    start_state,
+    weights_dtype,
+)
+from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.parallel import fsdp
-from lora_gui.engine.core.checkpoint import lora_state_dict, restore_training_state, save_checkpoint, write_atomic
 from lora_gui.engine.parallel.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
     STOP_FILE,
     Dist,
-    SampleRelay,
-    agree_on_oom,
     check_world_size,
     combine_step_stats,
     enable_autocast,
     injected_oom,
     local_tensors,
     rank_peaks,
-    stop_agreed,
 )
 from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
-from lora_gui.engine.core.precision import choose_precision
-from lora_gui.engine.core.records import RecordLog
-from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
-from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.core.summary import memory_report, run_summary
-from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
+from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.meter import GB, PeakMeter
-from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
+
+__all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
 
 log = logging.getLogger(__name__)
 EVAL_TOKEN_BUDGET = 8192  # padded tokens per eval micro-batch (no activations kept: no_grad)
@@ -74,25 +77,6 @@ class TextData:
     train: list[TokenizedSample]
     held_out: list[TokenizedSample]
     pad_id: int
-
-
-@dataclass
-class TrainControl:
-    """How a caller steers and watches a run: a stop request and listeners for step records,
-    events (phases, checkpoints, out-of-memory recoveries) and memory samples."""
-
-    stop: threading.Event = field(default_factory=threading.Event)
-    on_record: Callable[[dict[str, Any]], None] | None = None
-    on_event: Callable[[dict[str, Any]], None] | None = None
-    on_sample: Callable[[dict[str, Any]], None] | None = None
-
-    def emit(self, event: dict[str, Any]) -> None:
-        if self.on_event:
-            self.on_event(event)
-
-    def phase(self, name: str) -> None:
-        """Marks the start of a phase: loading, training, evaluating, saving."""
-        self.emit({"event": "phase", "phase": name, "time": time.time()})
 
 
 def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
@@ -211,49 +195,20 @@ def _save_adapter(model, out: Path) -> Path:
     return final
 
 
-@dataclass
-class _Session:
-    """Everything one run holds while it trains (built by :func:`_setup`)."""
+@dataclass(kw_only=True)
+class TextSession(RunSession):
+    """A text run: the shared session plus the tokenized data and the rank layout.
 
-    cfg: RunConfig
-    out: Path
+    Attributes:
+        fsdp: frozen weights sharded over the ranks (FSDP).
+        token_budget: padded tokens per micro-batch of each rank's share (as the epoch plan's).
+        frozen_bytes_by_rank: frozen weight bytes each rank holds.
+    """
+
     data: TextData
-    accelerator: Accelerator
-    model: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    state: dict[str, Any]
-    metrics: RecordLog
-    events: RecordLog
-    meter: PeakMeter
-    caps: BatchCaps
-    predicted: int | None
-    per_epoch: int
-    total: int
-    control: TrainControl
-    dist: Dist = field(default_factory=Dist)
     fsdp: bool = False
-    token_budget: int = 2048  # micro-batch cut of each rank's share (as the epoch plan's)
+    token_budget: int = 2048
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
-
-    def event(self, event: dict[str, Any]) -> None:
-        """Appends to events.jsonl (main process) and tells the listener."""
-        event = {"step": self.state["step"], "time": time.time(), **event}
-        self.events.append(event)
-        self.control.emit(event)
-
-    def checkpoint(self, reason: str) -> None:
-        """Saves a checkpoint from the main process (LoRA weights are the same on every rank)."""
-        if not self.dist.is_main:
-            return
-        step = self.state["step"]
-        path = save_checkpoint(self.out, step, self.accelerator.unwrap_model(self.model), self.optimizer,
-                               self.scheduler, self.state)
-        self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
-
-    def on_oom(self, event: dict[str, Any]) -> None:
-        self.event({**event, "step": self.state["step"] + 1})
-        log.warning("step %d: %s", self.state["step"] + 1, event["message"])
 
 
 def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
@@ -277,7 +232,8 @@ def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
     return model, optimizer, scheduler, use_fsdp
 
 
-def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: TrainControl) -> _Session:
+def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
+           control: TrainControl) -> TextSession:
     """Validates against the model, loads data and model, restores a checkpoint, plans memory.
     Folder decisions are the main process's, broadcast with any error to every rank."""
     dist = Dist.from_env()
@@ -295,11 +251,10 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     sampler = sampler_state(cfg, [len(s) for s in data.train])
 
     torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
-    device = dist.device if dist.active else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
-    # Frozen weights in the compute dtype on GPUs (LoRA weights stay fp32 in peft); fp32 on CPU.
-    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
-    model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32), cfg)
+    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device))
+    model = text_models.attach_lora(base, cfg)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
@@ -308,28 +263,19 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
         mixed = dist.on_main(lambda: choose_precision("auto", device, _probe_step(model, data)))
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
-    AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
-    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
+    accelerator = new_accelerator(device, mixed)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
+    scheduler = cosine_scheduler(cfg, optimizer, total)
     model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
-
-    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
-    if resume and ckpt is None:
-        log.warning("%s: no checkpoint yet; starting from step 0", out)
-    if ckpt is not None:
-        state = restore_training_state(ckpt, optimizer, scheduler)
-    state.update(sampler=sampler, world_size=dist.world_size)
-    if dist.active:  # own dropout stream per rank (the checkpoint holds the main process's RNG)
-        torch.manual_seed(cfg.seed * 7919 + 1_000_003 * dist.rank + state["step"])
-    if state["base_eval_loss"] is None:
-        state["base_eval_loss"] = evaluate(model, data.held_out, data.pad_id, accelerator.device,
-                                           cfg.token_budget)
+    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, mixed, sampler, dist)
+    if state.base_eval_loss is None:
+        state.base_eval_loss = evaluate(model, data.held_out, data.pad_id, accelerator.device,
+                                        cfg.token_budget)
     budget = int(cfg.budget_gb * GB) or None
     caps, predicted = _memory_plan(cfg, source, budget, accelerator.device,
                                    Parallel(dist.world_size, sharded) if dist.active else None)
@@ -337,23 +283,20 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
                 + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]))
-    main = dist.is_main
-    session = _Session(cfg, out, data, accelerator, model, optimizer, scheduler, state,
-                       RecordLog(out / "metrics.jsonl", keep_until_step=state["step"], write=main),
-                       RecordLog(out / "events.jsonl", keep_until_step=state["step"] if resume else None,
-                                 write=main),
-                       meter, caps, predicted, per_epoch, total, control, dist, sharded,
-                       cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
-                       rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0))
-    if main:
+    metrics, events = open_logs(out, state, resume, dist)
+    session = TextSession(
+        cfg=cfg, out=out, control=control, dist=dist, accelerator=accelerator, model=model,
+        optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
+        meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
+        fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
+        frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0))
+    if dist.is_main:
         (out / STOP_FILE).unlink(missing_ok=True)
-    session.event({"event": "plan", "caps": caps.caps, "predicted_peak_bytes": predicted,
-                   "budget_bytes": budget, "total_steps": total, "world_size": dist.world_size,
-                   "fsdp": sharded, "frozen_bytes_by_rank": session.frozen_bytes_by_rank})
+    session.plan_event(budget, fsdp=sharded, frozen_bytes_by_rank=session.frozen_bytes_by_rank)
     return session
 
 
-def _run_share(run: _Session, step: Step) -> dict[str, Any]:
+def _run_share(run: TextSession, step: Step) -> dict[str, Any]:
     """This rank's share of a global step (the guard's runner): forward and backward only."""
     shares = split_step(step, run.dist.world_size, [len(s) for s in run.data.train],
                         batching=run.cfg.resolved_batching(), max_seq_len=run.cfg.max_seq_len,
@@ -361,7 +304,7 @@ def _run_share(run: _Session, step: Step) -> dict[str, Any]:
                         cap_for_len=run.caps.cap if run.caps.caps else None)
     mine = shares[run.dist.rank]
     try:
-        if injected_oom(run.dist.rank, run.state["step"] + 1):
+        if injected_oom(run.dist.rank, run.state.step + 1):
             big = max(mine.micro_batches, key=lambda mb: len(mb.indices))
             raise MicroBatchOutOfMemory(big, torch.OutOfMemoryError("injected by " + INJECT_OOM_ENV))
         stats = run_step(run.model, run.accelerator, run.data, mine, step_targets(run.data.train, step))
@@ -372,24 +315,13 @@ def _run_share(run: _Session, step: Step) -> dict[str, Any]:
     return {**stats, "indices": mine.indices, "micro_batches": len(mine.micro_batches)}
 
 
-def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
-    """One optimizer step under the memory guard; returns its metric record (every rank's)."""
-    run.meter.start_step()
-    start = time.perf_counter()
-    agree = agree_on_oom(run.dist) if run.dist.active and not run.fsdp else None
-    stats = run_guarded(lambda st: _run_share(run, st), step, run.caps,
-                        lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom, agree)
-    trainable = [p for p in run.model.parameters() if p.requires_grad]
-    run.dist.all_reduce_grads(trainable)
-    run.accelerator.clip_grad_norm_(trainable, 1.0)
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - start
-    run.state["step"] += 1
+def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
+    """One optimizer step; returns its metric record (every rank's figures combined)."""
+    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st),
+                                    agree_across_ranks=not run.fsdp)
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["real_tokens"],
                                stats["padded_tokens"])
-    record = {"step": run.state["step"], "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
+    record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
               "lr": run.scheduler.get_last_lr()[0], "real_tokens": total["real_tokens"],
               "padded_tokens": total["padded_tokens"], "batch_size": len(step.indices),
               "micro_batches": stats["micro_batches"],
@@ -402,47 +334,7 @@ def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
     return record
 
 
-def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, str | None]:
-    """Steps until done, stopped or out of memory; returns (status, message)."""
-    bar = tqdm(total=run.total, initial=run.state["step"], disable=not (progress and run.dist.is_main),
-               unit="step")
-    plan_epoch_index, plan = -1, []
-    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state["step"], write=run.dist.is_main)
-
-    def on_sample(sample: dict[str, Any]) -> None:
-        sample = {"step": run.state["step"], **sample}
-        samples.append(sample)
-        if control.on_sample:
-            control.on_sample(sample)
-
-    relay = SampleRelay(run.dist, on_sample)
-    control.phase("training")
-    monitor = MemoryMonitor(relay.add,
-                            interval_s=1 / run.cfg.monitor_hz if run.cfg.monitor_hz else 0,
-                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
-    with run.meter, bar, (monitor if run.cfg.monitor_hz else contextlib.nullcontext()):
-        while run.state["step"] < run.total:
-            if stop_agreed(run.dist, control.stop.is_set(), run.out):
-                return "stopped", None
-            epoch, index = divmod(run.state["step"], run.per_epoch)
-            if epoch != plan_epoch_index:
-                plan_epoch_index, plan = epoch, epoch_plan(run.cfg, run.data, epoch, bool(run.caps.caps))
-            try:
-                record = _one_step(run, plan[index], epoch)
-            except RunOutOfMemoryError as err:
-                return "out_of_memory", str(err)
-            relay.flush()
-            run.metrics.append(record)
-            if control.on_record:
-                control.on_record(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
-            if run.state["step"] % run.cfg.checkpoint_every == 0:
-                run.checkpoint("periodic")
-    return "completed", None
-
-
-def _final_eval(run: _Session) -> tuple[float | None, float | None]:
+def _final_eval(run: TextSession) -> tuple[float | None, float | None]:
     """Held-out loss with the run's attention and, for windowed runs, with full attention too."""
     args = (run.data.held_out, run.data.pad_id, run.accelerator.device, run.cfg.token_budget)
     try:
@@ -471,7 +363,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     out = Path(out)
     control = control or TrainControl()
     run = _setup(cfg, out, resume, overwrite, control)
-    status, message = _loop(run, control, progress)
+    status, message = run_loop(run, lambda epoch: epoch_plan(cfg, run.data, epoch, bool(run.caps.caps)),
+                               lambda step, epoch: _one_step(run, step, epoch), progress)
     control.phase("saving")
     run.checkpoint(status)
     control.phase("evaluating")
@@ -482,7 +375,7 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         _save_adapter(run.accelerator.unwrap_model(run.model), out)
     summary = run_summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,
-        "eval_loss_full_attention": eval_full, "base_eval_loss": run.state["base_eval_loss"],
+        "eval_loss_full_attention": eval_full, "base_eval_loss": run.state.base_eval_loss,
         "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
         "predicted_peak_bytes": run.predicted,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],

@@ -20,12 +20,13 @@ from safetensors.torch import load_file
 
 from lora_gui.config import ConfigError
 from lora_gui.data.build_images import build
-from lora_gui.engine import distributed
-from lora_gui.engine.image.train import epoch_plan, load_image_data, train_image
 from lora_gui.engine.core.records import read_records
+from lora_gui.engine.image.train import epoch_plan, load_image_data, train_image
+from lora_gui.engine.parallel import distributed
 from lora_gui.presets import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # starts accelerate launches
+ROOT = Path(__file__).resolve().parents[2]
 ACCEL = ROOT / "presets" / "accelerate"
 SETTINGS = {"batch_size": 4, "max_steps": 2, "lr": 5e-3, "checkpoint_every": 1, "eval_fraction": 0.0,
             "warmup_steps": 0, "precision": "fp32", "monitor_hz": 0.0, "sample_images": 0,

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from lora_gui.__main__ import main
 from lora_gui.data.build_images import build
-from lora_gui.engine.image.train import epoch_plan, table_batch, train_image
 from lora_gui.engine.core.records import read_records
+from lora_gui.engine.image.train import epoch_plan, table_batch, train_image
 from lora_gui.models.diffusion import ModelError, load_pipeline, resolve_pipeline_source
 from lora_gui.presets import load_config
 

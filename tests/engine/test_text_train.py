@@ -15,13 +15,13 @@ from peft import PeftModel
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine import checkpoint as ckpt
+from lora_gui.engine.core import checkpoint as ckpt
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.core.rundir import RunDirError
 from lora_gui.engine.text.train import TrainControl, load_text_data, run_step, train_text
 from lora_gui.models import text as text_models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEP_KEYS = {"step", "loss", "lr", "real_tokens", "padded_tokens", "batch_size", "seq_len", "seconds",
              "peak_bytes", "memory_source"}
 RUN_KEYS = {"final_loss", "eval_loss", "real_tokens", "padded_tokens", "padding_efficiency",

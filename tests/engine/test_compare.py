@@ -8,9 +8,11 @@ import pytest
 from lora_gui.__main__ import main
 from lora_gui.config import ConfigError, apply_overrides
 from lora_gui.data.text import load_documents
-from lora_gui.engine import compare
-from lora_gui.engine.compare.spec import ABLATIONS, CompareSettings, load_results, mode_overrides, run_comparison
+from lora_gui.engine.compare import spec as compare
 from lora_gui.engine.compare.data import prepare_data
+from lora_gui.engine.compare.results import load_results
+from lora_gui.engine.compare.spec import ABLATIONS, CompareSettings, mode_overrides
+from lora_gui.engine.compare.text_rows import run_comparison
 from lora_gui.engine.text.train import load_text_data
 from lora_gui.models.text import load_tokenizer
 from lora_gui.presets import load_config

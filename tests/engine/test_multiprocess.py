@@ -19,14 +19,15 @@ import torch
 from safetensors.torch import load_file
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine import distributed, fsdp
 from lora_gui.engine.core.records import read_records
+from lora_gui.engine.parallel import distributed, fsdp
 from lora_gui.engine.text.train import train_text
 from lora_gui.memory.estimate import estimate_text_step
 from lora_gui.memory.model_configs import load_model_config
 from lora_gui.memory.parallel import Parallel, per_gpu
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # starts accelerate launches
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"max_seq_len": 64, "batch_size": 4, "max_steps": 6, "lr": 5e-3, "checkpoint_every": 3,
             "eval_fraction": 0.1, "warmup_steps": 1, "precision": "fp32", "monitor_hz": 0.0}
 ACCEL = ROOT / "presets" / "accelerate"

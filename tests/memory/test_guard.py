@@ -79,7 +79,7 @@ def test_real_out_of_memory_split_gives_the_unsplit_gradient(small_corpus, built
 def test_run_that_cannot_fit_stops_cleanly_with_a_checkpoint(tmp_path, small_corpus):
     import json
 
-    from lora_gui.engine import checkpoint as ckpt
+    from lora_gui.engine.core import checkpoint as ckpt
     from lora_gui.engine.text.train import train_text
 
     cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 64, "budget_gb": 0.001,

@@ -1,0 +1,101 @@
+"""The one training loop: steps until done, stopped or out of memory, with the memory monitor,
+the progress bar, step records and periodic checkpoints; and the optimizer step every task
+takes after its forward and backward passes. A task provides two functions: its epoch plan
+(the steps of an epoch, a pure function of the seed and the epoch) and its step runner."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from lora_gui.data.batching import Step
+from lora_gui.engine.core.records import RecordLog
+from lora_gui.engine.core.session import RunSession
+from lora_gui.engine.parallel.distributed import SampleRelay, agree_on_oom, stop_agreed, zero_missing_grads
+from lora_gui.memory.guard import RunOutOfMemoryError, run_guarded
+from lora_gui.memory.monitor import MemoryMonitor
+
+PlanEpoch = Callable[[int], list[Step]]
+OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's metric record
+
+
+def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[str, Any]],
+                   agree_across_ranks: bool = True) -> tuple[dict[str, Any], float]:
+    """Forward and backward of ``step`` under the memory guard (``runner`` does this rank's
+    share; an out-of-memory error splits the micro-batch and retries the same step), then the
+    gradient all-reduce over ranks, clipping at norm 1, the optimizer and scheduler updates.
+
+    Args:
+        agree_across_ranks: every rank learns of any rank's out-of-memory error and splits the
+            same way (off under FSDP, where a rank cannot stop inside the all-gathers).
+
+    Returns:
+        The runner's statistics and the step's wall seconds; ``run.state.step`` is advanced.
+    """
+    run.meter.start_step()
+    start = time.perf_counter()
+    agree = agree_on_oom(run.dist) if run.dist.active and agree_across_ranks else None
+    stats = run_guarded(runner, step, run.caps, lambda: run.optimizer.zero_grad(set_to_none=True),
+                        run.on_oom, agree)
+    trainable = run.trainable()
+    if run.dist.active:
+        zero_missing_grads(trainable)  # a rank that trained nothing still joins the all-reduce
+        run.dist.all_reduce_grads(trainable)
+    run.accelerator.clip_grad_norm_(trainable, 1.0)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.state.step += 1
+    return stats, time.perf_counter() - start
+
+
+def _sample_log(run: RunSession) -> Callable[[dict[str, Any]], None]:
+    """memory.jsonl (main process) plus the control's listener, for the monitor's samples."""
+    samples = RecordLog(run.out / "memory.jsonl", keep_until_step=run.state.step, write=run.dist.is_main)
+
+    def on_sample(sample: dict[str, Any]) -> None:
+        sample = {"step": run.state.step, **sample}
+        samples.append(sample)
+        if run.control.on_sample:
+            run.control.on_sample(sample)
+
+    return on_sample
+
+
+def run_loop(run: RunSession, plan_epoch: PlanEpoch, one_step: OneStep,
+             progress: bool = True) -> tuple[str, str | None]:
+    """Steps until ``run.total``, a stop request (or STOP file) or an out-of-memory error the
+    guard could not recover; returns (status, message) with status completed | stopped |
+    out_of_memory."""
+    bar = tqdm(total=run.total, initial=run.state.step, disable=not (progress and run.dist.is_main),
+               unit="step")
+    relay = SampleRelay(run.dist, _sample_log(run))
+    run.control.phase("training")
+    hz = run.cfg.monitor_hz
+    monitor = MemoryMonitor(relay.add, interval_s=1 / hz if hz else 0,
+                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
+    planned_epoch, plan = -1, []
+    with run.meter, bar, (monitor if hz else contextlib.nullcontext()):
+        while run.state.step < run.total:
+            if stop_agreed(run.dist, run.control.stop.is_set(), run.out):
+                return "stopped", None
+            epoch, index = divmod(run.state.step, run.per_epoch)
+            if epoch != planned_epoch:
+                planned_epoch, plan = epoch, plan_epoch(epoch)
+            try:
+                record = one_step(plan[index], epoch)
+            except RunOutOfMemoryError as err:
+                return "out_of_memory", str(err)
+            relay.flush()
+            run.metrics.append(record)
+            if run.control.on_record:
+                run.control.on_record(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
+            if run.state.step % run.cfg.checkpoint_every == 0:
+                run.checkpoint("periodic")
+    return "completed", None
