@@ -45,6 +45,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.engine.core.checkpoint import write_atomic
+from lora_gui.engine.core.lock import holds_run_folder
 from lora_gui.memory.meter import GB
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ class Comparison:
         return {row_key(r) for r in self.rows}
 
 
+@holds_run_folder("out")  # one writer per folder, as a training run
 def run_comparison(base: RunConfig, settings: CompareSettings, out: str | Path, *,
                    overwrite: bool = False, stop: threading.Event | None = None,
                    on_row: Callable[[dict[str, Any]], None] | None = None,

@@ -66,6 +66,7 @@ from lora_gui.engine.image.ranks import (
 from lora_gui.engine.image.samples import generate_samples, sample_prompts
 from lora_gui.engine.image.summary import image_summary
 from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.resume import read_resume_checkpoint
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
@@ -442,6 +443,7 @@ def _loop(run: _Session, control: TrainControl, progress: bool) -> tuple[str, st
     return "completed", None
 
 
+@writes_run_folder  # inputs checked before a run is replaced; the folder lock released
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                 control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a UNet LoRA and writes the run folder; returns the run.json summary.

@@ -21,8 +21,11 @@ from typing import Any
 import yaml
 
 from lora_gui.config import diff_from_defaults
-from lora_gui.engine.parallel.distributed import STOP_FILE
+from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folder
+from lora_gui.engine.core.preflight import check_before_replacing
 from lora_gui.engine.core.rundir import prepare_run_dir
+from lora_gui.engine.core.runstate import died_message
+from lora_gui.engine.parallel.distributed import STOP_FILE
 
 POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from
@@ -62,7 +65,9 @@ class _Tail:
 def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path) -> None:
     """Runs the job as a launched subprocess and mirrors its run folder into ``job`` (a
     :class:`lora_gui.engine.jobs.Job`) until it exits; sets the job's status and summary."""
+    check_before_replacing(job.cfg, job.out, resume=resume, overwrite=overwrite)  # nothing lost on bad input
     prepare_run_dir(job.out, resume=resume, overwrite=overwrite)  # folder errors show in the UI at once
+    release_run_folder(job.out)  # the launch's main process takes the folder's lock itself
     launch_dir.mkdir(parents=True, exist_ok=True)
     preset = launch_dir / f"{job.name}.yaml"
     settings = diff_from_defaults(job.cfg) or {"seed": job.cfg.seed}
@@ -83,15 +88,37 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         return
     tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("error:")]
     job.status = "failed"
-    job.error = tail[-1] if tail else f"accelerate launch exited with {proc.returncode} (see {log_path})"
+    job.error = tail[-1] if tail else _died(job.out, proc.returncode, log_path)
     job.add_event(f"failed: {job.error}")
+
+
+def _died(out: Path, returncode: int | None, log_path: Path) -> str:
+    """Why a launch ended without a summary: killed by a signal, or its training process gone."""
+    how = (f"was killed (signal {-returncode})" if returncode is not None and returncode < 0 else
+           f"ended without finishing (accelerate launch exited with {returncode}, see {log_path})")
+    return died_message(out, how)
+
+
+def _writer_gone(out: Path, seen_writer: bool) -> bool:
+    """True once the launch's main process took the folder's lock and no longer holds it while
+    no run.json was written: it died from outside (kill -9, the out-of-memory killer)."""
+    return seen_writer and not lock_is_live(out) and not (out / "run.json").is_file()
 
 
 def _follow(job, proc: subprocess.Popen) -> None:
     tails = {name: _Tail(job.out / name) for name in ("metrics.jsonl", "events.jsonl", "memory.jsonl")}
-    stop_sent = False
+    stop_sent, seen_writer = False, False
     while True:
         done = proc.poll() is not None
+        seen_writer = seen_writer or ((job.out / LOCK_FILE).is_file() and lock_is_live(job.out))
+        if not done and _writer_gone(job.out, seen_writer):  # the launcher may wait on the others
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            done = True
         if job.control.stop.is_set() and not stop_sent and job.out.is_dir():
             (job.out / STOP_FILE).touch()
             stop_sent = True

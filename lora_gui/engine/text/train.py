@@ -53,6 +53,7 @@ from lora_gui.engine.parallel.distributed import (
 )
 from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
 from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
@@ -457,6 +458,7 @@ def _final_eval(run: _Session) -> tuple[float | None, float | None]:
     return loss, full
 
 
+@writes_run_folder  # inputs checked before a run is replaced; the folder lock released
 def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a text LoRA and writes the run folder; returns the run.json summary.
