@@ -34,7 +34,7 @@ LOCK_FILE = "run.lock"
 FLOCK_TRIES, FLOCK_RETRY_S = 5, 0.05  # about 0.2 s of retries before a holder counts as live
 F = TypeVar("F", bound=Callable[..., Any])
 
-_held: dict[Path, int] = {}  # resolved lock path -> open descriptor, locks this process holds
+_held: dict[Path, tuple[int, int]] = {}  # lock path -> (descriptor, thread id), held by this process
 _held_guard = threading.Lock()
 
 
@@ -176,25 +176,33 @@ def acquire_run_folder(folder: Path) -> None:
         except OSError:
             os.close(fd)
             raise
-        _held[path] = fd
+        _held[path] = (fd, threading.get_ident())
     if previous is not None:
         log.warning("%s: taking over a stale lock of a writer that ended without releasing it (%s)",
                     folder, previous.describe())
 
 
+def held_here(folder: Path) -> bool:
+    """Whether this thread holds the lock on ``folder``."""
+    entry = _held.get((Path(folder) / LOCK_FILE).resolve())
+    return entry is not None and entry[1] == threading.get_ident()
+
+
 def release_run_folder(folder: Path) -> None:
-    """Removes the lock this process holds on ``folder`` (nothing when it holds none)."""
+    """Removes the lock this thread holds on ``folder`` (nothing when it holds none: a lock of
+    another job of this process stays)."""
     path = (Path(folder) / LOCK_FILE).resolve()
     with _held_guard:
-        fd = _held.pop(path, None)
-        if fd is None:
+        entry = _held.get(path)
+        if entry is None or entry[1] != threading.get_ident():
             return
+        del _held[path]
         try:
             path.unlink(missing_ok=True)  # still under our flock: nobody can take it in between
         except OSError as err:  # a read-only folder: the kernel still drops the flock below
             log.warning("%s: could not remove the lock file (%s)", path, err)
         finally:
-            os.close(fd)
+            os.close(entry[0])
 
 
 def _folder_arg(fn: Callable[..., Any], arg: str, args: tuple, kwargs: dict) -> Path | None:
@@ -210,7 +218,7 @@ def holds_run_folder(arg: str = "out") -> Callable[[F], F]:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             folder = _folder_arg(fn, arg, args, kwargs)
-            acquire_run_folder(folder)
+            acquire_run_folder(folder)  # refused when held, by this thread too
             try:
                 return fn(*args, **kwargs)
             finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.engine.core.lock import release_run_folder
+from lora_gui.engine.core.lock import held_here, release_run_folder
 
 F = TypeVar("F", bound=Callable[..., Any])
 RUN_MARKERS = ("config.json", "checkpoints", "adapter", "run.json", "metrics.jsonl")
@@ -67,9 +67,11 @@ def writes_run_folder(fn: F) -> F:
         cfg, out = bound.arguments["cfg"], Path(bound.arguments["out"])
         check_before_replacing(cfg, out, resume=bound.arguments["resume"],
                                overwrite=bound.arguments["overwrite"])
+        held_before = held_here(out)  # a refused second run must not free the holder's lock
         try:
             return fn(*args, **kwargs)
         finally:
-            release_run_folder(out)
+            if not held_before:
+                release_run_folder(out)
 
     return inner  # type: ignore[return-value]
