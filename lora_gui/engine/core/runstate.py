@@ -68,10 +68,11 @@ def folder_state(out: Path) -> FolderState:
     summary = out / "run.json"
     if summary.is_file() and not (out / LOCK_FILE).exists():
         try:
-            status = json.loads(summary.read_text(encoding="utf-8"))["status"]
+            saved = json.loads(summary.read_text(encoding="utf-8"))
+            status, steps = saved["status"], int(saved.get("steps") or 0)
         except (OSError, ValueError, KeyError, TypeError):
-            status = None
-        if status:
+            status, steps = None, 0
+        if status and (step is None or step <= steps):  # else: a later segment did not finish
             return FolderState(status, step, ckpt, f"the run ended: {status}")
     if (out / LOCK_FILE).exists() or (out / "config.json").is_file():
         return FolderState("failed", step, ckpt,
@@ -93,6 +94,8 @@ def storage_error_message(err: OSError, out: Path) -> str | None:
     if reason is None:
         return None
     where = err.filename or out
+    if latest_checkpoint(Path(out)) is None and not (Path(out) / "config.json").is_file():
+        return f"{out}: could not write {where}: {reason}; nothing was written"
     return (f"{out}: could not write {where}: {reason}. Nothing written before was lost: "
             f"{resume_hint(out)} once the folder is writable and has free space")
 

@@ -80,6 +80,8 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         proc = subprocess.Popen(launch_command(preset, job.out, processes, resume), stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
         _follow(job, proc)
+    if job.status == "failed":  # seen dead by _follow while the launcher still ran
+        return
     summary_path = job.out / "run.json"
     if proc.returncode == 0 or (proc.returncode == 130 and summary_path.is_file()):
         job.summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -111,14 +113,6 @@ def _follow(job, proc: subprocess.Popen) -> None:
     while True:
         done = proc.poll() is not None
         seen_writer = seen_writer or ((job.out / LOCK_FILE).is_file() and lock_is_live(job.out))
-        if not done and _writer_gone(job.out, seen_writer):  # the launcher may wait on the others
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            done = True
         if job.control.stop.is_set() and not stop_sent and job.out.is_dir():
             (job.out / STOP_FILE).touch()
             stop_sent = True
@@ -136,5 +130,20 @@ def _follow(job, proc: subprocess.Popen) -> None:
             job.add_sample(sample)
         if done:
             return
+        if _writer_gone(job.out, seen_writer):  # the launcher may still wait on the other ranks
+            job.status, job.error = "failed", died_message(job.out, "was killed from outside")
+            job.add_event(f"failed: {job.error}")
+            _end(proc)
+            return
         time.sleep(POLL_S)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stops a launcher whose main process is gone (terminate, then kill after ``grace_s``)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
