@@ -18,6 +18,7 @@ from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
 from lora_gui.engine.core.rundir import RunDirError, load_run_config
+from lora_gui.engine.core.runstate import storage_error_message
 from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
 from lora_gui.models.text import ModelError
@@ -64,8 +65,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.preset, overrides)
     control = TrainControl()
     _stop_on_signals(control.stop)
-    summary = train(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
-                             control=control, progress=not args.quiet)
+    try:
+        summary = train(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
+                        control=control, progress=not args.quiet)
+    except OSError as err:  # full disk, quota, read-only folder: say so, keep what was saved
+        message = storage_error_message(err, out)
+        if message is None:
+            raise
+        raise RunDirError(message) from None
     dist = Dist.from_env()  # the launch's process group (joined by the engine), or one process
     if dist.is_main:  # one summary per launch, not one per process
         shown = {k: v for k, v in summary.items() if k != "config"}

@@ -99,12 +99,30 @@ def to_tensor(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
+def read_caption_text(path: Path) -> str:
+    """A caption or metadata file as UTF-8 (a BOM is dropped), like the text data loaders.
+
+    Raises:
+        ImageDataError: naming the file, line and byte when it is not UTF-8 or cannot be read.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ImageDataError(f"{path}: cannot read caption file ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ImageDataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); save the file "
+                             "as UTF-8") from None
+
+
 def _read_metadata(folder: Path) -> dict[str, str]:
     meta = folder / "metadata.jsonl"
     if not meta.is_file():
         return {}
     captions = {}
-    for n, line in enumerate(meta.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_caption_text(meta).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -146,7 +164,7 @@ def load_image_folder(folder: str | Path) -> list[ImageItem]:
         if size is None:
             continue
         txt = path.with_suffix(".txt")
-        caption = txt.read_text(encoding="utf-8").strip() if txt.is_file() else \
+        caption = read_caption_text(txt).strip() if txt.is_file() else \
             metadata.get(path.relative_to(folder).as_posix(), "").strip()
         uncaptioned += not caption
         items.append(ImageItem(path, caption, size))

@@ -29,3 +29,13 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: b
     else:
         from lora_gui.engine.text.train import train_text as train_task
     return train_task(cfg, out, resume=resume, overwrite=overwrite, control=control, progress=progress)
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Reads the run's data (and for text its model's limits) as the run would, raising the
+    user error that names a bad file or value; nothing is written."""
+    if cfg.task == "image":
+        from lora_gui.engine.image.train import load_image_data as check
+    else:
+        from lora_gui.engine.text.train import check_text_inputs as check
+    check(cfg)

@@ -18,6 +18,7 @@ from typing import Any
 from lora_gui.config import RunConfig
 from lora_gui.engine import train
 from lora_gui.engine.core.control import TrainControl
+from lora_gui.engine.core.runstate import failure_message
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class JobManager:
             job.status = job.summary["status"]
             job.add_event(f"{job.status}: adapter saved in {job.summary['adapter']}")
         except Exception as err:  # the job must never stay "running" after a failure
-            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+            job.status, job.error = "failed", failure_message(err, job.out)
             job.add_event(f"failed: {job.error}")
             log.debug("job %s failed:\n%s", job.name, traceback.format_exc())
         finally:

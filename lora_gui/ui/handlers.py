@@ -11,7 +11,7 @@ import torch
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.images import ImageDataError
 from lora_gui.data.text import DataError
-from lora_gui.engine.core.rundir import RunDirError, load_run_config
+from lora_gui.engine.core.rundir import RunDirError, load_run_config, run_folder
 from lora_gui.engine.jobs import JobBusyError, JobManager
 from lora_gui.memory.meter import GB
 from lora_gui.models.text import ModelError
@@ -121,7 +121,7 @@ def start(preset: str, out_name: str, *values: Any, resume: bool = False, proces
     ``processes`` > 1 the job is an ``accelerate launch`` on that many local GPUs."""
     try:
         n = check_processes(processes)
-        out = RUNS_ROOT / (out_name.strip() or preset)
+        out = run_folder(RUNS_ROOT, out_name.strip() or preset)  # one name inside runs/
         cfg = load_run_config(out) if resume else build_config(preset, *values)
         job = MANAGER.start(cfg, out, resume=resume, overwrite=not resume, processes=n)
     except USER_ERRORS as err:
@@ -141,7 +141,7 @@ def start_with_processes(processes: Any, task: str, preset: str, out_name: str, 
 def start_task(task: str, preset: str, out_name: str, *values: Any, resolution: Any = None) -> str:
     """Start button: the form as it stands, for the chosen task (image: at ``resolution`` px)."""
     try:
-        out = RUNS_ROOT / (out_name.strip() or preset)
+        out = run_folder(RUNS_ROOT, out_name.strip() or preset)  # one name inside runs/
         cfg = build_config(preset, *values)
         extra: dict[str, Any] = {"task": task}
         if task == "image" and resolution:

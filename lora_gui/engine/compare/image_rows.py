@@ -24,6 +24,7 @@ from typing import Any
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.compare.results import Comparison, resume_rows, write_results
 from lora_gui.engine.compare.spec import CompareSettings, budget_gb
+from lora_gui.engine.core.lock import holds_run_folder
 from lora_gui.memory.meter import GB
 
 SPEED_HEADROOM = 1.05  # default speed budget: traditional's measured peak at batch_size + 5%
@@ -103,6 +104,7 @@ def _row(cmp: Comparison, question: str, mode: str, res: int, budget: int | None
             "oom_recovered": sum(1 for e in s.get("oom_events", []) if "new_cap" in e)}
 
 
+@holds_run_folder("out")  # one writer per folder, as a training run
 def run_image_comparison(base: RunConfig, resolutions: list[int], steps: int, out: Path, *,
                          overwrite: bool = False, stop: threading.Event | None = None,
                          progress: bool = False, ablations: bool = True,

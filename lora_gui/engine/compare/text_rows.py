@@ -27,6 +27,7 @@ from lora_gui.engine.compare.spec import (
     mode_overrides,
     modes_for,
 )
+from lora_gui.engine.core.lock import holds_run_folder
 from lora_gui.memory.meter import GB
 from lora_gui.models.text import ModelError
 
@@ -248,6 +249,7 @@ def predicted_rows(cmp: Comparison) -> None:
                      "device": device, "breakdown": step.breakdown})
 
 
+@holds_run_folder("out")  # one writer per folder, as a training run
 def run_comparison(base: RunConfig, settings: CompareSettings, out: str | Path, *,
                    overwrite: bool = False, stop: threading.Event | None = None,
                    on_row: Callable[[dict[str, Any]], None] | None = None,

@@ -40,6 +40,7 @@ from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
 from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
 from lora_gui.engine.core.session import RunSession
@@ -352,6 +353,7 @@ def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
     return record
 
 
+@writes_run_folder(load_image_data)  # inputs checked before a run is replaced; lock released
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                 control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a UNet LoRA and writes the run folder; returns the run.json summary.

@@ -21,7 +21,11 @@ from typing import Any
 import yaml
 
 from lora_gui.config import diff_from_defaults
+from lora_gui.engine import check_inputs
+from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folder
+from lora_gui.engine.core.preflight import check_before_replacing
 from lora_gui.engine.core.rundir import prepare_run_dir
+from lora_gui.engine.core.runstate import died_message
 from lora_gui.engine.parallel.distributed import STOP_FILE
 
 POLL_S = 0.5  # seconds between reads of the run folder
@@ -62,7 +66,10 @@ class _Tail:
 def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path) -> None:
     """Runs the job as a launched subprocess and mirrors its run folder into ``job`` (a
     :class:`lora_gui.engine.jobs.Job`) until it exits; sets the job's status and summary."""
+    # bad input is refused before an older run is replaced: nothing lost
+    check_before_replacing(job.cfg, job.out, check_inputs, resume=resume, overwrite=overwrite)
     prepare_run_dir(job.out, resume=resume, overwrite=overwrite)  # folder errors show in the UI at once
+    release_run_folder(job.out)  # the launch's main process takes the folder's lock itself
     launch_dir.mkdir(parents=True, exist_ok=True)
     preset = launch_dir / f"{job.name}.yaml"
     settings = diff_from_defaults(job.cfg) or {"seed": job.cfg.seed}
@@ -75,6 +82,8 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         proc = subprocess.Popen(launch_command(preset, job.out, processes, resume), stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
         _follow(job, proc)
+    if job.status == "failed":  # seen dead by _follow while the launcher still ran
+        return
     summary_path = job.out / "run.json"
     if proc.returncode == 0 or (proc.returncode == 130 and summary_path.is_file()):
         job.summary = json.loads(summary_path.read_text(encoding="utf-8"))
@@ -83,15 +92,29 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         return
     tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("error:")]
     job.status = "failed"
-    job.error = tail[-1] if tail else f"accelerate launch exited with {proc.returncode} (see {log_path})"
+    job.error = tail[-1] if tail else _died(job.out, proc.returncode, log_path)
     job.add_event(f"failed: {job.error}")
+
+
+def _died(out: Path, returncode: int | None, log_path: Path) -> str:
+    """Why a launch ended without a summary: killed by a signal, or its training process gone."""
+    how = (f"was killed (signal {-returncode})" if returncode is not None and returncode < 0 else
+           f"ended without finishing (accelerate launch exited with {returncode}, see {log_path})")
+    return died_message(out, how)
+
+
+def _writer_gone(out: Path, seen_writer: bool) -> bool:
+    """True once the launch's main process took the folder's lock and no longer holds it while
+    no run.json was written: it died from outside (kill -9, the out-of-memory killer)."""
+    return seen_writer and not lock_is_live(out) and not (out / "run.json").is_file()
 
 
 def _follow(job, proc: subprocess.Popen) -> None:
     tails = {name: _Tail(job.out / name) for name in ("metrics.jsonl", "events.jsonl", "memory.jsonl")}
-    stop_sent = False
+    stop_sent, seen_writer = False, False
     while True:
         done = proc.poll() is not None
+        seen_writer = seen_writer or ((job.out / LOCK_FILE).is_file() and lock_is_live(job.out))
         if job.control.stop.is_set() and not stop_sent and job.out.is_dir():
             (job.out / STOP_FILE).touch()
             stop_sent = True
@@ -109,5 +132,20 @@ def _follow(job, proc: subprocess.Popen) -> None:
             job.add_sample(sample)
         if done:
             return
+        if _writer_gone(job.out, seen_writer):  # the launcher may still wait on the other ranks
+            job.status, job.error = "failed", died_message(job.out, "was killed from outside")
+            job.add_event(f"failed: {job.error}")
+            _end(proc)
+            return
         time.sleep(POLL_S)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stops a launcher whose main process is gone (terminate, then kill after ``grace_s``)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 

@@ -33,6 +33,7 @@ from lora_gui.engine.core.checkpoint import lora_state_dict, write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
 from lora_gui.engine.core.precision import choose_precision
+from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
 from lora_gui.engine.core.session import RunSession
@@ -349,6 +350,17 @@ def _final_eval(run: TextSession) -> tuple[float | None, float | None]:
     return loss, full
 
 
+def check_text_inputs(cfg: RunConfig) -> None:
+    """Reads the run's data and resolves the model and its length limit (before a run is
+    replaced: bad input must not cost the old run)."""
+    load_documents(cfg.data_path())
+    source = text_models.resolve_model_source(cfg.model)
+    limit = text_models.max_positions(source)
+    if limit is not None and cfg.max_seq_len > limit:
+        raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
+
+
+@writes_run_folder(check_text_inputs)  # inputs checked before a run is replaced; lock released
 def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a text LoRA and writes the run folder; returns the run.json summary.
