@@ -182,27 +182,6 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     return caps, predicted
 
 
-def _make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter], device: torch.device):
-    """AdamW, or bitsandbytes' 8-bit AdamW (optimizer state in 8 bits: 2 bytes/param instead of 8)."""
-    choice = cfg.optimizer
-    has_bnb = device.type == "cuda" and _bitsandbytes_present()
-    if choice == "auto":
-        choice = "adamw8bit" if cfg.mode == "optimized" and has_bnb else "adamw"
-    if choice == "adamw8bit":
-        if not has_bnb:
-            raise ConfigError("optimizer: adamw8bit needs bitsandbytes and a CUDA GPU")
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
-
-
-def _bitsandbytes_present() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
 @dataclass
 class _Session:
     """Everything one image run holds while it trains (built by :func:`_setup`)."""
@@ -308,7 +287,9 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, info["optimizer"] = _make_optimizer(
+    from lora_gui.engine.core.optim import make_optimizer
+
+    optimizer, info["optimizer"] = make_optimizer(
         cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
     unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)

@@ -52,6 +52,7 @@ from lora_gui.engine.parallel.distributed import (
     stop_agreed,
 )
 from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
+from lora_gui.engine.core.optim import make_optimizer, resolved_optimizer
 from lora_gui.engine.core.precision import choose_precision
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
@@ -62,6 +63,7 @@ from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
+from lora_gui.models.quant import check_resume, quant_state_tensors
 
 log = logging.getLogger(__name__)
 EVAL_TOKEN_BUDGET = 8192  # padded tokens per eval micro-batch (no activations kept: no_grad)
@@ -299,8 +301,11 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     # Frozen weights in the compute dtype on GPUs (LoRA weights stay fp32 in peft); fp32 on CPU.
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
-    model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32), cfg)
+    model = text_models.attach_lora(text_models.load_model_for(cfg, source, weights or torch.float32,
+                                                               device), cfg)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
+    if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
+        check_resume(ckpt["trainer"], cfg, resolved_optimizer(cfg, device), out)
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
@@ -314,12 +319,13 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
+    optimizer, optimizer_name = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad],
+                                               device)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
     model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
 
-    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
+    state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed,
+                             "quantization": cfg.quantization, "optimizer": optimizer_name}
     if resume and ckpt is None:
         log.warning("%s: no checkpoint yet; starting from step 0", out)
     if ckpt is not None:
@@ -336,7 +342,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
-                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]))
+                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+                + quant_state_tensors(unwrapped)))
     main = dist.is_main
     session = _Session(cfg, out, data, accelerator, model, optimizer, scheduler, state,
                        RecordLog(out / "metrics.jsonl", keep_until_step=state["step"], write=main),
