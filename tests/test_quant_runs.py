@@ -119,7 +119,8 @@ def test_missing_bitsandbytes_says_what_to_install(monkeypatch):
     from lora_gui.models.text import ModelError
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "bitsandbytes" else real(n, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "bitsandbytes" else real(n, *a))
     with pytest.raises(ModelError, match="pip install bitsandbytes==0.50.2"):
         check_bitsandbytes("nf4", torch.device("cpu"))
 
@@ -143,7 +144,7 @@ def test_layer_that_cannot_be_quantized_is_named():
     from lora_gui.models.text import ModelError
 
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16))
-    with pytest.raises(ModelError, match=r"layer 'transformer.h.0.attn.c_attn' \(Conv1D\) cannot be quantized"):
+    with pytest.raises(ModelError, match=r"'transformer.h.0.attn.c_attn' \(Conv1D\) cannot be quantized"):
         check_quantized(model, "nf4")
 
 
