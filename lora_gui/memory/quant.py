@@ -277,3 +277,41 @@ def dequant_temporary_bytes(dims: list[tuple[int, int]], quantization: str, comp
 def describe(quantization: str, optimizer: str) -> dict[str, Any]:
     """What the trace modelled, for ``TraceResult.info``."""
     return {"quantization": quantization, "optimizer": optimizer}
+
+
+def estimate_terms(dims: dict[str, tuple[int, int]], layers: int, d: int, quantization: str,
+                   double_quant: bool, optimizer: str, lora_numels: list[int], attn: str,
+                   targets: tuple[str, ...]) -> dict[str, int]:
+    """Closed-form corrections of :func:`lora_gui.memory.estimate.estimate_text_step` for a
+    quantized base and the optimizer (bytes; per token where named so).
+
+    Returns:
+        ``frozen_delta``: quantized storage of the decoder's Linear weights minus their bytes in
+        the compute dtype. ``optimizer_state``: the optimizer's state bytes. ``saved_per_token``:
+        bytes per token per layer that int8 layers keep for backward beyond what the unquantized
+        step saves (bitsandbytes keeps each int8 layer's input as an attribute of the autograd
+        context, so gradient checkpointing does not drop it: ``kept_under_checkpointing``).
+        ``transient``: the largest weight a backward dequantizes at once (compute dtype).
+    """
+    out = {"frozen_delta": 0, "saved_per_token": 0, "transient": 0, "kept_under_checkpointing": 0,
+           "optimizer_state": optimizer_state_bytes(lora_numels, optimizer)}
+    if quantization == "none":
+        return out
+    per_layer = sum(quantized_linear_bytes(a, b, quantization, double_quant) - a * b * d
+                    for a, b in dims.values())
+    out["frozen_delta"] = layers * per_layer
+    out["transient"] = dequant_temporary_bytes(list(dims.values()), quantization, d)
+    if quantization == "int8":
+        inputs = {"qkv": dims["q_proj"][0], "o": dims["o_proj"][0], "gu": dims["gate_proj"][0],
+                  "down": dims["down_proj"][0]}
+        groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gu": ("gate_proj", "up_proj"),
+                  "down": ("down_proj",)}
+        saved = 0
+        for key, width in inputs.items():
+            shared_with_lora = d == 4 and any(n in targets for n in groups[key])  # same float32 tensor
+            shared_with_sdpa = key == "o" and attn == "sdpa"  # the SDPA output is saved anyway
+            if not (shared_with_lora or shared_with_sdpa):
+                saved += d * width
+        out["saved_per_token"] = saved
+        out["kept_under_checkpointing"] = sum(d * w for w in inputs.values())
+    return out
