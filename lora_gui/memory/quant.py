@@ -189,7 +189,7 @@ def make_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimiz
     with warnings.catch_warnings(), _disable_current_modes():  # its real maps are replaced below
         warnings.simplefilter("ignore", UserWarning)  # the paged one: a CPU has no paging
         opt = cls(params, lr=1e-4)
-    opt.name2qmap["dynamic"], opt.name2qmap["udynamic"] = code_book(True), code_book(False)
+    opt.name2qmap.clear()  # made again where they are counted (materialize_8bit_state / first step)
     return opt
 
 
@@ -198,6 +198,7 @@ def materialize_8bit_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     made = []
     import warnings
 
+    opt.name2qmap["dynamic"], opt.name2qmap["udynamic"] = code_book(True), code_book(False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for gindex, group in enumerate(opt.param_groups):
@@ -237,8 +238,9 @@ def cuda_like_int8(enabled: bool) -> Iterator[None]:
 def quantized_linear_bytes(n_in: int, n_out: int, quantization: str, double_quant: bool = True) -> int:
     """Bytes bitsandbytes stores for one quantized ``n_in x n_out`` weight (closed form).
 
-    NF4: (n+1)//2 packed bytes + a float32 absmax per 64 weights (double quant: a uint8 absmax per
-    64 weights + a float32 per 256 of those + the 64-byte NF4 code book and the 4-byte offset);
+    NF4: (n+1)//2 packed bytes + a float32 absmax per 64 weights + the 64-byte NF4 code book
+    (double quant: a uint8 absmax per 64 weights + a float32 per 256 of those + a 1 KiB code
+    book and a 4-byte offset per layer, as the loader leaves them);
     int8: one byte per weight + a float32 scale per output row.
     """
     n = n_in * n_out
@@ -248,7 +250,8 @@ def quantized_linear_bytes(n_in: int, n_out: int, quantization: str, double_quan
     nf4_code = 16 * 4  # float32 NF4 code book kept per layer
     if not double_quant:
         return (n + 1) // 2 + 4 * blocks + nf4_code
-    return (n + 1) // 2 + blocks + 4 * -(-blocks // NESTED_BLOCK) + nf4_code + 4
+    nested_code = 256 * 4  # float32 8-bit code book of the nested state, one copy per layer
+    return (n + 1) // 2 + blocks + 4 * -(-blocks // NESTED_BLOCK) + nf4_code + nested_code + 4
 
 
 def optimizer_state_bytes(numels: list[int], optimizer: str) -> int:

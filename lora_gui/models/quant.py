@@ -160,9 +160,10 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
         state = getattr(weight, "quant_state", None)
         if state is not None:
             out += _state_tensors(state)
-        scb = getattr(weight, "SCB", None)
-        if torch.is_tensor(scb):
-            out.append(scb)
+        matmul_state = getattr(module, "state", None)  # int8: row scales move here on first forward
+        for scb in (getattr(weight, "SCB", None), getattr(matmul_state, "SCB", None)):
+            if torch.is_tensor(scb):
+                out.append(scb)
     return out
 
 
