@@ -26,10 +26,12 @@ def save_random_model(config: Any, folder: str) -> None:
 
 def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len: int,
                      gradient_checkpointing: bool, lora_rank: int = 16, optimizer: str = "adamw",
-                     attn: str = "sdpa") -> int:
+                     attn: str = "sdpa", dtype: torch.dtype = torch.float32,
+                     peft_prepare: bool = False) -> int:
     """Peak live bytes (source: tracker) of the second training step of the engine's quantized
-    model on CPU (float32 compute): weights, quantization state, LoRA, optimizer state and the
-    step's activations and temporaries."""
+    model on CPU (``dtype`` compute, float32 by default): weights, quantization state, LoRA,
+    optimizer state and the step's activations and temporaries. ``peft_prepare``: run peft's
+    ``prepare_model_for_kbit_training`` before LoRA is attached (what most QLoRA scripts do)."""
     from lora_gui.engine.core.optim import make_optimizer
     from lora_gui.models import text as text_models
     from lora_gui.models.quant import quant_state_tensors
@@ -40,7 +42,12 @@ def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len
         "optimizer": optimizer, "attn_backend": attn, "max_seq_len": max(seq_len, 16)})
     with tempfile.TemporaryDirectory() as folder:
         save_random_model(config, folder)
-        model = text_models.attach_lora(text_models.load_model_for(cfg, folder, torch.float32), cfg)
+        base = text_models.load_model_for(cfg, folder, dtype)
+        if peft_prepare:
+            from peft import prepare_model_for_kbit_training
+
+            base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+        model = text_models.attach_lora(base, cfg)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lora_gui.memory.estimate import estimate_text_step, estimate_unet_step
+from lora_gui.memory.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
 from lora_gui.memory.model_configs import load_model_config, max_positions
 from lora_gui.memory.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
 from lora_gui.memory.trace import TraceResult, trace_text_step
@@ -179,7 +179,8 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
     if step.get("attn_implementation", "sdpa") == "eager":
         add("attn_implementation='sdpa'", attn_implementation="sdpa")
         add("windowed attention (window 512)", attention_window=512)
-    if step.get("quantization", "none") == "none":  # base weights in 4 / 8 bits (bitsandbytes)
+    quantizable = getattr(cfg, "model_type", None) in LLAMA_LIKE  # nn.Linear decoders (not GPT-2)
+    if quantizable and step.get("quantization", "none") == "none":  # base weights in 4 / 8 bits
         add("quantization=nf4", quantization="nf4")
         add("quantization=int8", quantization="int8")
     if step.get("optimizer", "adamw") == "adamw":
@@ -193,7 +194,7 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
     fit_len = _largest(at_len, budget, max(1, seq // 256 - 1))
     if fit_len:
         add(f"max length {fit_len * 256}", seq_len=fit_len * 256)
-    return sorted(out, key=lambda s: -s.saving_bytes)
+    return sorted((s for s in out if s.saving_bytes > 0), key=lambda s: -s.saving_bytes)  # int8 can cost more
 
 
 def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
@@ -287,7 +288,7 @@ def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS
         budget = check_budget(gb * GB)
         longest, batch = fit(budget)
         rows.append(CardFit(gb, longest, batch, {n: fit(budget + savings[n]) for n in gpu_counts}))
-    if not image:
+    if not image and cfg.model_type in LLAMA_LIKE:
         _quantization_columns(rows, cfg, sizes, chosen, max_batch, step)
     return rows
 

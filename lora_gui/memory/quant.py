@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 from torch import nn
@@ -275,11 +274,6 @@ def dequant_temporary_bytes(dims: list[tuple[int, int]], quantization: str, comp
     if quantization == "none" or not dims:
         return 0
     return max(a * b for a, b in dims) * compute_bytes
-
-
-def describe(quantization: str, optimizer: str) -> dict[str, Any]:
-    """What the trace modelled, for ``TraceResult.info``."""
-    return {"quantization": quantization, "optimizer": optimizer}
 
 
 def estimate_terms(dims: dict[str, tuple[int, int]], layers: int, d: int, quantization: str,
