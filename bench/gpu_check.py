@@ -12,6 +12,10 @@
    cuBLAS workspace + 512-byte rounding; the CUDA context is outside the allocator), and for the
    UNets also the planner's trace-calibrated estimate (what plan_image sizes batches with).
    Target 5%.
+1b. Quantized base: the same ~1B Llama loaded the engine's way in NF4 (transformers'
+   BitsAndBytesConfig, double quant, bf16 compute; random weights saved to a temporary folder),
+   LoRA r16 all-linear, gradient checkpointing, batch 1 at seq 512/1024/2048: max_memory_allocated
+   of a steady-state step next to the trace with ``quantization="nf4"``.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
 Writes gpu_check.json and gpu_check.md under --out.
@@ -104,6 +108,44 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+    return rows
+
+
+def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str, Any]]:
+    """NF4 base loaded as the engine loads it; one real step per length vs the quantized trace."""
+    import tempfile
+
+    from bench.quant_measure import save_random_model
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.models import text as text_models
+
+    cfg = load_model_config(config)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    run = apply_overrides(RunConfig(), {
+        "quantization": "nf4", "gradient_checkpointing": True, "lora_rank": 16, "lora_alpha": 16.0,
+        "max_seq_len": max(seqs), "precision": "bf16" if device == "cuda" else "fp32"})
+    with tempfile.TemporaryDirectory() as folder:
+        save_random_model(cfg, folder)
+        model = text_models.attach_lora(
+            text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    rows = []
+    for seq in seqs:
+        predicted = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
+                                       device="cuda", quantization="nf4", gradient_checkpointing=True)
+        ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+        measured = _real_step_peak(
+            model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)
+        rows.append({"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 + grad ckpt",
+                     "seq_len": seq, "measured_bytes": measured,
+                     "predicted_bytes": predicted.allocator_peak_bytes,
+                     "predicted_with_context_bytes": predicted.peak_bytes,
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
+                     "breakdown": predicted.breakdown})
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -219,10 +261,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
-        result = {"text": check_text(TINY_LLAMA, [64], device), "unet": unet,
+        text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
+        result = {"text": text,
+                  "unet": unet,
                   "flex": check_flex([512], device, repeats=2)}
     else:
-        result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device),
+        result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device)
+                  + check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
                   "unet": check_unet("sd15-unet", [512, 768, 1024], device)
                   + check_unet("sdxl-unet", [512, 768, 1024], device),
                   "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}

@@ -154,6 +154,12 @@ def _print_fits(cfg, device: str) -> None:
     for row in rows:
         fits = [(row.longest, row.batch_at_chosen), *row.by_gpus.values()]
         print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(f):>16}" for f in fits))
+    if rows and rows[0].by_quantization:
+        names = list(rows[0].by_quantization)
+        print("\nSame, 1 GPU, per quantization of the base weights (bitsandbytes)")
+        print("  card   " + "".join(f"{q:>16}" for q in names))
+        for row in rows:
+            print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(row.by_quantization[q]):>16}" for q in names))
 
 
 def _int_list(text: str, flag: str) -> list[int]:

@@ -128,15 +128,24 @@ class RunConfig:
                                      "image", low=1.0, high=4.0)
     bucket_no_upscale: bool = option(False, "Image: never upscale; images smaller than every "
                                      "bucket are skipped.", "image")
-    optimizer: str = option("auto", "Image: adamw, or adamw8bit (bitsandbytes, CUDA only); auto "
-                            "picks adamw8bit in optimized mode when both are present.", "image",
-                            choices=("auto", "adamw", "adamw8bit"))
     export_kohya: bool = option(False, "Image: also write adapter/kohya_lora.safetensors (kohya / "
                                 "A1111 / ComfyUI keys).", "image")
     sample_images: int = option(2, "Image: sample pictures generated from validation prompts at "
                                 "the end (samples/*.png; 0 = none).", "image", low=0, high=16)
     sample_steps: int = option(8, "Image: denoising steps per sample picture.", "image",
                                low=1, high=200)
+    # -- quantized base and 8-bit optimizer states (bitsandbytes) ------------------------------
+    quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
+                               "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "
+                               "compute dtype (2 bytes in bf16); LoRA trains on top. Needs "
+                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"))
+    double_quant: bool = option(True, "nf4: also quantize the per-block scales (saves about 0.4 "
+                                "bits/weight: ~0.37 GB on an 8B model).", "quantization")
+    optimizer: str = option("auto", "adamw (fp32 states, 8 bytes/trainable param), adamw8bit or "
+                            "paged_adamw8bit (bitsandbytes 8-bit states, ~2 bytes/param; paged "
+                            "moves them to CPU RAM under pressure on CUDA). auto: adamw for text; "
+                            "image picks adamw8bit in optimized mode on a GPU with bitsandbytes.",
+                            "quantization", choices=("auto", "adamw", "adamw8bit", "paged_adamw8bit"))
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,
@@ -205,6 +214,9 @@ class RunConfig:
             raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
                               f"(512-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
+        if self.task == "image" and self.quantization != "none":
+            raise ConfigError(f"quantization: {self.quantization!r} is for text runs; image runs "
+                              "use quantization: none")
         if self.task == "image" and self.attention == "windowed":
             raise ConfigError("attention: windowed is for text runs; image runs use attn_backend")
         if self.attention == "windowed":

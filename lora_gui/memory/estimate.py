@@ -118,6 +118,16 @@ def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
     return per + (5 * s["nh"] * seq * d // 2 if attn == "eager" else 0)
 
 
+def _quant_terms(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
+                 quantization: str, double_quant: bool, optimizer: str) -> dict[str, int]:
+    from lora_gui.memory.quant import check_quantization, estimate_terms
+
+    check_quantization(quantization, optimizer)
+    dims = _linear_dims(s)
+    numels = [r * dims[n][i] for n in targets for i in (0, 1)] * s["L"]  # lora_A, lora_B
+    return estimate_terms(dims, s["L"], d, quantization, double_quant, optimizer, numels, attn, targets)
+
+
 WINDOWED_BLOCK = 128  # query block of the blocked windowed kernel: each block sees block + W - 1 keys
 
 
@@ -125,7 +135,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        target_modules: Any = "all-linear", attn_implementation: str = "sdpa",
                        gradient_checkpointing: bool = False, dtype: Any = "bfloat16",
                        device: str = "cuda", attention_window: int | None = None,
-                       loss_chunk: int = 0) -> TraceResult:
+                       loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
+                       optimizer: str = "adamw") -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.trace.trace_text_step` (no dropout, no fake run), plus
@@ -134,6 +145,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             which keeps no S x S term.
         loss_chunk: chunked loss (lora_gui.models.chunked_loss): the logits terms cover at most
             ``loss_chunk`` positions, plus the hidden-state gradient the fused loss keeps.
+        quantization, double_quant, optimizer: as the trace (:mod:`lora_gui.memory.quant`):
+            quantized storage of the decoder's Linear weights, the dequantized weight of one
+            layer in the backward, int8's kept layer inputs, and 8-bit optimizer states.
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -158,10 +172,14 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     family = cfg.model_type in LLAMA_LIKE
     targets = _targets(target_modules) if family else LINEAR_NAMES
     params = _param_bytes(cfg, s, d, targets, lora_rank)
+    q = _quant_terms(s, d, targets, lora_rank, attn_implementation, quantization, double_quant, optimizer)
+    params["frozen_weights"] += q["frozen_delta"]
+    params["optimizer_state"] = q["optimizer_state"]
     tokens = batch_size * seq_len
     keys = min(seq_len, attention_window) if attention_window else seq_len  # key positions per query
     if family:
         layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys)
+        layer += q["saved_per_token"]
     else:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
     head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
@@ -176,13 +194,13 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
     transient = layer // 4 + int(eager_grad)
     if gradient_checkpointing:
-        base = s["L"] * d * s["h"] + head_in  # each layer's input is all that is kept
+        base = s["L"] * (d * s["h"] + q["kept_under_checkpointing"]) + head_in  # layer inputs
         inside = layer + layer // 5 + int(eager_grad)  # recomputing a layer, then its backward
     else:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
-    if inside * tokens > temporaries:  # the peak is inside a layer's backward, logits gone
-        activations, temporaries = (base + inside) * tokens, 0
+    if inside * tokens + q["transient"] > temporaries:  # the peak is inside a layer's backward
+        activations, temporaries = (base + inside) * tokens + q["transient"], 0
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
     breakdown = dict.fromkeys(CATEGORIES, 0)

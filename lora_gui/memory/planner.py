@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lora_gui.memory.estimate import estimate_text_step, estimate_unet_step
+from lora_gui.memory.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
 from lora_gui.memory.model_configs import load_model_config, max_positions
 from lora_gui.memory.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
 from lora_gui.memory.trace import TraceResult, trace_text_step
@@ -179,6 +179,12 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
     if step.get("attn_implementation", "sdpa") == "eager":
         add("attn_implementation='sdpa'", attn_implementation="sdpa")
         add("windowed attention (window 512)", attention_window=512)
+    quantizable = getattr(cfg, "model_type", None) in LLAMA_LIKE  # nn.Linear decoders (not GPT-2)
+    if quantizable and step.get("quantization", "none") == "none":  # base weights in 4 / 8 bits
+        add("quantization=nf4", quantization="nf4")
+        add("quantization=int8", quantization="int8")
+    if step.get("optimizer", "adamw") == "adamw":
+        add("optimizer=adamw8bit", optimizer="adamw8bit")
     rank = step.get("lora_rank", 16)
     if rank > 4:
         add(f"lora_rank={rank // 2}", lora_rank=rank // 2)
@@ -188,7 +194,7 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
     fit_len = _largest(at_len, budget, max(1, seq // 256 - 1))
     if fit_len:
         add(f"max length {fit_len * 256}", seq_len=fit_len * 256)
-    return sorted(out, key=lambda s: -s.saving_bytes)
+    return sorted((s for s in out if s.saving_bytes > 0), key=lambda s: -s.saving_bytes)  # int8 can cost more
 
 
 def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
@@ -246,6 +252,7 @@ class CardFit:
     longest: int | None  # tokens (text) or pixels (image) at batch 1; None: nothing fits
     batch_at_chosen: int  # largest batch at the chosen length / resolution (0: none)
     by_gpus: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+    by_quantization: dict[str, tuple[int | None, int]] = field(default_factory=dict)  # text, one GPU
 
 
 def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS_GB,
@@ -256,7 +263,8 @@ def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS
     at ``chosen`` (tokens or pixels). Uses the estimates (instant).
 
     Returns:
-        One :class:`CardFit` per card, with the FSDP columns for ``gpu_counts``.
+        One :class:`CardFit` per card, with the FSDP columns for ``gpu_counts`` and, for text,
+        a (longest, batch) column per base-weight quantization (none / nf4 / int8, one GPU).
     """
     cfg = load_model_config(config)
     image = isinstance(cfg, dict)
@@ -280,4 +288,23 @@ def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS
         budget = check_budget(gb * GB)
         longest, batch = fit(budget)
         rows.append(CardFit(gb, longest, batch, {n: fit(budget + savings[n]) for n in gpu_counts}))
+    if not image and cfg.model_type in LLAMA_LIKE:
+        _quantization_columns(rows, cfg, sizes, chosen, max_batch, step)
     return rows
+
+
+def _quantization_columns(rows: list[CardFit], cfg: Any, sizes: list[int], chosen: int,
+                          max_batch: int, step: dict[str, Any]) -> None:
+    """Fills each row's ``by_quantization``: (longest at batch 1, batch at ``chosen``) per
+    quantization of the base weights, on one GPU (estimate)."""
+    for quantization in ("none", "nf4", "int8"):
+        kw = {**step, "quantization": quantization}
+
+        def peak(b: int, n: int, kw: dict = kw) -> int:
+            return estimate_text_step(cfg, batch_size=b, seq_len=n, **kw).peak_bytes
+
+        for row in rows:
+            budget = check_budget(row.card_gb * GB)
+            k = _largest(lambda i, budget=budget: peak(1, sizes[i - 1]), budget, len(sizes))
+            batch = _largest(lambda b: peak(b, chosen), budget, max_batch)
+            row.by_quantization[quantization] = (sizes[k - 1] if k else None, batch)

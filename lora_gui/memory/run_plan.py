@@ -52,7 +52,11 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     dtype = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     if device != "cuda" or dtype is None:
         dtype = torch.float32
+    from lora_gui.engine.core.optim import resolved_optimizer
+
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
+            "quantization": cfg.quantization, "double_quant": cfg.double_quant,
+            "optimizer": resolved_optimizer(cfg, torch.device(device)),
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.loss_chunk,
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"

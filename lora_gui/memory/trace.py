@@ -209,9 +209,10 @@ def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor])
 
 def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
                      lora_rank: int, lora_alpha: float | None, target_modules: Any,
-                     lora_dropout: float = 0.0, loss_chunk: int = 0) -> nn.Module:
+                     lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True) -> nn.Module:
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
-    ``loss_chunk`` > 0 switches on the chunked loss as the engine does."""
+    ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
+    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.quant`)."""
     from transformers import AutoModelForCausalLM
 
     if attn_implementation not in ("eager", "sdpa", "windowed"):
@@ -227,6 +228,8 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         from lora_gui.models.chunked_loss import enable_chunked_loss
 
         enable_chunked_loss(model, loss_chunk)
+    if not lora:
+        return model
     return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
 
 
@@ -331,32 +334,44 @@ def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTrack
 
 def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[], dict],
            loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
-           gradient_checkpointing: bool, warm_steps: int) -> TraceResult:
-    """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down."""
+           gradient_checkpointing: bool, warm_steps: int,
+           setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
+           cuda_int8: bool = False) -> TraceResult:
+    """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
+
+    ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
+    state: :func:`lora_gui.memory.quant.materialize_quant_states`). ``optimizer``: adamw or
+    bitsandbytes' 8-bit (:mod:`lora_gui.memory.quant`).
+    """
+    from lora_gui.memory import quant
     t0 = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
-        if fake:
-            _materialize(model, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
-        else:
-            _materialize(model, _random_like)
+        make = (lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu")) if fake else _random_like
+        _materialize(model, make)
+        if setup is not None:
+            setup(model, make)
         if gradient_checkpointing:
             _enable_checkpointing(model)
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)  # per-param loop, as on CPU
+        opt = quant.make_optimizer(optimizer, trainable)
         tracker = _PhaseTracker()
         frozen = [p for p in model.parameters() if not p.requires_grad] + list(model.buffers())
+        frozen += quant.quant_state_tensors(model)
         tracker.category = "frozen_weights"
         tracker.track(frozen)
         tracker.category = "lora_params"
         tracker.track(trainable)
         tracker.category = "optimizer_state"
-        with tracker, _cuda_like_dropout(device == "cuda"), _unpacked_batches():
+        with tracker, _cuda_like_dropout(device == "cuda"), _unpacked_batches(), \
+                quant.cuda_like_int8(cuda_int8):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
-            if warm_steps == 0:
+            if warm_steps == 0 and optimizer == "adamw":
                 _materialize_adamw_state(opt)
+            elif warm_steps == 0:
+                quant.materialize_8bit_state(opt)
             tracker.reset_peak()
             tracker.peak_event, tracker.peak_phase = tracker.events, "start"
             _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
@@ -418,7 +433,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0,
-                    loss_chunk: int = 0) -> TraceResult:
+                    loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
+                    optimizer: str = "adamw") -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -441,6 +457,10 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         loss_chunk: chunked loss over this many positions (0: the model's own full-logits loss).
             The fused chunked loss does not call the head module, so its logits count as
             ``activations`` in the breakdown (the peak itself is exact).
+        quantization: ``"nf4"`` / ``"int8"``: the decoder's Linear layers quantized by
+            bitsandbytes with ``dtype`` as compute dtype (:mod:`lora_gui.memory.quant`).
+        double_quant: nf4: quantize the block scales too.
+        optimizer: ``"adamw"``, ``"adamw8bit"`` or ``"paged_adamw8bit"`` (bitsandbytes).
 
     Returns:
         A :class:`TraceResult`.
@@ -451,9 +471,18 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     cfg = load_model_config(config)
     if is_unet_config(cfg):
         raise ValueError("this is a UNet config: use trace_unet_step")
+    from lora_gui.memory import quant
+
+    quant.check_quantization(quantization, optimizer)
     model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
-                             lora_dropout=lora_dropout, loss_chunk=loss_chunk)
+                             lora_dropout=lora_dropout, loss_chunk=loss_chunk,
+                             lora=quantization == "none")
+    setup = None
+    if quantization != "none":  # quantize on meta, then LoRA on the quantized layers (as the engine)
+        quant.quantize_model(model, quantization, double_quant, _dtype(dtype))
+        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+        setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 
     def make_inputs() -> dict:
@@ -465,9 +494,11 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
 
     head = model.get_output_embeddings()
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps, setup=setup,
+                 optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda")
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len,
-                    attn_implementation=attn_implementation, source="tracker" if not fake else "predicted")
+                    attn_implementation=attn_implementation, source="tracker" if not fake else "predicted",
+                    quantization=quantization, optimizer=optimizer)
     return res
 
 

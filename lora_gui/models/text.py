@@ -14,13 +14,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig
+from lora_gui.models.errors import ModelError  # noqa: F401  (re-exported: callers import it here)
 
 log = logging.getLogger(__name__)
 HUB_TIMEOUT_S = 5  # how long an online check may take before we call the machine offline
-
-
-class ModelError(ValueError):
-    """The base model cannot be found or loaded; the message says why and what to do."""
 
 
 def resolve_model_source(name: str) -> str:
@@ -90,11 +87,14 @@ def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.f
     return model
 
 
-def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float32):
+def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float32,
+                   device: torch.device | None = None):
     """The base model with the run's attention: its kernel, and the window when asked for.
 
     Windowed attention support is checked on the config before any weight is loaded. ``dtype`` is
-    the frozen weights' dtype (bf16 on GPUs that train in bf16: half the memory of fp32).
+    the frozen weights' dtype (bf16 on GPUs that train in bf16: half the memory of fp32); with
+    ``quantization`` nf4 / int8 the Linear layers are quantized on ``device`` and ``dtype`` is
+    the compute dtype of the rest (lora_gui.models.quant).
     """
     if cfg.attention == "windowed":
         from lora_gui.attention import check_windowed_support
@@ -103,7 +103,12 @@ def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float
             check_windowed_support(AutoConfig.from_pretrained(source))
         except ValueError as err:
             raise ModelError(f"attention=windowed: {err}") from None
-    model = load_base_model(source, cfg.resolved_attn_backend(), dtype)
+    if cfg.quantization != "none":
+        from lora_gui.models.quant import load_quantized
+
+        model = load_quantized(source, cfg, cfg.resolved_attn_backend(), dtype, device or torch.device("cpu"))
+    else:
+        model = load_base_model(source, cfg.resolved_attn_backend(), dtype)
     if cfg.loss_chunk:
         from lora_gui.models.chunked_loss import enable_chunked_loss
 
@@ -137,6 +142,11 @@ def attach_lora(model, cfg: RunConfig) -> PeftModel:
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, lora)
+        peft_model = get_peft_model(model, lora)
     except ValueError as err:
         raise ModelError(f"lora_targets: {err}") from None
+    if cfg.quantization != "none":
+        from lora_gui.models.quant import prepare_for_training
+
+        prepare_for_training(peft_model)
+    return peft_model

@@ -21,7 +21,7 @@ from lora_gui.ui import charts
 RUNS_ROOT = Path("runs")
 USER_ERRORS = (ConfigError, DataError, ImageDataError, ModelError, RunDirError, JobBusyError)
 FORM_KEYS = ("model", "data", "max_seq_len", "budget_gb", "mode", "batching", "gradient_checkpointing",
-             "attention", "window", "global_tokens", "precision")
+             "attention", "window", "global_tokens", "precision", "quantization", "optimizer")
 MANAGER = JobManager()  # one job per server process, shared by every page that attaches
 
 
@@ -282,7 +282,8 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
 
 
 def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: str,
-         checkpointing: bool, resolution: float = 1024) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
+         checkpointing: bool, resolution: float = 1024, quantization: str = "none",
+         optimizer: str = "auto") -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Plan tab: breakdown figure, verdict, bucket table and card table (source: predicted)."""
     from lora_gui.memory import planner, run_plan
     from lora_gui.memory.model_configs import is_unet_config, load_model_config
@@ -297,7 +298,8 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
     try:
         cfg = load_config(preset, {"model": model, "max_seq_len": int(max_seq_len or 0),
-                                   "gradient_checkpointing": bool(checkpointing)})
+                                   "gradient_checkpointing": bool(checkpointing),
+                                   "quantization": quantization, "optimizer": optimizer})
         budget = planner.check_budget((budget_gb or 0) * GB)
         result, step = run_plan.plan_and_predict(cfg, budget, device, confirm=False)
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
@@ -315,7 +317,9 @@ def _plan_outputs(result, step, rows, budget: int, device: str, shape: str):
         text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
     table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
     card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
-                  *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values())] for r in rows]
+                  *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values()),
+                  *([f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_quantization.values()]
+                    or ["-"] * 3)] for r in rows]
     return charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text, table, card_rows
 
 

@@ -49,15 +49,15 @@ def cosine_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer, total: in
 
 
 def start_state(cfg: RunConfig, out: Path, ckpt: dict[str, Any] | None, resume: bool, optimizer: Any,
-                scheduler: Any, mixed: str, sampler: dict[str, Any], dist: Dist) -> TrainState:
-    """The checkpoint's state (optimizer, scheduler and RNG restored) or a fresh one, with the
+                scheduler: Any, fresh: TrainState, sampler: dict[str, Any], dist: Dist) -> TrainState:
+    """The checkpoint's state (optimizer, scheduler and RNG restored) or ``fresh``, with the
     sampler and world size of this launch, and each rank's own dropout stream."""
     if resume and ckpt is None:
         log.warning("%s: no checkpoint yet; starting from step 0", out)
     if ckpt is not None:
         state = TrainState.from_dict(restore_training_state(ckpt, optimizer, scheduler))
     else:
-        state = TrainState(precision=mixed)
+        state = fresh
     state.sampler, state.world_size = sampler, dist.world_size
     if dist.active:  # own dropout stream per rank (the checkpoint holds the main process's RNG)
         torch.manual_seed(cfg.seed * 7919 + 1_000_003 * dist.rank + state.step)

@@ -17,6 +17,8 @@ class TrainState:
             a resumed run keeps it.
         sampler: what the global data order depends on (see :func:`engine.core.resume.sampler_state`).
         world_size: processes of the launch that wrote the checkpoint.
+        quantization: base weights' storage (none, nf4, int8); a resume must keep it.
+        optimizer: the optimizer as resolved (adamw, adamw8bit, paged_adamw8bit); kept on resume.
     """
 
     step: int = 0
@@ -24,6 +26,8 @@ class TrainState:
     precision: str = "no"
     sampler: dict[str, Any] | None = None
     world_size: int = 1
+    quantization: str = "none"
+    optimizer: str = "adamw"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

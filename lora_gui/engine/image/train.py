@@ -39,6 +39,7 @@ from lora_gui.data.batching import MicroBatch, Step
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.optim import make_optimizer
 from lora_gui.engine.core.precision import choose_precision
 from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint
@@ -52,6 +53,7 @@ from lora_gui.engine.core.setup import (
     start_state,
     weights_dtype,
 )
+from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -176,27 +178,6 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     return caps, predicted
 
 
-def _make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter], device: torch.device):
-    """AdamW, or bitsandbytes' 8-bit AdamW (optimizer state in 8 bits: 2 bytes/param instead of 8)."""
-    choice = cfg.optimizer
-    has_bnb = device.type == "cuda" and _bitsandbytes_present()
-    if choice == "auto":
-        choice = "adamw8bit" if cfg.mode == "optimized" and has_bnb else "adamw"
-    if choice == "adamw8bit":
-        if not has_bnb:
-            raise ConfigError("optimizer: adamw8bit needs bitsandbytes and a CUDA GPU")
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
-
-
-def _bitsandbytes_present() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
 @dataclass(kw_only=True)
 class ImageSession(RunSession):
     """An image run: the shared session (``model`` is the UNet with LoRA) plus the pipeline's
@@ -278,11 +259,12 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     accelerator = new_accelerator(device, mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, optimizer_name = _make_optimizer(
+    optimizer, optimizer_name = make_optimizer(
         cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
     unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)
-    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, mixed, sampler, dist)
+    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler,
+                        TrainState(precision=mixed, optimizer=optimizer_name), sampler, dist)
     if state.base_eval_loss is None and dist.is_main:
         state.base_eval_loss = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
     meter.track(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))

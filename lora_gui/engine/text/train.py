@@ -32,6 +32,7 @@ from lora_gui.data.text import TokenizedSample, load_documents, split_documents,
 from lora_gui.engine.core.checkpoint import lora_state_dict, write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.optim import make_optimizer, resolved_optimizer
 from lora_gui.engine.core.precision import choose_precision
 from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
@@ -45,6 +46,7 @@ from lora_gui.engine.core.setup import (
     start_state,
     weights_dtype,
 )
+from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.parallel import fsdp
 from lora_gui.engine.parallel.distributed import (
@@ -64,6 +66,7 @@ from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
+from lora_gui.models.quant import check_resume, quant_state_tensors
 
 __all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
 
@@ -254,9 +257,11 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
-    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device))
+    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device), device)
     model = text_models.attach_lora(base, cfg)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
+    if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
+        check_resume(ckpt["trainer"], cfg, resolved_optimizer(cfg, device), out)
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
@@ -269,11 +274,12 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
+    optimizer, optimizer_name = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad],
+                                               device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
     model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
-    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, mixed, sampler, dist)
+    fresh = TrainState(precision=mixed, quantization=cfg.quantization, optimizer=optimizer_name)
+    state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, fresh, sampler, dist)
     if state.base_eval_loss is None:
         state.base_eval_loss = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                         cfg.token_budget)
@@ -283,7 +289,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
-                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]))
+                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+                + quant_state_tensors(unwrapped)))
     metrics, events = open_logs(out, state, resume, dist)
     session = TextSession(
         cfg=cfg, out=out, control=control, dist=dist, accelerator=accelerator, model=model,

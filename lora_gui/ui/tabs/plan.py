@@ -21,14 +21,19 @@ def build() -> dict[str, gr.components.Component]:
         budget = gr.Number(value=24, label="VRAM budget (GB)", elem_id="plan-budget")
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
         checkpointing = gr.Checkbox(value=False, label="Gradient checkpointing")
+        quantization = gr.Dropdown(["none", "nf4", "int8"], value="none", label="Base weights (text)",
+                                   elem_id="plan-quantization")
+        optimizer = gr.Dropdown(["auto", "adamw", "adamw8bit", "paged_adamw8bit"], value="auto",
+                                label="Optimizer", elem_id="plan-optimizer")
     button = gr.Button("Plan", variant="primary", elem_id="plan-button")
     message = gr.Markdown(elem_id="plan-message")
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
     buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
                                     "predicted peak MiB"], label="Batch per bucket", interactive=False)
     cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size",
-                                  *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8))],
+                                  *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
+                                  *(f"1 GPU, {q} base: longest / batch" for q in ("none", "nf4", "int8"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
-    inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution]
+    inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     return {"button": button, "chart": chart, "message": message}

@@ -49,6 +49,12 @@ def build() -> dict[str, gr.components.Component]:
                                   info=_meta("global_tokens")["help"])
         precision = gr.Dropdown(list(_meta("precision")["choices"]), value=values[10],
                                 label="Mixed precision", info=_meta("precision")["help"])
+    with gr.Row():
+        quantization = gr.Dropdown(list(_meta("quantization")["choices"]), value=values[11],
+                                   label="Base weights (text)", info=_meta("quantization")["help"],
+                                   elem_id="quantization")
+        optimizer = gr.Dropdown(list(_meta("optimizer")["choices"]), value=values[12], label="Optimizer",
+                                info=_meta("optimizer")["help"], elem_id="optimizer")
     predicted = gr.Markdown(elem_id="predicted")
     processes = gr.Number(value=max(1, handlers.gpu_count()), precision=0, minimum=1, elem_id="processes",
                           label="Processes (one per GPU; started with accelerate launch)",
@@ -70,7 +76,7 @@ def build() -> dict[str, gr.components.Component]:
                          elem_id="samples")
 
     form = [model, data, max_seq_len, budget, mode, batching, checkpointing, attention, window,
-            global_tokens, precision]
+            global_tokens, precision, quantization, optimizer]
     for component in [preset, *form]:  # every switch updates the prediction at once
         component.change(handlers.predict, [preset, *form], predicted)
     preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name).then(

@@ -1,0 +1,58 @@
+"""The optimizer of a run, shared by the text and image loops: AdamW or bitsandbytes' 8-bit AdamW.
+
+AdamW keeps two float32 moments per trainable parameter (8 bytes/param). bitsandbytes' 8-bit
+AdamW keeps them in 8 bits with a float32 absmax per 256-value block (2 + 8/256 bytes/param)
+for tensors of at least 4,096 values; smaller tensors keep float32 moments
+(``min_8bit_size``). The paged variant allocates its states in CUDA unified memory so the driver
+can move them to CPU RAM under memory pressure; on a CPU it behaves like adamw8bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+
+from lora_gui.config import ConfigError, RunConfig
+
+log = logging.getLogger(__name__)
+BNB_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
+INSTALL_HINT = "pip install bitsandbytes==0.50.2"
+
+
+def bitsandbytes_present() -> bool:
+    """True when the bitsandbytes package can be imported."""
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def resolved_optimizer(cfg: RunConfig, device: torch.device) -> str:
+    """The optimizer a run uses once ``auto`` is resolved: adamw for text; for images, adamw8bit
+    in optimized mode on a GPU when bitsandbytes is installed (as before)."""
+    if cfg.optimizer != "auto":
+        return cfg.optimizer
+    if cfg.task == "image" and cfg.mode == "optimized" and device.type == "cuda" and bitsandbytes_present():
+        return "adamw8bit"
+    return "adamw"
+
+
+def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter],
+                   device: torch.device) -> tuple[torch.optim.Optimizer, str]:
+    """Builds the run's optimizer over ``params`` (the trainable LoRA weights).
+
+    Returns:
+        (optimizer, the resolved name: adamw, adamw8bit or paged_adamw8bit).
+
+    Raises:
+        ConfigError: an 8-bit optimizer without bitsandbytes (says what to install).
+    """
+    choice = resolved_optimizer(cfg, device)
+    if choice in BNB_OPTIMIZERS:
+        if not bitsandbytes_present():
+            raise ConfigError(f"optimizer: {choice} needs bitsandbytes ({INSTALL_HINT}); or use "
+                              "optimizer: adamw")
+        import bitsandbytes as bnb
+
+        cls = bnb.optim.AdamW8bit if choice == "adamw8bit" else bnb.optim.PagedAdamW8bit
+        return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), choice

@@ -1,0 +1,6 @@
+"""The error a model loader raises for the user (kept apart so that loaders can share it
+without importing each other)."""
+
+
+class ModelError(ValueError):
+    """The base model cannot be found or loaded; the message says why and what to do."""
