@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 CATEGORIES = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations", "temporaries")
 UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells attention
 
 # -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
 # CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
@@ -279,27 +280,67 @@ def _cuda_like_dropout(enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _unpacked_batches() -> Iterator[None]:
-    """Tells transformers the batch holds one unpadded sequence per row, as the trace assumes.
+def _batch_structure(packed_rows: bool) -> Iterator[None]:
+    """Tells transformers (and the windowed backend) whether the batch's rows hold several
+    documents, as the real batch's position ids say.
 
     transformers detects packed sequences by reading ``position_ids``; fake tensors have no
-    values, so it would assume packing and build a (B, 1, S, S) mask that a real run of an
-    unpacked batch never builds (and that would push SDPA off the flash kernel).
+    values, so it would always assume packing and build a (B, 1, S, S) mask that a real run of
+    an unpacked batch (or of a packed row holding one document) never builds. ``packed_rows``:
+    the real rows restart their positions (several documents a row): the mask is built, as in
+    the run. A padding mask is given to the model only when the real batch has padding, so the
+    "is every token real?" checks (which cannot read fake values) answer as the run's would.
     """
-    try:
-        from transformers import masking_utils
-    except ImportError:  # pragma: no cover - transformers is a hard dependency
-        yield
-        return
-    orig = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if orig is None:
-        yield
-        return
-    masking_utils.find_packed_sequence_indices = lambda *a, **k: None
+    from transformers import masking_utils
+
+    from lora_gui.attention import hf as windowed_hf
+
+    modules = [m for m in (masking_utils, windowed_hf) if hasattr(m, "find_packed_sequence_indices")]
+    originals = [m.find_packed_sequence_indices for m in modules]
+    if not packed_rows:
+        for m in modules:
+            m.find_packed_sequence_indices = lambda *a, **k: None
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = orig
+        for m, orig in zip(modules, originals):
+            m.find_packed_sequence_indices = orig
+
+
+# Attention kernels by device: the trace runs CPU kernels; a CUDA run picks others where the
+# memory differs in name only (see the module docstring).
+_CPU_KERNELS = {"ScaledDotProductFlashAttentionForCpuBackward0": "sdpa_flash_cpu",
+                "ScaledDotProductEfficientAttentionBackward0": "sdpa_memory_efficient",
+                "ScaledDotProductFlashAttentionBackward0": "sdpa_flash"}
+
+
+@contextlib.contextmanager
+def _kernel_watch(found: set[str], device: str) -> Iterator[None]:
+    """Records which SDPA kernel each attention call of the step runs on ``device``.
+
+    On a CPU the kernel is read from the autograd node of the real dispatch (torch's CPU flash
+    kernel takes a mask: a boolean mask becomes a float additive (B, 1, S, S) mask in the query
+    dtype, kept for backward per layer; without grad the kernel name is "sdpa"). On CUDA,
+    SDPA with a mask runs the memory-efficient kernel (it keeps the same converted mask as its
+    bias, plus output and float32 logsumexp) and without one the flash kernel (output and
+    logsumexp): the CPU trace holds the same tensors, so only the name changes.
+    """
+    orig = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, *args, **kwargs):  # noqa: ANN001, ANN202 (torch API)
+        out = orig(query, key, value, attn_mask, *args, **kwargs)
+        if device == "cuda":
+            found.add("sdpa_memory_efficient" if attn_mask is not None else "sdpa_flash")
+        else:
+            node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
+            found.add(_CPU_KERNELS.get(node, "sdpa_math" if node else "sdpa"))
+        return out
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = orig
 
 
 def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTracker,
@@ -331,8 +372,14 @@ def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTrack
 
 def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[], dict],
            loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
-           gradient_checkpointing: bool, warm_steps: int) -> TraceResult:
-    """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down."""
+           gradient_checkpointing: bool, warm_steps: int, packed_rows: bool = False,
+           grads_before: bool = False) -> TraceResult:
+    """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
+
+    ``packed_rows``: the batch's rows hold several documents (see :func:`_batch_structure`).
+    ``grads_before``: the LoRA gradients exist before the forward, as for every micro-batch but
+    the first of an optimizer step (gradient accumulation adds into them).
+    """
     t0 = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
@@ -352,15 +399,23 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         tracker.category = "lora_params"
         tracker.track(trainable)
         tracker.category = "optimizer_state"
-        with tracker, _cuda_like_dropout(device == "cuda"), _unpacked_batches():
+        kernels: set[str] = set()
+        with tracker, _cuda_like_dropout(device == "cuda"), _batch_structure(packed_rows), \
+                _kernel_watch(kernels, device):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0:
                 _materialize_adamw_state(opt)
+            if grads_before:
+                tracker.category = "gradients"
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
             tracker.reset_peak()
             tracker.peak_event, tracker.peak_phase = tracker.events, "start"
             _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
-    return _result(tracker, device, time.perf_counter() - t0, model, trainable)
+    result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
+    result.info["sdpa_kernels"] = sorted(kernels)
+    return result
 
 
 def _enable_checkpointing(model: nn.Module) -> None:
@@ -418,14 +473,14 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0,
-                    loss_chunk: int = 0) -> TraceResult:
+                    loss_chunk: int = 0, mask: str = "none", grads_before: bool = False) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
         config: a transformers ``PretrainedConfig``, a config dict, a bundled name
             (``"llama-3.1-8b"``), a config.json path or a model directory.
         batch_size: micro-batch size (sequences).
-        seq_len: tokens per sequence (no padding mask; see the module docstring).
+        seq_len: tokens per sequence (padded length of the micro-batch).
         lora_rank: LoRA rank r.
         lora_alpha: LoRA alpha (default: r); does not change memory.
         target_modules: peft ``target_modules`` (default ``"all-linear"``).
@@ -441,11 +496,19 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         loss_chunk: chunked loss over this many positions (0: the model's own full-logits loss).
             The fused chunked loss does not call the head module, so its logits count as
             ``activations`` in the breakdown (the peak itself is exact).
+        mask: what the real batch tells attention, as the engine collates it: ``"none"`` (no
+            padding: transformers skips the mask), ``"padding"`` (a 2D attention mask with padded
+            tokens: a (B, 1, S, S) mask is built) or ``"packed"`` (one row of several documents,
+            positions restarting per document: a block-diagonal (1, 1, S, S) mask).
+        grads_before: LoRA gradients exist before the forward (a micro-batch after the first
+            of an accumulated step).
 
     Returns:
-        A :class:`TraceResult`.
+        A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
     """
     _check_common(batch_size, device)
+    if mask not in BATCH_MASKS:
+        raise ValueError(f"mask must be one of {BATCH_MASKS}, got {mask!r}")
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     cfg = load_model_config(config)
@@ -456,18 +519,27 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                              lora_dropout=lora_dropout, loss_chunk=loss_chunk)
     vocab = cfg.vocab_size
 
-    def make_inputs() -> dict:
-        ids = torch.randint(0, vocab, (batch_size, seq_len))
-        return {"input_ids": ids, "labels": ids}
+    def make_inputs() -> dict:  # the tensors the engine's collate() gives the model
+        shape = (batch_size, seq_len)
+        batch = {"input_ids": torch.randint(0, vocab, shape), "labels": torch.randint(0, vocab, shape)}
+        if mask == "padding":  # a padded last token (real values matter with fake=False)
+            batch["attention_mask"] = torch.ones(shape, dtype=torch.long)
+            batch["attention_mask"][-1, -1] = 0
+        elif mask == "packed":  # two documents in the row
+            batch["position_ids"] = torch.arange(seq_len).remainder(max(1, seq_len // 2)).expand(shape)
+        return batch
 
     def loss_fn(m: nn.Module, batch: dict, _tracker: _PhaseTracker) -> torch.Tensor:
         return m(**batch, use_cache=False).loss
 
     head = model.get_output_embeddings()
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
-    res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len,
-                    attn_implementation=attn_implementation, source="tracker" if not fake else "predicted")
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
+                 packed_rows=mask == "packed", grads_before=grads_before)
+    kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
+    res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
+                    attn_implementation=attn_implementation, kernel=kernel or "sdpa",
+                    source="tracker" if not fake else "predicted")
     return res
 
 
