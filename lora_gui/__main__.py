@@ -120,6 +120,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     mib = 2**20
     print(f"Predicted peak of one training step on {args.device}, per GPU with {parallel.label()} "
           f"(source: predicted, fake-tensor trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
+    pred = step.info.get("prediction") or {}
+    if pred:
+        data = "the run's real data" if pred["from_data"] else "worst case, no data to read"
+        print(f"  peak micro-batch: {pred['batch_size']} x {pred['seq_len']} tokens, mask {pred['mask']}, "
+              f"attention kernel on {args.device}: {pred['kernel']} ({data})")
     for name, nbytes in step.breakdown.items():
         print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
     for name, nbytes in step.cuda_overheads.items():

@@ -115,6 +115,7 @@ def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
             "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
             "device": step.device, "source": "predicted", "fits": plan.fits,
+            "kernel": step.info.get("kernel"), "prediction": step.info.get("prediction"),
             "budget_bytes": plan.budget_bytes, "message": plan.message,
             "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
             "buckets": [asdict(b) for b in plan.buckets],
@@ -126,15 +127,19 @@ def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", so
                      ) -> tuple[planner.Plan, TraceResult]:
     """The plan under a budget and the trace of the micro-batch the run will peak at.
 
-    With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch),
-    so the peak is the bucket whose planned micro-batch predicts the most; when batch 1 does not
-    fit, it is batch 1 at max_seq_len.
+    With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch,
+    bucketed runs), and the peak is the worst micro-batch the run will execute on its real data
+    (:func:`~lora_gui.memory.run_predict.predict_run`, the function the training run calls);
+    ``step.info["prediction"]`` holds its figures (device, kernel, micro-batch).
     """
+    from lora_gui.memory.guard import BatchCaps
+    from lora_gui.memory.run_predict import predict_run
+
     plan = plan_run(cfg, budget_bytes, device, source, confirm, parallel)
-    if plan.fits:
-        worst = max(plan.buckets, key=lambda b: b.peak_bytes)
-        step = predicted_step(cfg, device, source, batch_size=worst.micro_batch, seq_len=int(worst.bucket),
-                              parallel=parallel)
-    else:
-        step = predicted_step(cfg, device, source, batch_size=1, parallel=parallel)
+    caps = BatchCaps()
+    if cfg.resolved_batching() == "bucketed":
+        caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
+    prediction = predict_run(cfg, device, source, parallel=parallel, caps=caps)
+    step = prediction.step
+    step.info["prediction"] = prediction.to_json()
     return plan, step

@@ -36,10 +36,12 @@ choices a CUDA run makes are mimicked where they change memory. SDPA on CPU disp
 logsumexp (B, H, S), the same as the CUDA flash / memory-efficient kernels; no S x S matrix is
 stored. Eager attention materializes the S x S scores, float32 softmax and probabilities per
 layer, on both. Dropout is rewritten to ``torch.native_dropout`` (bool mask, as on CUDA; the
-CPU path keeps a mask in the input dtype). Batches are assumed unpadded or packed (no attention
-mask tensor); a padding mask adds a (B, 1, S, S) mask. Not seen: the flash backward's float32
-``dq`` accumulator (one layer at a time, B*S*H*D*4 bytes), allocator caching/fragmentation
-(reserved vs allocated) and kernels' private workspaces; see ``CUDA_OVERHEADS_DOC``.
+CPU path keeps a mask in the input dtype). The batch's mask is the real batch's (``mask``): no
+padding and one document a row: no mask; padding or packed documents: transformers builds a
+(B, 1, S, S) mask and SDPA keeps an additive copy per layer (see ``batch_trace.kernel_watch``).
+Not seen: the flash backward's float32 ``dq`` accumulator (one layer at a time, B*S*H*D*4
+bytes), allocator caching/fragmentation (reserved vs allocated) and kernels' private
+workspaces; see ``CUDA_OVERHEADS_DOC``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from lora_gui.memory.batch_trace import batch_structure, kernel_watch
 from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
 from lora_gui.memory.tracker import StorageTracker
 
@@ -279,70 +282,6 @@ def _cuda_like_dropout(enabled: bool) -> Iterator[None]:
         torch.nn.functional.dropout = orig
 
 
-@contextlib.contextmanager
-def _batch_structure(packed_rows: bool) -> Iterator[None]:
-    """Tells transformers (and the windowed backend) whether the batch's rows hold several
-    documents, as the real batch's position ids say.
-
-    transformers detects packed sequences by reading ``position_ids``; fake tensors have no
-    values, so it would always assume packing and build a (B, 1, S, S) mask that a real run of
-    an unpacked batch (or of a packed row holding one document) never builds. ``packed_rows``:
-    the real rows restart their positions (several documents a row): the mask is built, as in
-    the run. A padding mask is given to the model only when the real batch has padding, so the
-    "is every token real?" checks (which cannot read fake values) answer as the run's would.
-    """
-    from transformers import masking_utils
-
-    from lora_gui.attention import hf as windowed_hf
-
-    modules = [m for m in (masking_utils, windowed_hf) if hasattr(m, "find_packed_sequence_indices")]
-    originals = [m.find_packed_sequence_indices for m in modules]
-    if not packed_rows:
-        for m in modules:
-            m.find_packed_sequence_indices = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        for m, orig in zip(modules, originals):
-            m.find_packed_sequence_indices = orig
-
-
-# Attention kernels by device: the trace runs CPU kernels; a CUDA run picks others where the
-# memory differs in name only (see the module docstring).
-_CPU_KERNELS = {"ScaledDotProductFlashAttentionForCpuBackward0": "sdpa_flash_cpu",
-                "ScaledDotProductEfficientAttentionBackward0": "sdpa_memory_efficient",
-                "ScaledDotProductFlashAttentionBackward0": "sdpa_flash"}
-
-
-@contextlib.contextmanager
-def _kernel_watch(found: set[str], device: str) -> Iterator[None]:
-    """Records which SDPA kernel each attention call of the step runs on ``device``.
-
-    On a CPU the kernel is read from the autograd node of the real dispatch (torch's CPU flash
-    kernel takes a mask: a boolean mask becomes a float additive (B, 1, S, S) mask in the query
-    dtype, kept for backward per layer; without grad the kernel name is "sdpa"). On CUDA,
-    SDPA with a mask runs the memory-efficient kernel (it keeps the same converted mask as its
-    bias, plus output and float32 logsumexp) and without one the flash kernel (output and
-    logsumexp): the CPU trace holds the same tensors, so only the name changes.
-    """
-    orig = torch.nn.functional.scaled_dot_product_attention
-
-    def sdpa(query, key, value, attn_mask=None, *args, **kwargs):  # noqa: ANN001, ANN202 (torch API)
-        out = orig(query, key, value, attn_mask, *args, **kwargs)
-        if device == "cuda":
-            found.add("sdpa_memory_efficient" if attn_mask is not None else "sdpa_flash")
-        else:
-            node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
-            found.add(_CPU_KERNELS.get(node, "sdpa_math" if node else "sdpa"))
-        return out
-
-    torch.nn.functional.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = orig
-
-
 def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTracker,
               forward_loss: Callable[[], torch.Tensor], head: nn.Module | None) -> None:
     """One training step with phase markers: forward, loss, backward, optimizer step."""
@@ -376,7 +315,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
            grads_before: bool = False) -> TraceResult:
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
-    ``packed_rows``: the batch's rows hold several documents (see :func:`_batch_structure`).
+    ``packed_rows``: the batch's rows hold several documents (``batch_trace.batch_structure``).
     ``grads_before``: the LoRA gradients exist before the forward, as for every micro-batch but
     the first of an optimizer step (gradient accumulation adds into them).
     """
@@ -400,8 +339,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         tracker.track(trainable)
         tracker.category = "optimizer_state"
         kernels: set[str] = set()
-        with tracker, _cuda_like_dropout(device == "cuda"), _batch_structure(packed_rows), \
-                _kernel_watch(kernels, device):
+        with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
+                kernel_watch(kernels, device):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0:
