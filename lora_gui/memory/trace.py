@@ -553,6 +553,7 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
 
     res = _trace(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
-    res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w),
+    kernel = "+".join(res.info["sdpa_kernels"]) if attention == "sdpa" else "eager"
+    res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w), kernel=kernel,
                     source="tracker" if not fake else "predicted")
     return res

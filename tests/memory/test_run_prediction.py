@@ -95,3 +95,28 @@ def test_micro_batch_shapes_come_from_the_real_padding():
                                         "max_steps": 2})
     found = micro_shapes(cfg, [256, 256, 256, 256], BatchCaps())
     assert found == {MicroShape(1, 256, "none", False), MicroShape(1, 256, "none", True)}
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    from lora_gui.data.build_images import build
+
+    out = tmp_path_factory.mktemp("pictures")
+    build(out, count=5)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_latents", ["ram", "off"])
+def test_image_run_at_512_px_is_predicted_within_the_bound(cache_latents, pictures, tmp_path):
+    from lora_gui.engine.image.train import train_image
+    from lora_gui.presets import load_config
+
+    cfg = load_config("image-512", {"data": str(pictures), "max_steps": 2, "batch_size": 2,
+                                    "monitor_hz": 0, "eval_fraction": 0.2, "sample_images": 0,
+                                    "cache_latents": cache_latents, "precision": "fp32"})
+    summary = train_image(cfg, tmp_path / "run", progress=False)
+    report = summary["memory_report"]
+    assert report["source"] == "tracker" and report["predicted_device"] == "cpu"
+    assert report["predicted_kernel"] == "sdpa_flash_cpu"
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, (cache_latents, report)

@@ -143,7 +143,7 @@ def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
 
 def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
                  device: torch.device, weights_dtype: torch.dtype,
-                 world_size: int = 1) -> tuple[BatchCaps, int | None]:
+                 world_size: int = 1) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per bucket (adaptive: the planner under a budget, else batch_table) and
     the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
     of the UNet step plus the VAE / text encoders when they stay resident), per process: with
@@ -177,9 +177,12 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
         resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
             p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
         predicted = traced.peak_bytes + resident
+        prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
+                      "kernel": traced.info["kernel"], "batch_size": sizes[worst], "bucket": list(worst)}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
-    return caps, predicted
+        prediction = None
+    return caps, predicted, prediction
 
 
 def _make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter], device: torch.device):
@@ -298,12 +301,13 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device, dtype,
-                                                        dist.world_size))
+    caps, predicted, prediction = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device,
+                                                                    dtype, dist.world_size))
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
     inputs, eval_set, info = build_inputs(cfg, out, model, data, device, meter, control, dist)
+    info["prediction"] = prediction
     AcceleratorState._reset_state()  # one process may run several jobs (the UI) in other precisions
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
