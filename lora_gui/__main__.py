@@ -97,7 +97,7 @@ def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lora_gui.memory import planner, run_plan
+    from lora_gui.memory import planner, run_plan, run_predict
     from lora_gui.memory.parallel import Parallel
 
     cfg = load_config(args.preset, parse_set_args(args.set))
@@ -107,7 +107,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         parallel = Parallel(args.world_size, args.fsdp)
         budget = planner.check_budget(budget_gb * 1e9)
-        plan, step = run_plan.plan_and_predict(cfg, budget, args.device, parallel=parallel)
+        plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     result = run_plan.plan_to_json(plan, step)
@@ -117,6 +117,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     mib = 2**20
     print(f"Predicted peak of one training step on {args.device}, per GPU with {parallel.label()} "
           f"(source: predicted, fake-tensor trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
+    pred = step.info.get("prediction") or {}
+    if pred:
+        data = "the run's real data" if pred["from_data"] else "worst case, no data to read"
+        print(f"  peak micro-batch: {pred['batch_size']} x {pred['seq_len']} tokens, mask {pred['mask']}, "
+              f"attention kernel on {args.device}: {pred['kernel']} ({data})")
     for name, nbytes in step.breakdown.items():
         print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
     for name, nbytes in step.cuda_overheads.items():

@@ -46,6 +46,7 @@ from transformers.masking_utils import (
     find_packed_sequence_indices,
     prepare_padding_mask,
 )
+from transformers.utils.import_utils import is_tracing
 
 from lora_gui.attention.windowed import (
     IMPLS,
@@ -213,6 +214,8 @@ def windowed_mask(
         return None
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     padding = padding[:, kv_offset : kv_offset + kv_length].to(torch.bool)
+    if is_tracing(padding):  # values unknown (fake tensors, compile): keep it, as transformers does
+        return padding
     return None if bool(padding.all()) else padding
 
 

@@ -119,26 +119,8 @@ def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
             "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
             "device": step.device, "source": "predicted", "fits": plan.fits,
+            "kernel": step.info.get("kernel"), "prediction": step.info.get("prediction"),
             "budget_bytes": plan.budget_bytes, "message": plan.message,
             "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
             "buckets": [asdict(b) for b in plan.buckets],
             "suggestions": [asdict(s) for s in plan.suggestions]}
-
-
-def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
-                     confirm: bool = True, parallel: Parallel | None = None,
-                     ) -> tuple[planner.Plan, TraceResult]:
-    """The plan under a budget and the trace of the micro-batch the run will peak at.
-
-    With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch),
-    so the peak is the bucket whose planned micro-batch predicts the most; when batch 1 does not
-    fit, it is batch 1 at max_seq_len.
-    """
-    plan = plan_run(cfg, budget_bytes, device, source, confirm, parallel)
-    if plan.fits:
-        worst = max(plan.buckets, key=lambda b: b.peak_bytes)
-        step = predicted_step(cfg, device, source, batch_size=worst.micro_batch, seq_len=int(worst.bucket),
-                              parallel=parallel)
-    else:
-        step = predicted_step(cfg, device, source, batch_size=1, parallel=parallel)
-    return plan, step

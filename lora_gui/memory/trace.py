@@ -36,10 +36,12 @@ choices a CUDA run makes are mimicked where they change memory. SDPA on CPU disp
 logsumexp (B, H, S), the same as the CUDA flash / memory-efficient kernels; no S x S matrix is
 stored. Eager attention materializes the S x S scores, float32 softmax and probabilities per
 layer, on both. Dropout is rewritten to ``torch.native_dropout`` (bool mask, as on CUDA; the
-CPU path keeps a mask in the input dtype). Batches are assumed unpadded or packed (no attention
-mask tensor); a padding mask adds a (B, 1, S, S) mask. Not seen: the flash backward's float32
-``dq`` accumulator (one layer at a time, B*S*H*D*4 bytes), allocator caching/fragmentation
-(reserved vs allocated) and kernels' private workspaces; see ``CUDA_OVERHEADS_DOC``.
+CPU path keeps a mask in the input dtype). The batch's mask is the real batch's (``mask``): no
+padding and one document a row: no mask; padding or packed documents: transformers builds a
+(B, 1, S, S) mask and SDPA keeps an additive copy per layer (see ``batch_trace.kernel_watch``).
+Not seen: the flash backward's float32 ``dq`` accumulator (one layer at a time, B*S*H*D*4
+bytes), allocator caching/fragmentation (reserved vs allocated) and kernels' private
+workspaces; see ``CUDA_OVERHEADS_DOC``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from lora_gui.memory.batch_trace import batch_structure, kernel_watch
 from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
 from lora_gui.memory.tracker import StorageTracker
 
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 
 CATEGORIES = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations", "temporaries")
 UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells attention
 
 # -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
 # CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
@@ -281,30 +285,6 @@ def _cuda_like_dropout(enabled: bool) -> Iterator[None]:
         torch.nn.functional.dropout = orig
 
 
-@contextlib.contextmanager
-def _unpacked_batches() -> Iterator[None]:
-    """Tells transformers the batch holds one unpadded sequence per row, as the trace assumes.
-
-    transformers detects packed sequences by reading ``position_ids``; fake tensors have no
-    values, so it would assume packing and build a (B, 1, S, S) mask that a real run of an
-    unpacked batch never builds (and that would push SDPA off the flash kernel).
-    """
-    try:
-        from transformers import masking_utils
-    except ImportError:  # pragma: no cover - transformers is a hard dependency
-        yield
-        return
-    orig = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if orig is None:
-        yield
-        return
-    masking_utils.find_packed_sequence_indices = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = orig
-
-
 def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTracker,
               forward_loss: Callable[[], torch.Tensor], head: nn.Module | None) -> None:
     """One training step with phase markers: forward, loss, backward, optimizer step."""
@@ -336,12 +316,15 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
            loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
            gradient_checkpointing: bool, warm_steps: int,
            setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
-           cuda_int8: bool = False) -> TraceResult:
+           cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False) -> TraceResult:
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
     ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
     state: :func:`lora_gui.memory.quant.materialize_quant_states`). ``optimizer``: adamw or
     bitsandbytes' 8-bit (:mod:`lora_gui.memory.quant`).
+    ``packed_rows``: the batch's rows hold several documents (``batch_trace.batch_structure``).
+    ``grads_before``: the LoRA gradients exist before the forward, as for every micro-batch but
+    the first of an optimizer step (gradient accumulation adds into them).
     """
     from lora_gui.memory import quant
     t0 = time.perf_counter()
@@ -364,18 +347,25 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         tracker.category = "lora_params"
         tracker.track(trainable)
         tracker.category = "optimizer_state"
-        with tracker, _cuda_like_dropout(device == "cuda"), _unpacked_batches(), \
-                quant.cuda_like_int8(cuda_int8):
+        kernels: set[str] = set()
+        with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
+                kernel_watch(kernels, device), quant.cuda_like_int8(cuda_int8):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0 and optimizer == "adamw":
                 _materialize_adamw_state(opt)
             elif warm_steps == 0:
                 quant.materialize_8bit_state(opt)
+            if grads_before:
+                tracker.category = "gradients"
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
             tracker.reset_peak()
             tracker.peak_event, tracker.peak_phase = tracker.events, "start"
             _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
-    return _result(tracker, device, time.perf_counter() - t0, model, trainable)
+    result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
+    result.info["sdpa_kernels"] = sorted(kernels)
+    return result
 
 
 def _enable_checkpointing(model: nn.Module) -> None:
@@ -434,14 +424,14 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0,
                     loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
-                    optimizer: str = "adamw") -> TraceResult:
+                    optimizer: str = "adamw", mask: str = "none", grads_before: bool = False) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
         config: a transformers ``PretrainedConfig``, a config dict, a bundled name
             (``"llama-3.1-8b"``), a config.json path or a model directory.
         batch_size: micro-batch size (sequences).
-        seq_len: tokens per sequence (no padding mask; see the module docstring).
+        seq_len: tokens per sequence (padded length of the micro-batch).
         lora_rank: LoRA rank r.
         lora_alpha: LoRA alpha (default: r); does not change memory.
         target_modules: peft ``target_modules`` (default ``"all-linear"``).
@@ -461,11 +451,19 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             bitsandbytes with ``dtype`` as compute dtype (:mod:`lora_gui.memory.quant`).
         double_quant: nf4: quantize the block scales too.
         optimizer: ``"adamw"``, ``"adamw8bit"`` or ``"paged_adamw8bit"`` (bitsandbytes).
+        mask: what the real batch tells attention, as the engine collates it: ``"none"`` (no
+            padding: transformers skips the mask), ``"padding"`` (a 2D attention mask with padded
+            tokens: a (B, 1, S, S) mask is built) or ``"packed"`` (one row of several documents,
+            positions restarting per document: a block-diagonal (1, 1, S, S) mask).
+        grads_before: LoRA gradients exist before the forward (a micro-batch after the first
+            of an accumulated step).
 
     Returns:
-        A :class:`TraceResult`.
+        A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
     """
     _check_common(batch_size, device)
+    if mask not in BATCH_MASKS:
+        raise ValueError(f"mask must be one of {BATCH_MASKS}, got {mask!r}")
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     cfg = load_model_config(config)
@@ -485,9 +483,15 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 
-    def make_inputs() -> dict:
-        ids = torch.randint(0, vocab, (batch_size, seq_len))
-        return {"input_ids": ids, "labels": ids}
+    def make_inputs() -> dict:  # the tensors the engine's collate() gives the model
+        shape = (batch_size, seq_len)
+        batch = {"input_ids": torch.randint(0, vocab, shape), "labels": torch.randint(0, vocab, shape)}
+        if mask == "padding":  # a padded last token (real values matter with fake=False)
+            batch["attention_mask"] = torch.ones(shape, dtype=torch.long)
+            batch["attention_mask"][-1, -1] = 0
+        elif mask == "packed":  # two documents in the row
+            batch["position_ids"] = torch.arange(seq_len).remainder(max(1, seq_len // 2)).expand(shape)
+        return batch
 
     def loss_fn(m: nn.Module, batch: dict, _tracker: _PhaseTracker) -> torch.Tensor:
         return m(**batch, use_cache=False).loss
@@ -495,10 +499,13 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     head = model.get_output_embeddings()
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps, setup=setup,
-                 optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda")
-    res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len,
-                    attn_implementation=attn_implementation, source="tracker" if not fake else "predicted",
-                    quantization=quantization, optimizer=optimizer)
+                 optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda",
+                 packed_rows=mask == "packed", grads_before=grads_before)
+    kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
+    res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
+                    attn_implementation=attn_implementation, kernel=kernel or "sdpa",
+                    source="tracker" if not fake else "predicted", quantization=quantization,
+                    optimizer=optimizer)
     return res
 
 
@@ -573,6 +580,7 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
 
     res = _trace(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
-    res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w),
+    kernel = "+".join(res.info["sdpa_kernels"]) if attention == "sdpa" else "eager"
+    res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w), kernel=kernel,
                     source="tracker" if not fake else "predicted")
     return res

@@ -285,7 +285,7 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
          checkpointing: bool, resolution: float = 1024, quantization: str = "none",
          optimizer: str = "auto") -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Plan tab: breakdown figure, verdict, bucket table and card table (source: predicted)."""
-    from lora_gui.memory import planner, run_plan
+    from lora_gui.memory import planner, run_plan, run_predict
     from lora_gui.memory.model_configs import is_unet_config, load_model_config
 
     empty: list[list[Any]] = []
@@ -301,7 +301,7 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
                                    "gradient_checkpointing": bool(checkpointing),
                                    "quantization": quantization, "optimizer": optimizer})
         budget = planner.check_budget((budget_gb or 0) * GB)
-        result, step = run_plan.plan_and_predict(cfg, budget, device, confirm=False)
+        result, step = run_predict.plan_and_predict(cfg, budget, device, confirm=False)
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                        **run_plan.step_kwargs(cfg, device))
     except (ValueError, *USER_ERRORS) as err:

@@ -38,6 +38,7 @@ class RunSession:
             accelerate; its trainable parameters are the LoRA weights.
         caps: micro-batch caps per length bucket (the planner's, lowered by the OOM guard).
         predicted: predicted peak bytes of the run's largest micro-batch (source: predicted).
+        prediction: how it was predicted (device, attention kernel, the peak micro-batch...).
         per_epoch, total: optimizer steps per epoch and in the whole run.
     """
 
@@ -57,6 +58,7 @@ class RunSession:
     predicted: int | None
     per_epoch: int
     total: int
+    prediction: dict[str, Any] | None = None
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -83,5 +85,5 @@ class RunSession:
     def plan_event(self, budget: int | None, **extra: Any) -> None:
         """The run's memory plan, first event of every run (the dashboard reads it)."""
         self.event({"event": "plan", "caps": self.caps.caps, "predicted_peak_bytes": self.predicted,
-                    "budget_bytes": budget, "total_steps": self.total,
+                    "prediction": self.prediction, "budget_bytes": budget, "total_steps": self.total,
                     "world_size": self.dist.world_size, **extra})

@@ -50,5 +50,7 @@ def memory_report(summary: dict[str, Any]) -> dict[str, Any]:
         "budget_utilization": peak / budget if peak and budget else None,
         "predicted_peak_bytes": predicted, "predicted_source": "predicted",
         "predicted_vs_measured": predicted / peak - 1 if peak and predicted else None,
+        "predicted_device": (summary.get("prediction") or {}).get("device"),
+        "predicted_kernel": (summary.get("prediction") or {}).get("kernel"),
         "oom_events_recovered": sum(1 for e in summary["oom_events"] if "new_cap" in e),
     }

@@ -35,7 +35,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
         "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
         "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
-        "predicted_peak_bytes": run.predicted,
+        "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
         "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
         "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,

@@ -139,7 +139,7 @@ def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
 
 def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
                  device: torch.device, weights_dtype: torch.dtype,
-                 world_size: int = 1) -> tuple[BatchCaps, int | None]:
+                 world_size: int = 1) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per bucket (adaptive: the planner under a budget, else batch_table) and
     the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
     of the UNet step plus the VAE / text encoders when they stay resident), per process: with
@@ -173,9 +173,12 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
         resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
             p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
         predicted = traced.peak_bytes + resident
+        prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
+                      "kernel": traced.info["kernel"], "batch_size": sizes[worst], "bucket": list(worst)}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
-    return caps, predicted
+        prediction = None
+    return caps, predicted, prediction
 
 
 @dataclass(kw_only=True)
@@ -250,8 +253,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device, dtype,
-                                                        dist.world_size))
+    caps, predicted, prediction = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device,
+                                                                    dtype, dist.world_size))
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
@@ -274,7 +277,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
         data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
-        cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name)
+        cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction)
     session.plan_event(budget, **cache, optimizer=optimizer_name)
     return session
 

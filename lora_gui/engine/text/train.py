@@ -169,23 +169,20 @@ def _probe_step(model, data: TextData) -> Callable[[], None]:
 
 
 def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.device,
-                 parallel: Parallel | None = None) -> tuple[BatchCaps, int | None]:
+                 parallel: Parallel | None = None, lengths: list[int] | None = None,
+                 ) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
-    the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
-    from lora_gui.memory import run_plan
+    the predicted peak of the run's worst real micro-batch (source: predicted), per GPU."""
+    from lora_gui.memory.run_predict import budget_caps, predict_run
 
     caps = BatchCaps()
-    predicted = None
     try:
-        if budget and cfg.resolved_batching() == "bucketed":
-            plan, step = run_plan.plan_and_predict(cfg, budget, device.type, source, parallel=parallel)
-            caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
-            predicted = step.peak_bytes
-        else:
-            predicted = run_plan.predicted_step(cfg, device.type, source, parallel=parallel).peak_bytes
+        caps = budget_caps(cfg, budget, device.type, source, parallel)
+        pred = predict_run(cfg, device.type, source, lengths=lengths, parallel=parallel, caps=caps)
+        return caps, pred.peak_bytes, pred.to_json()
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
-    return caps, predicted
+    return caps, None, None
 
 
 def _save_adapter(model, out: Path) -> Path:
@@ -284,8 +281,9 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         state.base_eval_loss = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                         cfg.token_budget)
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted = _memory_plan(cfg, source, budget, accelerator.device,
-                                   Parallel(dist.world_size, sharded) if dist.active else None)
+    caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
+                                               Parallel(dist.world_size, sharded) if dist.active else None,
+                                               [len(s) for s in data.train])
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
@@ -297,7 +295,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
         fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
-        frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0))
+        frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
+        prediction=prediction)
     if dist.is_main:
         (out / STOP_FILE).unlink(missing_ok=True)
     session.plan_event(budget, fsdp=sharded, frozen_bytes_by_rank=session.frozen_bytes_by_rank)
@@ -396,7 +395,7 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "status": status, "message": message, "eval_loss": eval_loss,
         "eval_loss_full_attention": eval_full, "base_eval_loss": run.state.base_eval_loss,
         "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
-        "predicted_peak_bytes": run.predicted,
+        "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
         "adapter": str(adapter), "device": str(run.accelerator.device),
         "precision": run.accelerator.mixed_precision, "train_samples": len(run.data.train),

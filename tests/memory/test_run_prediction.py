@@ -1,0 +1,122 @@
+"""The run's predicted peak (predict_run, the function the engine, the plan CLI and the dashboard
+call) against the peak the run measures (run.json memory_report, source: tracker on this CPU),
+on a grid of modes: tiny real runs of the built-in model on variable-length documents."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lora_gui.config import RunConfig, apply_overrides
+from lora_gui.data.batching import MicroBatch
+from lora_gui.engine.text.train import train_text
+from lora_gui.memory.guard import BatchCaps
+from lora_gui.memory.run_predict import MicroShape, _mask_of, dominant, micro_shapes
+from lora_gui.memory.trace import trace_text_step
+
+LOW, HIGH = -0.01, 0.03  # predicted / measured - 1: never more than 1% low, at most 3% high
+
+BASE = {"max_seq_len": 256, "batch_size": 4, "max_steps": 2, "lr": 5e-3, "eval_fraction": 0.05,
+        "warmup_steps": 1, "checkpoint_every": 1000, "monitor_hz": 0.0, "precision": "fp32",
+        "token_budget": 512}
+GRID = {
+    "traditional-fixed": {"mode": "traditional"},
+    "bucketed": {},
+    "bucketed-budget": {"budget_gb": 0.2, "batch_size": 8},
+    "packed": {"batching": "packed"},
+    "windowed": {"attention": "windowed", "window": 32, "global_tokens": 4},
+    "checkpointing": {"gradient_checkpointing": True},
+    "traditional-checkpointing": {"mode": "traditional", "gradient_checkpointing": True},
+    "chunked-loss": {"loss_chunk": 64},
+}
+
+
+@pytest.fixture
+def varied_corpus(tmp_path):
+    """60 documents of 5 to about 300 tokens (so batches pad, pack and fill max_seq_len)."""
+    words = "to be or not that is the question whether tis nobler in mind suffer".split()
+    docs = [" ".join(words[(i + j) % len(words)] for j in range(5 + (i * 37) % 260)) for i in range(60)]
+    path = tmp_path / "varied.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(GRID))
+def test_predicted_peak_matches_the_measured_one(mode, varied_corpus, tmp_path):
+    cfg = apply_overrides(RunConfig(), {**BASE, **GRID[mode], "data": str(varied_corpus)})
+    summary = train_text(cfg, tmp_path / "run", progress=False)
+    report = summary["memory_report"]
+    assert report["source"] == "tracker" and report["predicted_source"] == "predicted"
+    assert report["predicted_device"] == "cpu" and report["predicted_kernel"]
+    error = report["predicted_vs_measured"]
+    assert LOW <= error <= HIGH, (mode, error, summary["prediction"])
+    saved = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert saved["prediction"]["from_data"] is True
+    assert saved["memory_report"]["predicted_vs_measured"] == error
+
+
+@pytest.mark.parametrize("mask", ["padding", "packed"])
+def test_trace_of_a_masked_batch_equals_the_real_step(mask):
+    """Fake-tensor trace vs the same step on real CPU tensors (tracked), with the batch's mask."""
+    from tests.memory.conftest import tiny_llama
+
+    kw = {"batch_size": 2 if mask == "padding" else 1, "seq_len": 128, "lora_rank": 4, "dtype": "fp32",
+          "device": "cpu", "mask": mask}
+    fake = trace_text_step(tiny_llama(), **kw)
+    real = trace_text_step(tiny_llama(), fake=False, **kw)
+    plain = trace_text_step(tiny_llama(), **{**kw, "mask": "none"})
+    assert fake.traced_peak_bytes == real.traced_peak_bytes
+    assert fake.peak_bytes > plain.peak_bytes  # the (B, 1, S, S) mask is really there
+    assert fake.info["kernel"] == "sdpa_flash_cpu"
+
+
+def test_cuda_plan_names_the_kernel_a_mask_picks():
+    from tests.memory.conftest import tiny_llama
+
+    kw = {"batch_size": 2, "seq_len": 128, "lora_rank": 4, "device": "cuda"}
+    assert trace_text_step(tiny_llama(), mask="padding", **kw).info["kernel"] == "sdpa_memory_efficient"
+    assert trace_text_step(tiny_llama(), mask="none", **kw).info["kernel"] == "sdpa_flash"
+
+
+def test_micro_batch_shapes_come_from_the_real_padding():
+    lengths = [64, 64, 30, 200]
+    assert _mask_of(MicroBatch((0, 1), 64), lengths) == "none"
+    assert _mask_of(MicroBatch((0, 2), 64), lengths) == "padding"
+    assert _mask_of(MicroBatch((3,), 128), lengths) == "none"  # truncated to the row: no padding
+    assert _mask_of(MicroBatch((0, 2), 94, packed=True), lengths) == "packed"
+    assert _mask_of(MicroBatch((3,), 200, packed=True), lengths) == "none"
+    shapes = {MicroShape(4, 64, "padding", False), MicroShape(2, 64, "none", False),
+              MicroShape(1, 256, "none", True), MicroShape(1, 128, "padding", False)}
+    assert dominant(shapes) == [MicroShape(1, 128, "padding", False), MicroShape(1, 256, "none", True),
+                                MicroShape(4, 64, "padding", False)]  # (2, 64, none) is dominated
+    cfg = apply_overrides(RunConfig(), {"max_seq_len": 256, "batch_size": 2, "token_budget": 256,
+                                        "max_steps": 2})
+    found = micro_shapes(cfg, [256, 256, 256, 256], BatchCaps())
+    assert found == {MicroShape(1, 256, "none", False), MicroShape(1, 256, "none", True)}
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    from lora_gui.data.build_images import build
+
+    out = tmp_path_factory.mktemp("pictures")
+    build(out, count=5)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_latents", ["ram", "off"])
+def test_image_run_at_512_px_is_predicted_within_the_bound(cache_latents, pictures, tmp_path):
+    from lora_gui.engine.image.train import train_image
+    from lora_gui.presets import load_config
+
+    cfg = load_config("image-512", {"data": str(pictures), "max_steps": 2, "batch_size": 2,
+                                    "monitor_hz": 0, "eval_fraction": 0.2, "sample_images": 0,
+                                    "cache_latents": cache_latents, "precision": "fp32"})
+    summary = train_image(cfg, tmp_path / "run", progress=False)
+    report = summary["memory_report"]
+    assert report["source"] == "tracker" and report["predicted_device"] == "cpu"
+    assert report["predicted_kernel"] == "sdpa_flash_cpu"
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, (cache_latents, report)
