@@ -57,6 +57,7 @@ from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
 from lora_gui.engine.core.summary import memory_report, run_summary
+from lora_gui.engine.text.inputs import training_batch
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.monitor import MemoryMonitor
@@ -154,7 +155,7 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
     loss_sum = 0.0
     for mb in step.micro_batches:
         try:
-            batch = {k: v.to(accelerator.device) for k, v in collate(data.train, mb, data.pad_id).items()}
+            batch = training_batch(model, data.train, mb, data.pad_id, accelerator.device)
             loss = model(**batch, num_items_in_batch=n_targets).loss
             accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
