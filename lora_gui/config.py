@@ -27,6 +27,7 @@ BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
 BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
+AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
 
 
 class ConfigError(ValueError):
@@ -79,10 +80,11 @@ class RunConfig:
                                 "query also sees.", "memory", low=0, high=1 << 20)
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
-    loss_chunk: int = option(0, "Chunked loss: compute the cross-entropy over this many token "
+    loss_chunk: int = option(-1, "Chunked loss: compute the cross-entropy over this many token "
                              "positions at a time instead of the whole batch's float32 logits (same "
-                             "value; saves ~12 bytes x vocab per token). 0 = off.", "memory",
-                             low=0, high=1 << 22)
+                             "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "
+                             f"{AUTO_LOSS_CHUNK} in optimized mode, off in traditional.", "memory",
+                             low=-1, high=1 << 22)
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
                             "where bf16 autocast is slower.", "memory",
                             choices=("auto", "fp32", "bf16", "fp16"))
@@ -166,6 +168,12 @@ class RunConfig:
         if self.attn_backend != "auto":
             return self.attn_backend
         return "eager" if self.mode == "traditional" else "sdpa"
+
+    def resolved_loss_chunk(self) -> int:
+        """Chunked-loss positions once auto (-1) is resolved by the mode; 0 = off."""
+        if self.loss_chunk >= 0:
+            return self.loss_chunk
+        return 0 if self.mode == "traditional" else AUTO_LOSS_CHUNK
 
     def resolved_cache_latents(self) -> str:
         """Image: 'off', 'ram' or 'disk' once 'auto' is resolved by the mode."""

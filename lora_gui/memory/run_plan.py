@@ -57,7 +57,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
             "optimizer": resolved_optimizer(cfg, torch.device(device)),
-            "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.loss_chunk,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}

@@ -23,6 +23,7 @@ from typing import Any
 
 from lora_gui.config import RunConfig
 from lora_gui.data.batching import MicroBatch, Step, plan_epoch
+from lora_gui.data.model_inputs import CAUSAL_KERNEL_BACKENDS
 from lora_gui.data.shard import split_step
 from lora_gui.memory import planner
 from lora_gui.memory.guard import BatchCaps
@@ -86,11 +87,17 @@ class RunPrediction:
                 "shapes": self.shapes, "traced": self.traced}
 
 
-def _mask_of(mb: MicroBatch, lengths: Sequence[int]) -> str:
+def padding_mask_kept(cfg: RunConfig) -> bool:
+    """Whether a right-padded batch reaches the model with its mask: the engine drops it where
+    the attention kernel is causal without one (:mod:`lora_gui.data.model_inputs`)."""
+    return cfg.attention == "windowed" or cfg.resolved_attn_backend() not in CAUSAL_KERNEL_BACKENDS
+
+
+def _mask_of(mb: MicroBatch, lengths: Sequence[int], keeps_mask: bool = True) -> str:
     if mb.packed:  # one row; the position ids restart per document
         return "packed" if len(mb.indices) > 1 else "none"
     padded = any(min(lengths[i], mb.seq_len) < mb.seq_len for i in mb.indices)
-    return "padding" if padded else "none"
+    return "padding" if padded and keeps_mask else "none"
 
 
 def run_steps(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
@@ -116,11 +123,12 @@ def run_steps(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
 def micro_shapes(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
                  world_size: int = 1) -> set[MicroShape]:
     """The distinct micro-batch shapes of the run."""
+    keeps_mask = padding_mask_kept(cfg)
     shapes = set()
     for step in run_steps(cfg, lengths, caps, world_size):
         for k, mb in enumerate(step.micro_batches):
             rows = 1 if mb.packed else len(mb.indices)
-            shapes.add(MicroShape(rows, mb.seq_len, _mask_of(mb, lengths), k > 0))
+            shapes.add(MicroShape(rows, mb.seq_len, _mask_of(mb, lengths, keeps_mask), k > 0))
     return shapes
 
 
@@ -142,7 +150,7 @@ def worst_case_shapes(cfg: RunConfig, caps: BatchCaps, world_size: int = 1) -> s
     for n in (s for s in lengths if s <= cfg.max_seq_len):
         rows = per_rank if batching == "fixed" else min(per_rank, max(1, token_budget // n))
         rows = min(rows, caps.cap(n) or rows)
-        out.add(MicroShape(rows, n, "padding", rows < per_rank))
+        out.add(MicroShape(rows, n, "padding" if padding_mask_kept(cfg) else "none", rows < per_rank))
     return out
 
 

@@ -109,13 +109,15 @@ def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float
         model = load_quantized(source, cfg, cfg.resolved_attn_backend(), dtype, device or torch.device("cpu"))
     else:
         model = load_base_model(source, cfg.resolved_attn_backend(), dtype)
-    if cfg.loss_chunk:
+    if cfg.resolved_loss_chunk():
         from lora_gui.models.chunked_loss import enable_chunked_loss
 
         try:
-            enable_chunked_loss(model, cfg.loss_chunk)
+            enable_chunked_loss(model, cfg.resolved_loss_chunk())
         except ValueError as err:
-            raise ModelError(str(err)) from None
+            if cfg.loss_chunk > 0:  # asked for by the user: say why it cannot be done
+                raise ModelError(str(err)) from None
+            log.info("loss_chunk auto: off for this model (%s)", err)  # auto: keep the full loss
     if cfg.attention == "windowed":
         from lora_gui.attention import enable_windowed_attention
 

@@ -27,6 +27,7 @@ from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
+from lora_gui.data.model_inputs import training_batch
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
 from lora_gui.engine.core.checkpoint import lora_state_dict, write_atomic
@@ -142,7 +143,7 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
     loss_sum = 0.0
     for mb in step.micro_batches:
         try:
-            batch = {k: v.to(accelerator.device) for k, v in collate(data.train, mb, data.pad_id).items()}
+            batch = training_batch(model, data.train, mb, data.pad_id, accelerator.device)
             loss = model(**batch, num_items_in_batch=n_targets).loss
             accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
