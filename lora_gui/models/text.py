@@ -14,12 +14,13 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig
+from lora_gui.errors import UserError
 
 log = logging.getLogger(__name__)
 HUB_TIMEOUT_S = 5  # how long an online check may take before we call the machine offline
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """The base model cannot be found or loaded; the message says why and what to do."""
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.core.checkpoint import write_atomic
+from lora_gui.errors import UserError
 
 RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "memory.jsonl", "run.json",
              "config.json")
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """The output folder cannot be used as asked; nothing in it was changed."""
 
 

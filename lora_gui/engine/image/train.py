@@ -148,35 +148,17 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
     of the UNet step plus the VAE / text encoders when they stay resident), per process: with
     several, a process trains at most ceil(batch_size / world_size) images of a step."""
-    from lora_gui.memory import planner
-    from lora_gui.memory.trace import trace_unet_step
+    from lora_gui.engine.run_prediction import image_memory_plan  # the form calls it too
 
     caps = BatchCaps()
-    used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
-    step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": weights_dtype, "device": device.type}
-    if cfg.resolved_image_batch() == "adaptive":
-        if budget:
-            plan = planner.plan_image(unet_config, budget, [(b[1], b[0]) for b in used],
-                                      effective_batch=cfg.batch_size, max_batch=cfg.batch_size, **step)
-            caps.caps = {latent_tokens((p.bucket[1], p.bucket[0])): max(1, p.micro_batch)
-                         for p in plan.buckets}
-        else:
-            caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
-    per_rank = math.ceil(cfg.batch_size / world_size)
-    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
-                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
-    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    resident = sum(p.numel() * p.element_size()
+                   for m in (model.vae, *model.text_encoders) for p in m.parameters())
     predicted = None
     try:
-        traced = trace_unet_step(unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
-                                 target_modules=dm.lora_targets(cfg), lora_alpha=cfg.lora_alpha,
-                                 attention=cfg.resolved_attn_backend(),
-                                 text_seq_len=model.tokenizers[0].model_max_length, **step)
-        resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
-            p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
-        predicted = traced.peak_bytes + resident
+        caps.caps, _, predicted, _ = image_memory_plan(
+            cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
+            device.type, weights_dtype, world_size)
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted

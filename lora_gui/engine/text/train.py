@@ -184,17 +184,13 @@ def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.
                  parallel: Parallel | None = None) -> tuple[BatchCaps, int | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
     the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
-    from lora_gui.memory import run_plan
+    from lora_gui.engine.run_prediction import text_memory_plan  # the form calls it too
 
     caps = BatchCaps()
     predicted = None
     try:
-        if budget and cfg.resolved_batching() == "bucketed":
-            plan, step = run_plan.plan_and_predict(cfg, budget, device.type, source, parallel=parallel)
-            caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
-            predicted = step.peak_bytes
-        else:
-            predicted = run_plan.predicted_step(cfg, device.type, source, parallel=parallel).peak_bytes
+        caps.caps, step, _ = text_memory_plan(cfg, source, budget, device.type, parallel)
+        predicted = step.peak_bytes
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
