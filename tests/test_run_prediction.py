@@ -1,5 +1,6 @@
 """The form's prediction is the run's own plan: same function, same inputs, same bytes."""
 
+import pytest
 import torch
 
 from lora_gui.engine.run_prediction import estimate_run, predict_run
@@ -7,6 +8,7 @@ from lora_gui.memory.meter import GB
 from lora_gui.presets import load_config
 
 
+@pytest.mark.slow
 def test_image_form_prediction_equals_the_engines_plan():
     from lora_gui.engine.image import train as image_train
 
@@ -20,6 +22,7 @@ def test_image_form_prediction_equals_the_engines_plan():
     assert form.peak_bytes > estimate_run(cfg, "cpu").peak_bytes  # the plan's batch, not the table's
 
 
+@pytest.mark.slow
 def test_text_form_prediction_equals_the_engines_plan():
     from lora_gui.engine.text import train as text_train
     from lora_gui.models.text import resolve_model_source

@@ -85,18 +85,25 @@ def default_out(preset: str) -> str:
 def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
     """Starts the quick measured comparison as the one background job (refused while a training
     job runs, naming it)."""
-    from lora_gui.engine.compare.quick import QUICK_STEPS, run_quick
+    from lora_gui.config import apply_overrides
+    from lora_gui.engine.compare import quick
 
     try:
         lengths = _sizes(sizes)
         if not lengths:
             raise ConfigError("sizes: give at least one length (text) or resolution (image)")
         base = load_config(preset)
+        n_steps = int(steps or quick.QUICK_STEPS)
+        if base.task == "image":  # refused here, before a job starts, naming the bad value
+            for res in lengths:
+                apply_overrides(base, {"resolution": res}, where="resolutions")
+        else:
+            quick.quick_settings(lengths, n_steps)
         out = common.runs_root() / common.check_run_name(out_name or default_out(preset))
-        n_steps = int(steps or QUICK_STEPS)
 
         def work(job) -> dict[str, Any]:
-            return run_quick(base, lengths, out, steps=n_steps, stop=job.control.stop, on_row=job.add_record)
+            return quick.run_quick(base, lengths, out, steps=n_steps, stop=job.control.stop,
+                                   on_row=job.add_record)
 
         job = common.MANAGER.start_work(out.name, out, base, "compare", work)
     except (ValueError, *common.USER_ERRORS) as err:
