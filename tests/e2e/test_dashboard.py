@@ -98,7 +98,10 @@ def pick(page, elem_id: str, value: str) -> None:
     box = page.locator(f"#{elem_id} input").first
     box.click()
     box.fill(value)
-    page.locator(f"ul[role='listbox'] li[aria-label='{value}']").first.click()
+    try:
+        page.locator(f"ul[role='listbox'] li[aria-label='{value}']").first.click(timeout=10_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"pick-{elem_id}.png"))
 
 
 def plot_traces(page, elem_id: str) -> list[int]:

@@ -106,6 +106,7 @@ def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
                                    on_row=job.add_record)
 
         job = common.MANAGER.start_work(out.name, out, base, "compare", work)
+        job.total_steps = quick.expected_rows(base, lengths)  # the progress bar's total (rows)
     except (ValueError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
     return f"Measuring **{job.name}** into `{out}` (rows appear below as they finish)"
@@ -132,19 +133,17 @@ def progress(preset: str, model: str, sizes: str, out_name: str) -> tuple[str, A
     """The timer's tick: the measuring job's progress, and the measured rows beside the predicted."""
     import gradio as gr
 
-    from lora_gui.engine.compare.quick import expected_rows
-
     job = common.MANAGER.job
     if job is None or job.kind != "compare":
         return gr.update(), gr.update(), gr.update(), gr.update()
-    measured = measured_rows(out_name or default_out(preset))
+    measured = measured_rows(job.name)
     seen = (job.name, job.status, len(measured), preset, model, sizes, out_name)
     if _LAST_TICK.get("seen") == seen:  # nothing new: leave the charts (a loaded comparison) alone
         return gr.update(), gr.update(), gr.update(), gr.update()
     _LAST_TICK["seen"] = seen
     status = ""
     if job is not None and job.kind == "compare":
-        total = expected_rows(job.cfg, _safe_sizes(sizes))
+        total = job.total_steps or 0
         done = len(measured_rows(job.name))
         filled = round(20 * min(done, total) / max(total, 1))
         status = (f"**{job.name}**: {job.status} · `{'█' * filled}{'░' * (20 - filled)}` "
@@ -158,13 +157,6 @@ def progress(preset: str, model: str, sizes: str, out_name: str) -> tuple[str, A
     both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
     return status, charts.compare_bars(predicted + measured, "memory", "full"), charts.mode_lines(both), \
         table(predicted, measured)
-
-
-def _safe_sizes(text: str) -> list[int]:
-    try:
-        return _sizes(text)
-    except ConfigError:
-        return []
 
 
 def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:

@@ -85,8 +85,11 @@ def build() -> dict[str, Any]:
 
     def fill(name: str) -> dict:
         filled = handle.form_values(name)
-        updates = {form.widgets[k]: gr.update(value=v) for k, v in filled.items() if k in form.widgets}
-        return {**updates, **forms.visibility(form, filled["task"]), **forms.error_updates(form, {}),
+        updates = forms.visibility(form, filled["task"])  # one update per widget: value and visible
+        for key, value in filled.items():
+            if key in form.widgets:
+                updates[form.widgets[key]] = {**updates[form.widgets[key]], "value": value}
+        return {**updates, **forms.error_updates(form, {}),
                 run_name: name, upload: gr.update(visible=filled["task"] == "text")}
 
     def on_task(task: str) -> dict:
