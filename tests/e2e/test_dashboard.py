@@ -117,7 +117,7 @@ def test_text_train_flow(server, page):
     _, cwd = server
     assert page.locator("#field-max_seq_len").is_visible()
     assert not page.locator("#field-resolution").is_visible()  # an image setting, hidden for text
-    wait_text(page, "predicted", "the run's own plan")
+    wait_text(page, "predicted", "the run's own plan,")
     set_field(page, "lr", "5")  # a bad value: the message sits next to the field
     wait_text(page, "error-lr", "out of range")
     set_field(page, "lr", "0.005")
@@ -138,6 +138,8 @@ def test_text_train_flow(server, page):
 
 def test_image_train_flow_at_768_with_samples(server, page):
     _, cwd = server
+    wait_text(page, "predicted", "the run's own plan,")
+    before = text_of(page, "predicted")  # the text preset's plan: the image plan must replace it
     pick(page, "preset", "image-768")
     page.wait_for_function("() => { const el = document.querySelector('#field-resolution input');"
                            " return el && el.value === '768'; }", timeout=2 * MINUTE)
@@ -145,8 +147,10 @@ def test_image_train_flow_at_768_with_samples(server, page):
     assert page.locator("#field-cache_latents").is_visible()
     for name, value in (("max_steps", "1"), ("sample_images", "1"), ("sample_steps", "2")):
         set_field(page, name, value)
-    wait_text(page, "predicted", "the run's own plan", minutes=8)
-    predicted = text_of(page, "predicted").split("**")[1]  # "1,697 MiB"
+    page.wait_for_function(
+        "b => { const t = document.getElementById('predicted').innerText;"
+        " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=8 * MINUTE)
+    predicted = text_of(page, "predicted").split("Predicted peak: ")[1].split(" (")[0]  # "1,697 MiB"
     page.locator("#run-name input, #run-name textarea").first.fill("e2e-image")
     page.click("#start")
     wait_text(page, "message", "Started")
@@ -163,7 +167,9 @@ def test_image_train_flow_at_768_with_samples(server, page):
 def test_compare_instant_then_measure_one_row(server, page):
     page.get_by_role("tab", name="Compare").click()
     wait_text(page, "compare-message", "Predicted")  # at first sight, nothing pressed
-    assert len(plot_traces(page, "compare-bars")) == 3 and len(plot_traces(page, "compare-lines")) >= 3
+    page.wait_for_function("() => { const el = document.querySelector('#compare-lines .js-plotly-plot');"
+                           " return el && el.data && el.data.length >= 3; }", timeout=2 * MINUTE)
+    assert len(plot_traces(page, "compare-bars")) == 3
     page.screenshot(path=str(ARTIFACTS / "compare-instant.png"), full_page=True)
     page.locator("#compare-measure-sizes input, #compare-measure-sizes textarea").first.fill("128")
     page.locator("#compare-steps input").fill("1")
