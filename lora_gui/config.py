@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from lora_gui.errors import UserError
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL_DIR = ASSETS / "base-model"
 BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
@@ -28,16 +30,24 @@ BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.dat
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
+TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting is unknown or out of range; the message names it."""
 
 
 def option(default: Any, help: str, group: str, *, low: float | None = None,
-           high: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """Declares one setting with its default, help text, UI group, range and choices."""
-    meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices}
+           high: float | None = None, choices: tuple[str, ...] | None = None,
+           tasks: tuple[str, ...] | None = None, label: str | None = None) -> Any:
+    """Declares one setting with its default, help text, UI group, range and choices.
+
+    ``tasks`` lists the tasks the setting applies to (None: the "image" group's fields apply to
+    image runs, every other field to all tasks); ``label`` is the form's label (None: derived
+    from the name). The form hides a setting for the tasks it does not apply to.
+    """
+    meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices,
+            "tasks": tasks or (("image",) if group == "image" else None), "label": label}
     return field(default=default, metadata=meta)
 
 
@@ -61,47 +71,50 @@ class RunConfig:
                        "batch. optimized: dynamic sizing, SDPA, token budget.", "memory",
                        choices=("traditional", "optimized"))
     batching: str = option("auto", "Batch builder; auto picks fixed (traditional) or bucketed "
-                           "(optimized).", "memory", choices=("auto", "fixed", "bucketed", "packed"))
+                           "(optimized).", "memory", choices=("auto", "fixed", "bucketed", "packed"),
+                           tasks=TEXT)
     attn_backend: str = option("auto", "Attention kernel; auto picks eager (traditional) or "
                                "sdpa (optimized).", "memory", choices=("auto", "eager", "sdpa"))
     token_budget: int = option(2048, "Bucketed/packed: at most this many (padded) tokens in one "
                                "micro-batch; steps above it are split by gradient accumulation.",
-                               "memory", low=16, high=1 << 22)
+                               "memory", low=16, high=1 << 22, tasks=TEXT)
     pad_multiple: int = option(64, "Bucketed: pad each batch to its longest sample rounded up to "
                                "this multiple (tensor-core friendly, fewer shapes).", "memory",
-                               low=1, high=4096)
+                               low=1, high=4096, tasks=TEXT)
     attention: str = option("full", "full: every token attends to all earlier ones. windowed: each "
                             "token sees the previous `window` tokens and the first `global_tokens` "
                             "of its document (Longformer style); O(S x (W + G)) instead of O(S^2).",
-                            "memory", choices=("full", "windowed"))
+                            "memory", choices=("full", "windowed"), tasks=TEXT)
     window: int = option(256, "Windowed attention: tokens each query sees behind it.", "memory",
-                         low=1, high=1 << 20)
+                         low=1, high=1 << 20, tasks=TEXT)
     global_tokens: int = option(4, "Windowed attention: leading tokens of each document that every "
-                                "query also sees.", "memory", low=0, high=1 << 20)
+                                "query also sees.", "memory", low=0, high=1 << 20, tasks=TEXT)
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
     loss_chunk: int = option(-1, "Chunked loss: compute the cross-entropy over this many token "
                              "positions at a time instead of the whole batch's float32 logits (same "
                              "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "
                              f"{AUTO_LOSS_CHUNK} in optimized mode, off in traditional.", "memory",
-                             low=-1, high=1 << 22)
+                             low=-1, high=1 << 22, tasks=TEXT)
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
                             "where bf16 autocast is slower.", "memory",
                             choices=("auto", "fp32", "bf16", "fp16"))
     budget_gb: float = option(0.0, "VRAM budget in GB (0 = none). Without a GPU it is a simulated "
-                              "budget enforced by the tracker.", "memory", low=0.0, high=4096.0)
+                              "budget enforced by the tracker.", "memory", low=0.0, high=4096.0,
+                              label="VRAM budget (GB)")
     monitor_hz: float = option(2.0, "Memory samples per second written to memory.jsonl (0 = off).",
                                "memory", low=0.0, high=20.0)
     # -- training ------------------------------------------------------------------------------
     max_seq_len: int = option(1024, "Longest sample in tokens; longer documents are truncated.",
-                              "train", low=MIN_SEQ_LEN, high=1 << 20)
+                              "train", low=MIN_SEQ_LEN, high=1 << 20, tasks=TEXT,
+                              label="Max sequence length (tokens)")
     batch_size: int = option(8, "Samples per optimizer step (the effective batch).", "train",
                              low=1, high=4096)
     max_steps: int = option(0, "Stop after this many optimizer steps (0 = run all epochs).",
                             "train", low=0, high=10_000_000)
     epochs: int = option(1, "Passes over the training documents.", "train", low=1, high=1000)
     lr: float = option(1e-3, "Peak learning rate (AdamW), cosine decay after warmup.", "train",
-                       low=1e-7, high=1.0)
+                       low=1e-7, high=1.0, label="Learning rate")
     warmup_steps: int = option(5, "Linear warmup steps.", "train", low=0, high=1_000_000)
     weight_decay: float = option(0.0, "AdamW weight decay.", "train", low=0.0, high=1.0)
     seed: int = option(0, "Seed for the data split, data order and LoRA init.", "train",

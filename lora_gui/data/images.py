@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from lora_gui.errors import UserError
+
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 GRID = 64  # bucket sides are multiples of 64 px (8 latent pixels: UNet down/up-sampling is exact)
@@ -32,7 +34,7 @@ MIN_RESOLUTION, MAX_RESOLUTION = 512, 1536
 MAX_UPSCALE = 2.0  # an image needing more than 2x upscaling per side is too small for the run
 
 
-class ImageDataError(ValueError):
+class ImageDataError(UserError, ValueError):
     """The image data cannot be used; the message names the folder or file."""
 
 

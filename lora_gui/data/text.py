@@ -16,10 +16,12 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from lora_gui.errors import UserError
+
 IGNORE_INDEX = -100  # label value that transformers' loss skips
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data file is missing, empty, not UTF-8 or malformed; the message says where."""
 
 

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ from lora_gui.config import RunConfig
 from lora_gui.engine import train
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.runstate import failure_message
+from lora_gui.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class JobBusyError(RuntimeError):
+class JobBusyError(UserError, RuntimeError):
     """A job is already running; the message names it."""
 
 
@@ -34,6 +36,7 @@ class Job:
     name: str
     out: Path
     cfg: RunConfig
+    kind: str = "training"  # training | compare (any work started with JobManager.start_work)
     control: TrainControl = field(default_factory=TrainControl)
     status: str = "starting"  # starting | running | completed | stopped | failed
     phase: str = "loading"  # loading | training | saving | done
@@ -121,6 +124,35 @@ class JobManager:
             self._run_launched, (job, processes, resume, overwrite))
         thread = threading.Thread(target=target, args=args, daemon=True, name=f"train-{job.name}")
         thread.start()
+        return job
+
+    def start_work(self, name: str, out: Path, cfg: RunConfig, kind: str,
+                   work: Callable[[Job], dict[str, Any]]) -> Job:
+        """Starts other background work (a comparison) as the one job: the same busy check, stop
+        (``job.control.stop``) and status; ``work(job)`` returns the job's summary."""
+        with self._lock:
+            if self.job is not None and self.job.running:
+                raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
+                                   "stop it first")
+            job = Job(name=name, out=out, cfg=cfg, kind=kind)
+            self.job = job
+        job.add_event(f"starting {kind} {name}")
+
+        def run() -> None:
+            try:
+                job.status = "running"
+                job.summary = work(job)
+                job.status = "stopped" if job.control.stop.is_set() else "completed"
+                job.add_event(f"{job.status}: results in {job.out}")
+            except Exception as err:  # the job must never stay "running" after a failure
+                job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+                job.add_event(f"failed: {job.error}")
+                log.debug("job %s failed:\n%s", job.name, traceback.format_exc())
+            finally:
+                job.phase = "done"
+                job.phases.append(("done", time.time()))
+
+        threading.Thread(target=run, daemon=True, name=f"{kind}-{name}").start()
         return job
 
     def _run(self, job: Job, resume: bool, overwrite: bool) -> None:

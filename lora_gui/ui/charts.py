@@ -10,16 +10,19 @@ import html
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
+from lora_gui.ui.series import downsample, ema
+
 MIB = 2**20
+MAX_RECORDS = 2000  # points per throughput curve (see series.MAX_POINTS)
 
 
 def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None,
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
     """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines."""
-    steps = [r["step"] for r in records]
-    peaks = [r["peak_bytes"] / MIB for r in records]
+    steps, peaks = downsample([r["step"] for r in records], [r["peak_bytes"] / MIB for r in records])
     source = records[-1]["memory_source"] if records else "no data yet"
     fig = go.Figure(go.Scatter(x=steps, y=peaks, mode="lines+markers", name=f"step peak ({source})"))
     ranks = max((len(r.get("peak_bytes_by_rank", ())) for r in records), default=0)
@@ -28,23 +31,34 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
         ys = [r["peak_bytes_by_rank"][rank] / MIB for r in rows]
         fig.add_trace(go.Scatter(x=[r["step"] for r in rows], y=ys, mode="lines",
                                  name=f"{_device_name(source)} {rank} ({source})"))
+    shapes = []  # layout shapes: add_hline re-validates the whole figure (slow on long runs)
     if budget_bytes:
         label = "budget (simulated VRAM)" if simulated_budget else "budget"
-        fig.add_hline(y=budget_bytes / MIB, line_dash="dash", line_color="red",
-                      annotation_text=label, name=label)
-        fig.add_trace(go.Scatter(x=steps[:1] or [0], y=[budget_bytes / MIB], mode="lines",
+        shapes.append(_hline(budget_bytes / MIB, "red", "dash"))
+        fig.add_trace(go.Scatter(x=steps[:1] if len(steps) else [0], y=[budget_bytes / MIB], mode="lines",
                                  line={"color": "red", "dash": "dash"}, name=label))
     if predicted_bytes:
-        fig.add_hline(y=predicted_bytes / MIB, line_dash="dot", line_color="green",
-                      annotation_text="predicted peak")
+        shapes.append(_hline(predicted_bytes / MIB, "green", "dot"))
+        fig.add_trace(go.Scatter(x=steps[:1] if len(steps) else [0], y=[predicted_bytes / MIB],
+                                 mode="lines", line={"color": "green", "dash": "dot"},
+                                 name="predicted peak"))
+    fig.update_layout(shapes=shapes)
     fig.update_layout(title="Memory per step", xaxis_title="step", yaxis_title=f"MiB ({source})",
                       height=320, margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
 
 
-def loss_figure(records: list[dict[str, Any]]) -> go.Figure:
-    fig = go.Figure(go.Scatter(x=[r["step"] for r in records], y=[r["loss"] for r in records],
-                               mode="lines", name="train loss"))
+def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Figure:
+    """Train loss per step: the raw curve faint and its EMA (``smoothing`` weight, 0 = off) on
+    top; long histories downsampled (the EMA is computed on every step first)."""
+    steps = [r["step"] for r in records]
+    losses = [r["loss"] for r in records]
+    xs, raw = downsample(steps, losses)
+    fig = go.Figure(go.Scatter(x=xs, y=raw, mode="lines", name="train loss",
+                               opacity=0.3 if smoothing else 1.0))
+    if smoothing and records:
+        xs, smooth = downsample(steps, ema(losses, smoothing))
+        fig.add_trace(go.Scatter(x=xs, y=smooth, mode="lines", name=f"EMA {smoothing:g}"))
     fig.update_layout(title="Loss", xaxis_title="step", yaxis_title="loss", height=320,
                       margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
@@ -52,14 +66,18 @@ def loss_figure(records: list[dict[str, Any]]) -> go.Figure:
 
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
     """Real (non-padding) tokens/s and padding efficiency per step (image runs: images/s)."""
-    steps = [r["step"] for r in records]
+    if len(records) > MAX_RECORDS:  # every n-th step: throughput is a trend, not a peak
+        records = records[:: -(-len(records) // MAX_RECORDS)]
+    steps = np.array([r["step"] for r in records])
     if records and "images_per_s" in records[0]:
-        fig = go.Figure(go.Scatter(x=steps, y=[r["images_per_s"] for r in records], name="images/s"))
+        fig = go.Figure(go.Scatter(x=steps, y=np.array([r["images_per_s"] for r in records]),
+                                   name="images/s"))
         fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="images/s", height=320,
                           margin={"l": 50, "r": 50, "t": 40, "b": 40})
         return fig
-    fig = go.Figure(go.Scatter(x=steps, y=[r["tokens_per_s"] for r in records], name="real tokens/s"))
-    fig.add_trace(go.Scatter(x=steps, y=[r["real_tokens"] / r["padded_tokens"] for r in records],
+    fig = go.Figure(go.Scatter(x=steps, y=np.array([r["tokens_per_s"] for r in records]),
+                               name="real tokens/s"))
+    fig.add_trace(go.Scatter(x=steps, y=np.array([r["real_tokens"] / r["padded_tokens"] for r in records]),
                              name="padding efficiency", yaxis="y2"))
     fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="real tokens/s",
                       yaxis2={"title": "real / padded", "overlaying": "y", "side": "right",
@@ -88,6 +106,11 @@ def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
     return fig
 
 
+def _hline(y: float, color: str, dash: str) -> dict[str, Any]:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y,
+            "line": {"color": color, "dash": dash}}
+
+
 def _device_name(source: str) -> str:
     return "GPU" if source.startswith(("cuda", "nvml")) else "rank"
 
@@ -106,21 +129,30 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
     key, source = next(((k, s) for k, s in SAMPLE_SOURCES if samples and k in samples[0]),
                        ("tracker_live_bytes", "no data yet"))
     start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
-    xs = [s["time"] - start for s in samples]
-    ranks = sorted({s["rank"] for s in samples if "rank" in s})
-    groups = [(f"{_device_name(source)} {r} ", [s for s in samples if s.get("rank") == r]) for r in ranks]
+    n = len(samples)  # one pass per column with numpy: a 10-hour run at 2 Hz has 72,000 samples
+    xs = np.fromiter((s["time"] for s in samples), float, n) - start
+    ys = np.fromiter((s.get(key, 0) for s in samples), float, n) / MIB
+    groups = [("", np.ones(n, dtype=bool))]
+    if samples and any("rank" in s for s in (samples[0], samples[-1])):  # a launched run: per GPU
+        ranks = np.fromiter((s.get("rank", -1) for s in samples), int, n)
+        groups = [(f"{_device_name(source)} {r} ", ranks == r) for r in sorted(set(ranks.tolist()) - {-1})]
     fig = go.Figure()
-    for label, group in groups or [("", samples)]:  # one line per GPU (process) of a launched run
-        fig.add_trace(go.Scatter(x=[s["time"] - start for s in group], y=[s.get(key, 0) / MIB for s in group],
-                                 mode="lines+markers", marker={"size": 3},
+    for label, mask in groups:  # one line per GPU (process) of a launched run
+        gx, gy = downsample(xs[mask], ys[mask])
+        fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines+markers", marker={"size": 3},
                                  name=f"{label}live memory ({source})"))
-    end = xs[-1] if xs else 1.0
+    end = float(xs[-1]) if n else 1.0
+    shapes, notes = [], []  # layout shapes: add_vrect re-validates the whole figure (slow)
     for (name, t0), nxt in zip(phases, [*phases[1:], None]):
         if name == "done":
             continue
         x0, x1 = t0 - start, (nxt[1] - start) if nxt else end
-        fig.add_vrect(x0=x0, x1=max(x1, x0 + 1e-3), fillcolor=PHASE_COLORS.get(name, "#eeeeee"),
-                      opacity=0.35, line_width=0, annotation_text=name, annotation_position="top left")
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0, "x1": max(x1, x0 + 1e-3),
+                       "y0": 0, "y1": 1, "fillcolor": PHASE_COLORS.get(name, "#eeeeee"),
+                       "opacity": 0.35, "line": {"width": 0}, "layer": "below"})
+        notes.append({"x": x0, "y": 1, "xref": "x", "yref": "paper", "text": name, "showarrow": False,
+                      "xanchor": "left", "yanchor": "top"})
+    fig.update_layout(shapes=shapes, annotations=notes)
     for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget else
                                        "budget", "red", "dash"), (predicted_bytes, "predicted peak",
                                                                   "green", "dot")):
@@ -132,7 +164,7 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
     return fig
 
 
-# -- comparison (issue 7): rows of compare.json ------------------------------------------------
+# -- comparison: rows of compare.json ------------------------------------------------
 COMPARE_MODES = ("traditional", "strong_baseline", "optimized")
 MODE_COLORS = {"traditional": "#9e9e9e", "strong_baseline": "#6baed6", "optimized": "#31a354"}
 
@@ -174,6 +206,23 @@ def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str
     fig.update_layout(barmode="group", title=f"Peak memory, {question} question, {data} data "
                       f"(source: {source})", xaxis_title=_size_label(picked),
                       yaxis_title=f"peak MiB ({source})", height=380,
+                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def mode_lines(rows: list[dict[str, Any]]) -> go.Figure:
+    """Peak MiB over length (or resolution), one line per mode; rows of the memory question."""
+    picked = [r for r in rows if r.get("question", "memory") == "memory" and r.get("peak_bytes")]
+    sources = sorted({str(r.get("memory_source")) for r in picked}) or ["no data"]
+    fig = go.Figure()
+    for mode in dict.fromkeys(r["mode"] for r in picked):
+        line = sorted((r for r in picked if r["mode"] == mode), key=_size)
+        dash = "dot" if mode.startswith("ablation:") else ("dash" if "(measured)" in mode else "solid")
+        fig.add_trace(go.Scatter(x=[_size(r) for r in line], y=[r["peak_bytes"] / MIB for r in line],
+                                 mode="lines+markers", name=mode.replace("_", " "),
+                                 line={"dash": dash, "color": MODE_COLORS.get(mode)}))
+    fig.update_layout(title=f"Peak memory per mode (source: {', '.join(sources)})",
+                      xaxis_title=_size_label(picked), yaxis_title="peak MiB", height=380,
                       margin={"l": 50, "r": 20, "t": 50, "b": 40})
     return fig
 

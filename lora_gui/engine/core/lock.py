@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lora_gui.errors import UserError
+
 try:
     import fcntl
 except ImportError:  # Windows: the recorded pid decides
@@ -38,7 +40,7 @@ _held: dict[Path, tuple[int, int]] = {}  # lock path -> (descriptor, thread id),
 _held_guard = threading.Lock()
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """The output folder cannot be used as asked; nothing in it was changed."""
 
 

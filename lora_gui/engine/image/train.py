@@ -20,12 +20,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import math
 import os
-import random
 import shutil
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +31,7 @@ import torch
 from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.data import images as image_data
-from lora_gui.data.batching import MicroBatch, Step
+from lora_gui.data.batching import Step
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
@@ -54,6 +50,14 @@ from lora_gui.engine.core.setup import (
     weights_dtype,
 )
 from lora_gui.engine.core.state import TrainState
+from lora_gui.engine.image.data import (  # noqa: F401  (re-exported)
+    Bucket,
+    ImageData,
+    epoch_plan,
+    latent_tokens,
+    load_image_data,
+    table_batch,
+)
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -78,63 +82,6 @@ from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
 
 log = logging.getLogger(__name__)
-Bucket = tuple[int, int]  # (width, height) px
-
-
-@dataclass
-class ImageData:
-    """Training images with their buckets, and the held-out images."""
-
-    train: list[image_data.ImageItem]
-    buckets: list[Bucket]
-    held_out: list[image_data.ImageItem]
-
-
-def load_image_data(cfg: RunConfig) -> ImageData:
-    """Reads the folder, holds out ``eval_fraction`` of it (seeded) and assigns buckets."""
-    image_data.check_resolution(cfg.resolution)
-    items = image_data.load_image_folder(cfg.data_path())
-    order = list(range(len(items)))
-    random.Random(cfg.seed).shuffle(order)
-    n_eval = min(len(items) - 1, math.ceil(len(items) * cfg.eval_fraction)) if cfg.eval_fraction else 0
-    held = sorted(order[:n_eval])
-    train = [items[i] for i in sorted(order[n_eval:])]
-    if cfg.resolved_aspect_buckets():
-        choices = image_data.make_buckets(cfg.resolution, cfg.bucket_max_ratio)
-    else:  # traditional: every image resized and centre-cropped to a square
-        choices = [(cfg.resolution, cfg.resolution)]
-    train, buckets = image_data.assign_buckets(train, choices, cfg.bucket_no_upscale)
-    return ImageData(train, buckets, [items[i] for i in held])
-
-
-def latent_tokens(bucket: Bucket) -> int:
-    """Latent pixels of a bucket: the UNet's sequence length at its first level."""
-    return (bucket[0] // 8) * (bucket[1] // 8)
-
-
-def table_batch(cfg: RunConfig, bucket: Bucket) -> int:
-    """batch_table's micro-batch for the smallest listed resolution whose area covers the bucket."""
-    table = cfg.batch_by_resolution()
-    covering = [r for r in sorted(table) if r * r >= bucket[0] * bucket[1]]
-    return table[covering[0]] if covering else 1
-
-
-def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
-    """Steps of ``batch_size`` same-bucket images (the last of a bucket may be smaller), in a
-    seeded order; one micro-batch each (the caps of the guard cut them when adaptive)."""
-    groups: dict[Bucket, list[int]] = defaultdict(list)
-    for i, b in enumerate(buckets):
-        groups[b].append(i)
-    rng = random.Random(cfg.seed * 1_000_003 + epoch)
-    steps = []
-    for bucket in sorted(groups):
-        idx = groups[bucket]
-        rng.shuffle(idx)
-        for start in range(0, len(idx), cfg.batch_size):
-            chunk = tuple(idx[start : start + cfg.batch_size])
-            steps.append(Step((MicroBatch(chunk, latent_tokens(bucket)),)))
-    rng.shuffle(steps)
-    return steps
 
 
 def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
@@ -144,37 +91,19 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
     of the UNet step plus the VAE / text encoders when they stay resident), per process: with
     several, a process trains at most ceil(batch_size / world_size) images of a step."""
-    from lora_gui.memory import planner
-    from lora_gui.memory.trace import trace_unet_step
+    from lora_gui.engine.run_prediction import image_memory_plan  # the form calls it too
 
     caps = BatchCaps()
-    used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
-    step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": weights_dtype, "device": device.type}
-    if cfg.resolved_image_batch() == "adaptive":
-        if budget:
-            plan = planner.plan_image(unet_config, budget, [(b[1], b[0]) for b in used],
-                                      effective_batch=cfg.batch_size, max_batch=cfg.batch_size, **step)
-            caps.caps = {latent_tokens((p.bucket[1], p.bucket[0])): max(1, p.micro_batch)
-                         for p in plan.buckets}
-        else:
-            caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
-    per_rank = math.ceil(cfg.batch_size / world_size)
-    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
-                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
-    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    resident = sum(p.numel() * p.element_size()
+                   for m in (model.vae, *model.text_encoders) for p in m.parameters())
     predicted = None
     try:
-        traced = trace_unet_step(unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
-                                 target_modules=dm.lora_targets(cfg), lora_alpha=cfg.lora_alpha,
-                                 attention=cfg.resolved_attn_backend(),
-                                 text_seq_len=model.tokenizers[0].model_max_length, **step)
-        resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
-            p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
-        predicted = traced.peak_bytes + resident
+        caps.caps, traced, predicted, _ = image_memory_plan(
+            cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
+            device.type, weights_dtype, world_size)
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
-                      "kernel": traced.info["kernel"], "batch_size": sizes[worst], "bucket": list(worst)}
+                      "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
         prediction = None

@@ -25,11 +25,12 @@ import os
 from torch import nn
 
 from lora_gui.config import ConfigError
+from lora_gui.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class FsdpOutOfMemoryError(RuntimeError):
+class FsdpOutOfMemoryError(UserError, RuntimeError):
     """Out of memory in an FSDP run: the whole job stops (see :func:`fsdp_oom_message`)."""
 
 

@@ -173,14 +173,13 @@ def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.
                  parallel: Parallel | None = None, lengths: list[int] | None = None,
                  ) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
-    the predicted peak of the run's worst real micro-batch (source: predicted), per GPU."""
-    from lora_gui.memory.run_predict import budget_caps, predict_run
+    the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
+    from lora_gui.engine.run_prediction import text_memory_plan  # the form calls it too
 
     caps = BatchCaps()
     try:
-        caps = budget_caps(cfg, budget, device.type, source, parallel)
-        pred = predict_run(cfg, device.type, source, lengths=lengths, parallel=parallel, caps=caps)
-        return caps, pred.peak_bytes, pred.to_json()
+        caps.caps, _, _, prediction = text_memory_plan(cfg, source, budget, device.type, parallel, lengths)
+        return caps, prediction["peak_bytes"], prediction
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, None, None

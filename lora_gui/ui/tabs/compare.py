@@ -1,42 +1,59 @@
-"""Compare tab: traditional vs optimized from a compare.json (grouped bars with the saving,
-tokens/s at the same budget, the ablation waterfall), or run a comparison from here."""
+"""Compare tab: the predicted comparison at first sight (every mode, per length or resolution),
+measured rows on demand as a background job, saved comparisons reloaded. Handlers:
+compare_handlers.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
-from lora_gui.ui import handlers
+from lora_gui.ui import common
+from lora_gui.ui.tabs import compare_handlers as handle
 
 
-def build() -> dict[str, gr.components.Component]:
-    gr.Markdown("Rows of `python -m lora_gui compare` (or of a run started below). Every memory "
-                "figure names its source; rows labelled predicted were not measured.")
+def build() -> dict[str, Any]:
+    names = common.preset_names()
+    default = "text-demo" if "text-demo" in names else names[0]
+    gr.Markdown("Traditional training (padding to the full length, eager attention, one fixed batch) "
+                "against a strong baseline and the optimized mode, and each optimization alone. "
+                "Predicted rows appear at once; measured rows come from short real runs on this "
+                "machine. Every figure names its source.")
     with gr.Row():
-        path = gr.Textbox(value="runs/cmp/compare.json", label="compare.json (or its folder)",
-                          elem_id="compare-path")
-        data = gr.Radio(["corpus", "full"], value="corpus", label="Data")
-        size = gr.Textbox(value="", label="Length / resolution for the waterfall (empty: longest)")
-        load = gr.Button("Load", variant="primary", elem_id="compare-load")
+        preset = gr.Dropdown(names, value=default, label="Preset", elem_id="compare-preset")
+        model = gr.Dropdown(handle.model_choices(), value=handle.PRESET_MODEL, label="Model shapes",
+                            elem_id="compare-model")
+        sizes = gr.Textbox(value="", label="Lengths or resolutions (empty: the usual range)",
+                           elem_id="compare-sizes")
     message = gr.Markdown(elem_id="compare-message")
     with gr.Row():
-        bars = gr.Plot(label="Peak memory, same work", elem_id="compare-bars")
-        speed = gr.Plot(label="Tokens/s, same budget", elem_id="compare-speed")
-    waterfall = gr.Plot(label="Ablation", elem_id="compare-waterfall")
-    table = gr.Dataframe(headers=list(handlers.COMPARE_TABLE_COLUMNS), interactive=False, label="Rows")
-    load.click(handlers.load_compare, [path, data, size], [message, bars, speed, waterfall, table])
-    with gr.Accordion("Run a comparison (CPU: minutes per length)", open=False):
+        bars = gr.Plot(label="Peak memory per mode", elem_id="compare-bars")
+        lines = gr.Plot(label="Peak memory over length", elem_id="compare-lines")
+    table = gr.Dataframe(headers=list(handle.TABLE_COLUMNS), interactive=False, label="Rows",
+                         elem_id="compare-table")
+    with gr.Accordion("Measure on this machine", open=True):
         with gr.Row():
-            preset = gr.Dropdown(handlers.preset_names(), value="text-demo", label="Preset")
-            seq_lens = gr.Textbox(value="512,1024", label="Sequence lengths")
-            steps = gr.Number(value=3, precision=0, label="Steps per row")
-            out = gr.Textbox(value="runs/cmp", label="Output folder")
+            measure_sizes = gr.Textbox(value="512", label="Lengths (text) or resolutions (image) to measure",
+                                       elem_id="compare-measure-sizes")
+            steps = gr.Number(value=3, precision=0, label="Steps a row", elem_id="compare-steps")
+            out = gr.Textbox(value=handle.default_out(default), label="Saved as (a folder under runs/)",
+                             elem_id="compare-out")
         with gr.Row():
-            run = gr.Button("Run", elem_id="compare-run")
+            measure = gr.Button("Measure", variant="primary", elem_id="compare-measure")
             stop = gr.Button("Stop", elem_id="compare-stop")
-        status = gr.Markdown()
-    run.click(handlers.start_compare, [preset, seq_lens, steps, out], status)
-    stop.click(handlers.stop_compare, None, status)
-    gr.Markdown("Measured table of the issue-2 benchmark (docs/BENCHMARKS.md, source: tracker), "
-                "reproduced by `python -m bench.text_memory`:")
-    gr.Markdown(handlers.benchmark_table(), elem_id="compare-table")
-    return {"load": load, "message": message, "bars": bars, "table": table}
+        progress = gr.Markdown(elem_id="compare-progress")
+        with gr.Row():
+            saved = gr.Dropdown(handle.saved_comparisons(), label="Saved comparisons",
+                                elem_id="compare-saved")
+            load = gr.Button("Load", elem_id="compare-load")
+    shown = [message, bars, lines, table]
+    for trigger in (preset.change, model.change, sizes.submit):
+        trigger(handle.instant, [preset, model, sizes], shown, trigger_mode="always_last")
+    preset.change(handle.default_out, preset, out)
+    measure.click(handle.measure, [preset, measure_sizes, steps, out], progress)
+    stop.click(common.MANAGER.stop, None, progress)
+    load.click(handle.load_saved, saved, shown)
+    saved.focus(lambda: gr.update(choices=handle.saved_comparisons()), None, saved)
+    timer = gr.Timer(2.0)
+    timer.tick(handle.progress, [preset, model, sizes, out], [progress, bars, lines, table])
+    return {"preset": preset, "model": model, "sizes": sizes, "shown": shown, "instant": handle.instant}

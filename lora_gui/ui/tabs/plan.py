@@ -1,10 +1,12 @@
-"""Plan tab: will it fit? Predicted breakdown against the budget, batch per bucket, what to switch."""
+"""Plan tab: will it fit? Predicted breakdown against the budget, batch per bucket, what to switch.
+Handlers: plan_handlers.py."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from lora_gui.ui import handlers
+from lora_gui.ui import common
+from lora_gui.ui.tabs import plan_handlers as handlers
 
 
 def build() -> dict[str, gr.components.Component]:
@@ -12,7 +14,7 @@ def build() -> dict[str, gr.components.Component]:
                 "of one training step); no weights are downloaded. Bundled architectures: "
                 + ", ".join(handlers.bundled_model_names()) + ".")
     with gr.Row():
-        preset = gr.Dropdown(handlers.preset_names(), value="text-demo", label="Preset")
+        preset = gr.Dropdown(common.preset_names(), value="text-demo", label="Preset")
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
     with gr.Row():
@@ -36,4 +38,4 @@ def build() -> dict[str, gr.components.Component]:
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
-    return {"button": button, "chart": chart, "message": message}
+    return {"button": button, "chart": chart, "message": message, "preset": preset}

@@ -1,96 +1,138 @@
-"""Train tab: preset, model, data, memory switches, Start/Stop/Resume, live charts."""
+"""Train tab: preset, run name, every setting (derived from RunConfig), the predicted peak,
+Start / Stop / Resume, live charts. Handlers: train_handlers.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
-from lora_gui.config import RunConfig
-from lora_gui.ui import handlers
+from lora_gui.ui import common, forms
+from lora_gui.ui.tabs import train_handlers as handle
 
 
-def _meta(key: str) -> dict:
-    """A setting's declaration in RunConfig (help, choices): widgets are derived from it."""
-    return RunConfig.__dataclass_fields__[key].metadata
+def _prediction_panel() -> dict[str, Any]:
+    with gr.Group():
+        text = gr.Markdown(elem_id="predicted")
+        with gr.Row():
+            chart = gr.Plot(label="Predicted peak by category", elem_id="predicted-chart")
+            table = gr.Dataframe(headers=["bucket", "micro-batch"], label="Micro-batch per bucket",
+                                 interactive=False, elem_id="predicted-buckets")
+    return {"text": text, "chart": chart, "table": table}
 
 
-def build() -> dict[str, gr.components.Component]:
-    names = handlers.preset_names()
+def _charts() -> dict[str, Any]:
+    with gr.Row():
+        memory = gr.Plot(label="Memory over time", elem_id="memory-plot")
+        step_peak = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
+    with gr.Row():
+        with gr.Column():
+            loss = gr.Plot(label="Loss", elem_id="loss-plot")
+            smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
+                                  elem_id="loss-smoothing")
+        throughput = gr.Plot(label="Throughput", elem_id="throughput-plot")
+    return {"memory": memory, "step_peak": step_peak, "loss": loss, "smoothing": smoothing,
+            "throughput": throughput}
+
+
+def build() -> dict[str, Any]:
+    names = common.preset_names()
     default = "text-demo" if "text-demo" in names else names[0]
-    values = handlers.form_defaults(default)
+    values = handle.form_values(default)
     with gr.Row():
-        task = gr.Radio(list(_meta("task")["choices"]), value="text", label="Task",
-                        info="image: diffusers UNet LoRA at 512-1536 px (phases: caching, training, "
-                             "sampling)", elem_id="task")
         preset = gr.Dropdown(names, value=default, label="Preset", elem_id="preset")
-        out_name = gr.Textbox(value=default, label="Run name (folder under runs/)", elem_id="run-name")
-    with gr.Row():
-        model = gr.Textbox(value=values[0], label="Model: builtin, a Hugging Face id or a local folder")
-        data = gr.Textbox(value=values[1], label="Data: builtin or a .txt/.jsonl/.csv path", elem_id="data")
-        upload = gr.File(label="…or upload a data file", file_types=[".txt", ".jsonl", ".csv"],
-                         elem_id="upload")
-    with gr.Row():
-        max_seq_len = gr.Number(value=values[2], label="Max sequence length (tokens)", precision=0)
-        resolution = gr.Number(value=512, label="Resolution (px, image)", precision=0,
-                               info=_meta("resolution")["help"], elem_id="resolution")
-        budget = gr.Number(value=values[3], label=handlers.budget_label(), elem_id="budget")
-    with gr.Row():
-        mode = gr.Radio(list(_meta("mode")["choices"]), value=values[4], label="Mode",
-                        info=_meta("mode")["help"])
-        batching = gr.Dropdown(list(_meta("batching")["choices"]), value=values[5],
-                               label="Batching (dynamic sequence sizing)", info=_meta("batching")["help"])
-        checkpointing = gr.Checkbox(value=values[6], label="Gradient checkpointing",
-                                    info=_meta("gradient_checkpointing")["help"])
-    with gr.Row():
-        attention = gr.Radio(list(_meta("attention")["choices"]), value=values[7], label="Attention",
-                             info=_meta("attention")["help"])
-        window = gr.Number(value=values[8], precision=0, label="Window W (tokens)",
-                           info=_meta("window")["help"])
-        global_tokens = gr.Number(value=values[9], precision=0, label="Global tokens G",
-                                  info=_meta("global_tokens")["help"])
-        precision = gr.Dropdown(list(_meta("precision")["choices"]), value=values[10],
-                                label="Mixed precision", info=_meta("precision")["help"])
-    with gr.Row():
-        quantization = gr.Dropdown(list(_meta("quantization")["choices"]), value=values[11],
-                                   label="Base weights (text)", info=_meta("quantization")["help"],
-                                   elem_id="quantization")
-        optimizer = gr.Dropdown(list(_meta("optimizer")["choices"]), value=values[12], label="Optimizer",
-                                info=_meta("optimizer")["help"], elem_id="optimizer")
-    predicted = gr.Markdown(elem_id="predicted")
-    processes = gr.Number(value=max(1, handlers.gpu_count()), precision=0, minimum=1, elem_id="processes",
-                          label="Processes (one per GPU; started with accelerate launch)",
-                          visible=handlers.gpu_count() > 1)
+        run_name = gr.Textbox(value=default, label="Run name (a folder under runs/)", elem_id="run-name")
+        processes = gr.Number(value=max(1, common.gpu_count()), precision=0, elem_id="processes",
+                              label="Processes (one per GPU; started with accelerate launch)",
+                              visible=common.gpu_count() > 1)
+    gr.Markdown(common.budget_note())
+    form = forms.build_form(values)
+    upload = gr.File(label="Upload a text data file (.txt, .jsonl, .csv)", elem_id="upload",
+                     file_types=[".txt", ".jsonl", ".csv"], visible=values["task"] == "text")
+    with gr.Accordion("Save these settings as a preset", open=False):
+        with gr.Row():
+            preset_name = gr.Textbox(label="Preset name", elem_id="save-preset-name")
+            preset_note = gr.Textbox(label="What it is for (first line of the file)")
+            save = gr.Button("Save as preset", elem_id="save-preset")
+        save_message = gr.Markdown(elem_id="save-preset-message")
+    panel = _prediction_panel()
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="start")
         stop = gr.Button("Stop", elem_id="stop")
         resume = gr.Button("Resume", elem_id="resume")
     message = gr.Markdown(elem_id="message")
+    with gr.Row(visible=False) as confirm:
+        overwrite_btn = gr.Button("Overwrite that run", variant="stop", elem_id="confirm-overwrite")
+        resume_btn = gr.Button("Resume that run", elem_id="confirm-resume")
+        cancel_btn = gr.Button("Cancel", elem_id="confirm-cancel")
     status = gr.Markdown(elem_id="status")
-    with gr.Row():
-        memory_plot = gr.Plot(label="Memory over time", elem_id="memory-plot")
-        step_peak_plot = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
-    with gr.Row():
-        loss_plot = gr.Plot(label="Loss", elem_id="loss-plot")
-        throughput_plot = gr.Plot(label="Throughput", elem_id="throughput-plot")
+    plots = _charts()
     events = gr.Textbox(label="Events", lines=6, interactive=False, elem_id="events")
-    gallery = gr.Gallery(label="Samples (image runs: samples/*.png)", columns=4, height=260,
-                         elem_id="samples")
+    gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
 
-    form = [model, data, max_seq_len, budget, mode, batching, checkpointing, attention, window,
-            global_tokens, precision, quantization, optimizer]
-    for component in [preset, *form]:  # every switch updates the prediction at once
-        component.change(handlers.predict, [preset, *form], predicted)
-    preset.change(handlers.form_defaults, preset, form).then(lambda p: p, preset, out_name).then(
-        handlers.preset_task, preset, [task, resolution])
-    task.input(handlers.task_preset, [task, preset], preset)
-    upload.upload(handlers.use_upload, upload, [data, message])
-    start.click(lambda n, t, r, p, o, *v: handlers.start_with_processes(n, t, p, o, *v, resolution=r),
-                [processes, task, resolution, preset, out_name, *form], message)
-    resume.click(lambda n, p, o, *v: handlers.start(p, o, *v, resume=True, processes=n),
-                 [processes, preset, out_name, *form], message)
-    stop.click(handlers.stop, None, message)
+    inputs = {processes, *form.components}
+    panel_out = [panel["text"], panel["chart"], panel["table"]]
+
+    def estimate(data: dict) -> dict:
+        cfg_values = form.named(data)
+        _, errors = handle.config_from_form(cfg_values)
+        text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
+        return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
+                panel["table"]: rows}
+
+    def plan(data: dict) -> tuple:
+        return handle.prediction_view(form.named(data), data[processes], exact=True)
+
+    def fill(name: str) -> dict:
+        filled = handle.form_values(name)
+        updates = forms.visibility(form, filled["task"])  # one update per widget: value and visible
+        for key, value in filled.items():
+            if key in form.widgets:
+                updates[form.widgets[key]] = {**updates[form.widgets[key]], "value": value}
+        return {**updates, **forms.error_updates(form, {}),
+                run_name: name, upload: gr.update(visible=filled["task"] == "text")}
+
+    def on_task(task: str) -> dict:
+        return {**forms.visibility(form, task), upload: gr.update(visible=task == "text")}
+
+    estimate_out = [*form.errors.values(), *panel_out]
+    fill_out = [*form.components, *form.groups.values(), *form.errors.values(), run_name, upload]
+    preset.change(fill, preset, fill_out).then(estimate, inputs, estimate_out).then(
+        plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
+    form.widgets["task"].change(on_task, form.widgets["task"], [*form.components, *form.groups.values(),
+                                                                 upload])
+    gr.on([w.input for w in [*form.components, processes]], estimate, inputs, estimate_out,
+          trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
+                                           concurrency_id="plan", trigger_mode="always_last")
+
+    def start_as(how: str):
+        def go(data: dict) -> dict:
+            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
+            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
+        return go
+
+    start_out = [message, confirm, *form.errors.values()]
+    start.click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
+    overwrite_btn.click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
+    for button in (resume, resume_btn):
+        button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
+    cancel_btn.click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
+    stop.click(handle.stop, None, message)
+
+    def uploaded(path: str | None) -> tuple:
+        value, text = handle.use_upload(path)
+        return (gr.update() if value is None else value), text
+
+    upload.upload(uploaded, upload, [form.widgets["data"], message])
+    save_event = save.click(lambda d: handle.save_as_preset(d[preset_name], form.named(d), d[preset_note]),
+                            {preset_name, preset_note, *form.components}, save_message)
     timer = gr.Timer(1.0)
-    timer.tick(handlers.poll, None, [memory_plot, step_peak_plot, loss_plot, throughput_plot, status, events])
-    timer.tick(handlers.sample_gallery, None, gallery)
-    return {"preset": preset, "form": form, "predicted": predicted, "start": start, "stop": stop,
-            "memory_plot": memory_plot,
-            "status": status, "message": message, "timer": timer}
+    timer.tick(handle.poll, plots["smoothing"], [plots["memory"], plots["step_peak"], plots["loss"],
+                                                 plots["throughput"], status, events])
+    plots["smoothing"].release(handle.poll, plots["smoothing"],
+                               [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"],
+                                status, events])
+    timer.tick(handle.sample_gallery, None, gallery)
+    return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
+            "estimate_out": estimate_out, "panel_out": panel_out, "start": start, "status": status,
+            "message": message, "saved": save_event, "save_message": save_message, "timer": timer}

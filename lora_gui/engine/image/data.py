@@ -1,0 +1,71 @@
+"""An image run's data: the folder read and split, aspect buckets, the seeded epoch plan, and
+the per-bucket batch table (read by the run and by the planner the form calls)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from lora_gui.config import RunConfig
+from lora_gui.data import images as image_data
+from lora_gui.data.batching import MicroBatch, Step
+
+Bucket = tuple[int, int]  # (width, height) px
+
+
+@dataclass
+class ImageData:
+    """Training images with their buckets, and the held-out images."""
+
+    train: list[image_data.ImageItem]
+    buckets: list[Bucket]
+    held_out: list[image_data.ImageItem]
+
+
+def load_image_data(cfg: RunConfig) -> ImageData:
+    """Reads the folder, holds out ``eval_fraction`` of it (seeded) and assigns buckets."""
+    image_data.check_resolution(cfg.resolution)
+    items = image_data.load_image_folder(cfg.data_path())
+    order = list(range(len(items)))
+    random.Random(cfg.seed).shuffle(order)
+    n_eval = min(len(items) - 1, math.ceil(len(items) * cfg.eval_fraction)) if cfg.eval_fraction else 0
+    held = sorted(order[:n_eval])
+    train = [items[i] for i in sorted(order[n_eval:])]
+    if cfg.resolved_aspect_buckets():
+        choices = image_data.make_buckets(cfg.resolution, cfg.bucket_max_ratio)
+    else:  # traditional: every image resized and centre-cropped to a square
+        choices = [(cfg.resolution, cfg.resolution)]
+    train, buckets = image_data.assign_buckets(train, choices, cfg.bucket_no_upscale)
+    return ImageData(train, buckets, [items[i] for i in held])
+
+
+def latent_tokens(bucket: Bucket) -> int:
+    """Latent pixels of a bucket: the UNet's sequence length at its first level."""
+    return (bucket[0] // 8) * (bucket[1] // 8)
+
+
+def table_batch(cfg: RunConfig, bucket: Bucket) -> int:
+    """batch_table's micro-batch for the smallest listed resolution whose area covers the bucket."""
+    table = cfg.batch_by_resolution()
+    covering = [r for r in sorted(table) if r * r >= bucket[0] * bucket[1]]
+    return table[covering[0]] if covering else 1
+
+
+def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
+    """Steps of ``batch_size`` same-bucket images (the last of a bucket may be smaller), in a
+    seeded order; one micro-batch each (the caps of the guard cut them when adaptive)."""
+    groups: dict[Bucket, list[int]] = defaultdict(list)
+    for i, b in enumerate(buckets):
+        groups[b].append(i)
+    rng = random.Random(cfg.seed * 1_000_003 + epoch)
+    steps = []
+    for bucket in sorted(groups):
+        idx = groups[bucket]
+        rng.shuffle(idx)
+        for start in range(0, len(idx), cfg.batch_size):
+            chunk = tuple(idx[start : start + cfg.batch_size])
+            steps.append(Step((MicroBatch(chunk, latent_tokens(bucket)),)))
+    rng.shuffle(steps)
+    return steps

@@ -1,0 +1,13 @@
+"""One base class for the errors a user can fix: bad settings, data, model, run folder, busy job.
+
+The CLI and the UI catch :class:`UserError` (one list) and show its message; anything else is a
+bug and keeps its traceback. Each subclass stays where it is raised (``config.ConfigError``,
+``data.text.DataError``...) and also keeps its old builtin base (ValueError / RuntimeError), so
+existing ``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Something the user can fix; the message names the file, field or value."""

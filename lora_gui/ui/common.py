@@ -1,0 +1,67 @@
+"""What every tab shares: the one job manager, the runs folder, the list of user errors, presets
+and the GPU this server sees. No gradio here (the handlers return plain values)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lora_gui.engine.jobs import JobManager
+from lora_gui.errors import UserError
+from lora_gui.memory.meter import GB
+from lora_gui.presets import list_presets
+
+RUNS_ROOT = Path("runs")
+USER_ERRORS = (UserError,)  # ConfigError, DataError, ImageDataError, ModelError, RunDirError, JobBusyError
+MANAGER = JobManager()  # one job per server process, shared by every page that attaches
+SIMULATED_BUDGET_GB = 2.0  # default simulated VRAM budget on a machine without a GPU
+
+
+def runs_root() -> Path:
+    """The runs folder (a function so that tests can point it elsewhere)."""
+    return RUNS_ROOT
+
+
+def check_run_name(name: str) -> str:
+    """A run name is one folder under runs/: letters, digits, '.', '_', '-'; no '/' or '..'
+    (the engine's rule, :func:`lora_gui.engine.core.rundir.run_folder`).
+
+    Raises:
+        RunDirError: naming the refused name.
+    """
+    from lora_gui.engine.core.rundir import run_folder
+
+    return run_folder(runs_root(), name).name
+
+
+def preset_names() -> list[str]:
+    return [p.stem for p in list_presets()]
+
+
+def gpu_total_gb() -> float | None:
+    """Total memory of the first GPU in GB, or None without one."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GB
+    return None
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_budget_gb() -> float:
+    """The detected GPU's total memory, or the simulated default without a GPU."""
+    total = gpu_total_gb()
+    return round(total, 1) if total is not None else SIMULATED_BUDGET_GB
+
+
+def budget_note() -> str:
+    total = gpu_total_gb()
+    if total is None:
+        return "No GPU here: the budget is simulated, enforced by the tracker on CPU. 0 = no budget."
+    return f"This GPU has {total:.1f} GB. 0 = no budget."
+
+
+def mib(nbytes: float | None) -> str:
+    return "—" if nbytes is None else f"{nbytes / 2**20:,.0f} MiB"

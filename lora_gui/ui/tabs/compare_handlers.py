@@ -1,0 +1,172 @@
+"""Compare tab handlers: the instant predicted comparison for a preset and model, measured rows
+as a background job (the one JobManager job), saved comparisons under runs/ reloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lora_gui.config import ConfigError
+from lora_gui.engine.compare.results import load_results
+from lora_gui.presets import load_config
+from lora_gui.ui import charts, common
+
+TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "measured MiB", "source",
+                 "tokens or images /s", "eval loss", "message")
+PRESET_MODEL = "the preset's model"
+
+
+def model_choices() -> list[str]:
+    from lora_gui.memory.model_configs import bundled_models
+
+    return [PRESET_MODEL, "builtin", *bundled_models()]
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(text or "").split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"sizes: {text!r} is not a comma-separated list of whole numbers") from None
+    return sizes
+
+
+def predicted_rows(preset: str, model: str, sizes: str = "") -> list[dict[str, Any]]:
+    from lora_gui.engine.compare.instant import instant_rows
+
+    chosen = None if model in (None, "", PRESET_MODEL) else model
+    return instant_rows(load_config(preset), chosen, tuple(_sizes(sizes)) or None)
+
+
+def _mib(value: Any) -> float | None:
+    return round(value / 2**20, 1) if value else None
+
+
+def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[list[Any]]:
+    """One line per mode and size: the prediction next to the measured row when there is one."""
+    def size(r: dict[str, Any]) -> int:
+        return r.get("seq_len") or r.get("resolution")
+
+    done = {(r["mode"], size(r)): r for r in measured if r.get("question", "memory") == "memory"}
+    lines = []
+    for p in predicted:
+        m = done.pop((p["mode"], size(p)), None) or {}
+        speed = m.get("real_tokens_per_s") or m.get("images_per_s")
+        lines.append([p["mode"], size(p), m.get("status") or "predicted",
+                      m.get("batch_size") or p["batch_size"], _mib(p.get("peak_bytes")),
+                      _mib(m.get("peak_bytes")), m.get("memory_source") or "predicted",
+                      round(speed, 2) if speed else None, m.get("eval_loss"),
+                      m.get("message") or p.get("message")])
+    for m in done.values():  # measured rows of sizes the prediction does not cover
+        lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size"),
+                      _mib(m.get("predicted_peak_bytes")), _mib(m.get("peak_bytes")),
+                      m.get("memory_source"), None, m.get("eval_loss"), m.get("message")])
+    return lines
+
+
+def instant(preset: str, model: str, sizes: str = "") -> tuple[str, Any, Any, list[list[Any]]]:
+    """(message, grouped bars, lines per mode, table) of the predicted comparison."""
+    try:
+        rows = predicted_rows(preset, model, sizes)
+    except (ValueError, *common.USER_ERRORS) as err:
+        return f"Error: {err}", None, None, []
+    ok = [r for r in rows if r["status"] == "ok"]
+    what = "resolution" if rows and rows[0].get("seq_len") is None else "sequence length"
+    message = (f"**Predicted** (source: predicted; planner estimates for a CUDA GPU in bf16, nothing "
+               f"was trained): {len(ok)} of {len(rows)} rows, per {what}. Press Measure to train "
+               "real rows on this machine.")
+    return (message, charts.compare_bars(rows, "memory", "full"), charts.mode_lines(rows),
+            table(rows, []))
+
+
+def default_out(preset: str) -> str:
+    return f"compare-{preset}"
+
+
+def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
+    """Starts the quick measured comparison as the one background job (refused while a training
+    job runs, naming it)."""
+    from lora_gui.config import apply_overrides
+    from lora_gui.engine.compare import quick
+
+    try:
+        lengths = _sizes(sizes)
+        if not lengths:
+            raise ConfigError("sizes: give at least one length (text) or resolution (image)")
+        base = load_config(preset)
+        n_steps = int(steps or quick.QUICK_STEPS)
+        if base.task == "image":  # refused here, before a job starts, naming the bad value
+            for res in lengths:
+                apply_overrides(base, {"resolution": res}, where="resolutions")
+        else:
+            quick.quick_settings(lengths, n_steps)
+        out = common.runs_root() / common.check_run_name(out_name or default_out(preset))
+
+        def work(job) -> dict[str, Any]:
+            return quick.run_quick(base, lengths, out, steps=n_steps, stop=job.control.stop,
+                                   on_row=job.add_record)
+
+        job = common.MANAGER.start_work(out.name, out, base, "compare", work)
+        job.total_steps = quick.expected_rows(base, lengths)  # the progress bar's total (rows)
+    except (ValueError, *common.USER_ERRORS) as err:
+        return f"Error: {err}"
+    return f"Measuring **{job.name}** into `{out}` (rows appear below as they finish)"
+
+
+def saved_comparisons() -> list[str]:
+    root = common.runs_root()
+    return sorted(p.parent.name for p in root.glob("*/compare.json")) if root.is_dir() else []
+
+
+def measured_rows(out_name: str) -> list[dict[str, Any]]:
+    if not out_name:
+        return []
+    try:
+        return load_results(common.runs_root() / common.check_run_name(out_name))["rows"]
+    except common.USER_ERRORS:
+        return []
+
+
+_LAST_TICK: dict[str, Any] = {}
+
+
+def progress(preset: str, model: str, sizes: str, out_name: str) -> tuple[str, Any, Any, list[list[Any]]]:
+    """The timer's tick: the measuring job's progress, and the measured rows beside the predicted."""
+    import gradio as gr
+
+    job = common.MANAGER.job
+    if job is None or job.kind != "compare":
+        return gr.update(), gr.update(), gr.update(), gr.update()
+    measured = measured_rows(job.name)
+    seen = (job.name, job.status, len(measured), preset, model, sizes, out_name)
+    if _LAST_TICK.get("seen") == seen:  # nothing new: leave the charts (a loaded comparison) alone
+        return gr.update(), gr.update(), gr.update(), gr.update()
+    _LAST_TICK["seen"] = seen
+    status = ""
+    if job is not None and job.kind == "compare":
+        total = job.total_steps or 0
+        done = len(measured_rows(job.name))
+        filled = round(20 * min(done, total) / max(total, 1))
+        status = (f"**{job.name}**: {job.status} · `{'█' * filled}{'░' * (20 - filled)}` "
+                  f"{min(done, total)}/{total} rows")
+        if job.error:
+            status += f"\n\nError: {job.error}"
+    try:
+        predicted = predicted_rows(preset, model, sizes)
+    except (ValueError, *common.USER_ERRORS):
+        predicted = []
+    both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
+    return status, charts.compare_bars(predicted + measured, "memory", "full"), charts.mode_lines(both), \
+        table(predicted, measured)
+
+
+def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:
+    """A saved comparison (runs/NAME/compare.json): bars, lines and table of its rows."""
+    try:
+        rows = load_results(common.runs_root() / common.check_run_name(name))["rows"]
+    except common.USER_ERRORS as err:
+        return f"Error: {err}", None, None, []
+    data = rows[0]["data"] if rows else "corpus"
+    memory = [r for r in rows if r["question"] == "memory" and r["data"] == data]
+    sources = ", ".join(sorted({str(r.get("memory_source")) for r in rows}))
+    return (f"{len(rows)} rows from `{Path(name) / 'compare.json'}` (sources: {sources})",
+            charts.compare_bars(rows, "memory", data), charts.mode_lines(memory), table(memory, memory))

@@ -1,0 +1,141 @@
+"""Runs tab handlers: list the runs under runs/, open one's charts, overlay several, resume one,
+delete one. Reads only the files a run leaves (config.json, run.json, metrics.jsonl,
+memory.jsonl, events.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from lora_gui.engine.core.records import read_records
+from lora_gui.engine.core.rundir import RunDirError, load_run_config
+from lora_gui.ui import charts, common
+from lora_gui.ui.series import downsample, ema
+
+RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "duration s")
+OVERLAY_RUNS = (2, 4)  # how many runs an overlay compares
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def run_folders() -> list[Path]:
+    root = common.runs_root()
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / "config.json").is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _status(folder: Path, summary: dict[str, Any]) -> str:
+    job = common.MANAGER.job
+    if job is not None and job.running and job.out.resolve() == folder.resolve():
+        return job.status
+    return summary.get("status") or "stopped early (no summary)"
+
+
+def list_runs() -> list[list[Any]]:
+    """One row per run folder, newest first (status, task, mode, peak with its source...)."""
+    rows = []
+    for folder in run_folders():
+        cfg, summary = _read_json(folder / "config.json"), _read_json(folder / "run.json")
+        peak = summary.get("peak_bytes")
+        rows.append([folder.name, _status(folder, summary), cfg.get("task", "text"), cfg.get("mode"),
+                     round(peak / 2**20) if peak else None, summary.get("memory_source"),
+                     round(summary["eval_loss"], 4) if summary.get("eval_loss") is not None else None,
+                     round(summary.get("train_seconds") or 0) or None])
+    return rows
+
+
+def run_names() -> list[str]:
+    return [p.name for p in run_folders()]
+
+
+def _folder(name: str) -> Path:
+    folder = common.runs_root() / common.check_run_name(name)
+    if not (folder / "config.json").is_file():
+        raise RunDirError(f"{folder}: not a run folder (no config.json)")
+    return folder
+
+
+def open_run(name: str, smoothing: float = 0.0) -> tuple[str, Any, Any, Any, Any]:
+    """(message, memory per step, loss, throughput, memory over time) of one run."""
+    try:
+        folder = _folder(name)
+    except common.USER_ERRORS as err:
+        return f"Error: {err}", None, None, None, None
+    records = read_records(folder / "metrics.jsonl")
+    summary = _read_json(folder / "run.json")
+    budget, predicted = summary.get("budget_bytes"), summary.get("predicted_peak_bytes")
+    samples = read_records(folder / "memory.jsonl")
+    phases = [(e["phase"], e["time"]) for e in read_records(folder / "events.jsonl")
+              if e.get("event") == "phase"]
+    text = f"**{name}**: {len(records)} steps, {_status(folder, summary)}"
+    return (text, charts.memory_figure(records, budget, predicted), charts.loss_figure(records, smoothing),
+            charts.throughput_figure(records), charts.memory_timeline(samples, phases, budget, predicted))
+
+
+def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoothing: float = 0.0,
+             scale: float = 1.0) -> go.Figure:
+    fig = go.Figure()
+    for name, records in runs.items():
+        rows = [r for r in records if r.get(key) is not None]
+        ys = [r[key] / scale for r in rows]
+        if smoothing and ys:
+            ys = ema(ys, smoothing)
+        xs, ys = downsample([r["step"] for r in rows], ys)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title=unit, height=320,
+                      margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    return fig
+
+
+def overlay(names: list[str] | None, smoothing: float = 0.0) -> tuple[str, Any, Any, Any]:
+    """(message, memory, loss, throughput) with one line per run, for 2 to 4 runs."""
+    names = list(names or [])
+    low, high = OVERLAY_RUNS
+    if not low <= len(names) <= high:
+        return f"Error: pick {low} to {high} runs to overlay (picked {len(names)})", None, None, None
+    try:
+        runs = {n: read_records(_folder(n) / "metrics.jsonl") for n in names}
+    except common.USER_ERRORS as err:
+        return f"Error: {err}", None, None, None
+    sources = sorted({str(r[-1].get("memory_source")) for r in runs.values() if r})
+    speed = "images_per_s" if any(r and "images_per_s" in r[0] for r in runs.values()) else "tokens_per_s"
+    return (f"Overlay of {', '.join(names)}",
+            _overlay(runs, "peak_bytes", "Peak memory per step", f"MiB ({', '.join(sources) or 'no data'})",
+                     scale=2**20),
+            _overlay(runs, "loss", "Loss", "loss", smoothing),
+            _overlay(runs, speed, "Throughput", speed.replace("_per_s", "/s")))
+
+
+def resume_run(name: str) -> str:
+    try:
+        folder = _folder(name)
+        job = common.MANAGER.start(load_run_config(folder), folder, resume=True)
+    except common.USER_ERRORS as err:
+        return f"Error: {err}"
+    return f"Resuming **{job.name}** (follow it on the Train tab)"
+
+
+def delete_run(name: str, confirmed: bool) -> str:
+    """Deletes runs/NAME after the user confirmed; never the folder of the running job."""
+    try:
+        folder = _folder(name)
+    except common.USER_ERRORS as err:
+        return f"Error: {err}"
+    if not confirmed:
+        return f"Delete `{folder}` and everything in it (adapter, checkpoints, charts)? Confirm below."
+    job = common.MANAGER.job
+    if job is not None and job.running and job.out.resolve() == folder.resolve():
+        return f"Error: {name} is running; stop it first"
+    shutil.rmtree(folder)
+    return f"Deleted `{folder}`"

@@ -1,0 +1,228 @@
+"""Train tab handlers: form values (a dict keyed by setting name) -> engine calls -> what the page
+shows. The prediction is the engine's own plan function (engine/run_prediction.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
+from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
+from lora_gui.memory.meter import GB
+from lora_gui.presets import load_config
+from lora_gui.ui import charts, common, forms
+
+START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
+
+
+def form_values(preset: str) -> dict[str, Any]:
+    """Every setting's value for a preset (preset over the defaults); without a budget in the
+    preset, the budget is this GPU's memory (or the simulated default without a GPU)."""
+    values = load_config(preset).to_dict()
+    values["budget_gb"] = values["budget_gb"] or common.default_budget_gb()
+    return values
+
+
+def config_from_form(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
+    """(validated config, {setting: message}); messages go next to their fields."""
+    return forms.validate(values)
+
+
+def check_processes(processes: Any, task: str) -> int:
+    """The processes field: 1 to the GPU count, for text and image runs alike."""
+    try:
+        n = int(processes or 1)
+    except (TypeError, ValueError):
+        raise ConfigError(f"processes: {processes!r} is not a whole number") from None
+    if n < 1 or (n > 1 and n > common.gpu_count()):
+        raise ConfigError(f"processes: {n}; this machine shows {common.gpu_count()} GPU(s): "
+                          f"use 1 to {max(1, common.gpu_count())}")
+    return n
+
+
+def holds_run(out: Path) -> bool:
+    return out.is_dir() and any((out / name).exists() for name in RUN_FILES)
+
+
+def start(run_name: str, processes: Any, values: dict[str, Any], how: str = START_NEW,
+          ) -> tuple[str, dict[str, str], bool]:
+    """Start / Overwrite / Resume. Returns (message, {setting: message}, ask to confirm).
+
+    A folder that holds another run is refused until the user picks overwrite or resume (as
+    the CLI's --overwrite / --resume)."""
+    try:
+        out = common.runs_root() / common.check_run_name(run_name)
+        if how == START_RESUME:
+            cfg = load_run_config(out)
+            n = check_processes(processes, cfg.task)
+            job = common.MANAGER.start(cfg, out, resume=True, processes=n)
+            return f"Resuming **{job.name}** → `{job.out}`", {}, False
+        cfg, errors = config_from_form(values)
+        if cfg is None:
+            return "Error: fix the settings marked below.", errors, False
+        n = check_processes(processes, cfg.task)
+        if how == START_NEW and holds_run(out):
+            return (f"`{out}` holds another run. Overwrite it, resume it, or pick another run "
+                    "name.", {}, True)
+        job = common.MANAGER.start(cfg, out, overwrite=how == START_OVERWRITE, processes=n)
+    except common.USER_ERRORS as err:
+        return f"Error: {err}", {}, False
+    on = f" on {n} GPUs (accelerate launch)" if n > 1 else ""
+    return f"Started **{job.name}** ({cfg.task}){on} → `{job.out}`", {}, False
+
+
+def stop() -> str:
+    return common.MANAGER.stop()
+
+
+def save_as_preset(name: str, values: dict[str, Any], note: str = "") -> str:
+    """Writes the form's settings that differ from the defaults as presets/NAME.yaml."""
+    import yaml
+
+    from lora_gui.ui.tabs.presets_handlers import save_preset
+
+    cfg, errors = config_from_form(values)
+    if cfg is None:
+        return "Error: " + "; ".join(errors.values())
+    comment = (note or "").strip() or "Saved from the Train tab."
+    body = yaml.safe_dump(diff_from_defaults(cfg), sort_keys=False) if diff_from_defaults(cfg) else ""
+    text = f"# {comment}\n{body}"
+    if not body:
+        return "Error: these settings are the defaults; change one before saving a preset"
+    return save_preset(name, text)
+
+
+# -- prediction panel --------------------------------------------------------------------------
+def _verdict(peak: int, budget: int | None, plan: Any) -> str:
+    if not budget:
+        return "no budget set"
+    fits = plan.fits if plan is not None else peak <= budget
+    return "**fits** the budget" if fits and peak <= budget else "**does not fit** the budget"
+
+
+def _switch_hints(cfg: RunConfig, plan: Any) -> list[str]:
+    """What to switch when the run does not fit: the planner's suggestions, else the switches
+    that are still off."""
+    if plan is not None and plan.suggestions:
+        return [f"{s.switch}: {s.peak_bytes / 2**20:,.0f} MiB{' (fits)' if s.fits else ''}"
+                for s in plan.suggestions]
+    hints = []
+    if cfg.mode == "traditional":
+        hints.append("mode: optimized (adaptive batch under the budget)")
+    if not cfg.gradient_checkpointing:
+        hints.append("gradient_checkpointing: on")
+    hints.append("a smaller batch_size" + (", resolution" if cfg.task == "image" else ", max_seq_len"))
+    return hints
+
+
+def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
+    """(text, breakdown figure, [bucket, micro-batch] rows) for the form as it stands.
+
+    exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
+    when it starts (same function, same inputs)."""
+    from lora_gui.engine.run_prediction import estimate_run, predict_run
+
+    cfg, errors = config_from_form(values)
+    if cfg is None:
+        return "Prediction waits for valid settings: " + "; ".join(errors.values()), None, []
+    budget = int(cfg.budget_gb * GB) or None
+    try:
+        n = check_processes(processes, cfg.task)
+        pred = predict_run(cfg, n) if exact else estimate_run(cfg)
+    except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
+        return f"No prediction for these settings: {err}", None, []
+    how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
+    text = (f"Predicted peak: **{pred.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how}, "
+            f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
+    if budget:
+        text += f" of {budget / 2**20:,.0f} MiB"
+        if common.gpu_total_gb() is None:
+            text += " (simulated: no GPU here)"
+    if budget and pred.peak_bytes > budget:
+        text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
+    step = pred.step
+    figure = charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget) if step else None
+    rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
+            for bucket, batch in pred.bucket_batches]
+    return text, figure, rows
+
+
+# -- live charts -------------------------------------------------------------------------------
+def _progress(done: int, total: int | None, elapsed: float) -> str:
+    """A text progress bar with ETA (the measured seconds per step so far)."""
+    if not total:
+        return f"step {done}"
+    filled = round(20 * done / total)
+    eta = f", ETA {elapsed / done * (total - done):.0f} s" if done else ""
+    return f"`{'█' * filled}{'░' * (20 - filled)}` step {done}/{total}{eta}"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
+    """The timer's tick: figures and status of the current training job (full history, so a
+    reloaded page re-attaches with everything; long histories are downsampled)."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        empty: list[dict] = []
+        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
+                charts.throughput_figure(empty), "No training yet. Pick a preset and press Start.", "")
+    records, events = job.snapshot()
+    samples, phases = job.memory_snapshot()
+    budget = int(job.cfg.budget_gb * GB) or None
+    simulated = common.gpu_total_gb() is None
+    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
+            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
+            charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
+    done = records[-1]["step"] if records else 0
+    train_start = next((t for name, t in phases if name == "training"), job.started)
+    status = (f"**{job.name}**: {job.status} ({job.phase}) · "
+              f"{_progress(done, job.total_steps, time.time() - train_start)}")
+    if job.predicted_bytes:
+        status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
+    if job.error:
+        status += f"\n\nError: {job.error}"
+    if job.summary and job.status in ("completed", "stopped", "out_of_memory"):
+        s = job.summary
+        status += (f"\n\nAdapter: `{s['adapter']}` · eval loss {_fmt(s['eval_loss'], '.3f')} "
+                   f"(base {_fmt(s['base_eval_loss'], '.3f')}) · steps {s['steps']} · peak "
+                   f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
+        if s.get("message"):
+            status += f"\n\n{s['message']}"
+    log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
+    return (*figs, status, log)
+
+
+def sample_gallery() -> list[str]:
+    """Sample pictures of the current training job (runs/NAME/samples/*.png)."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        return []
+    return sorted(str(p) for p in (job.out / "samples").glob("*.png"))
+
+
+UPLOAD_DIR = Path("runs") / "uploads"
+
+
+def use_upload(file_path: str | None) -> tuple[str | None, str]:
+    """Copies an uploaded data file under runs/uploads/; returns (new data value or None, message)."""
+    import shutil
+
+    from lora_gui.data.text import DataError, load_documents
+
+    if not file_path:
+        return None, "Error: no file was uploaded"
+    src = Path(file_path)
+    if src.stat().st_size == 0:
+        return None, f"Error: {src.name} is empty"
+    try:
+        docs = load_documents(src)
+    except DataError as err:
+        return None, f"Error: {err}"
+    dest = common.runs_root() / "uploads" / src.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    return str(dest), f"Uploaded {src.name}: {len(docs)} documents"

@@ -1,0 +1,72 @@
+"""The Runs tab: run folders listed with status and peak source, charts, overlay, delete, resume."""
+
+import json
+
+import pytest
+
+from lora_gui.config import RunConfig
+from lora_gui.ui import common
+from lora_gui.ui.tabs import runs_handlers as handle
+
+
+def make_run(root, name, *, task="text", loss=2.0, peak=100 * 2**20, status="completed", steps=5):
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(RunConfig(task=task).to_dict()))
+    records = [{"step": i + 1, "loss": loss - 0.1 * i, "peak_bytes": peak + i, "memory_source": "tracker",
+                "tokens_per_s": 1000.0 + i, "real_tokens": 90, "padded_tokens": 100} for i in range(steps)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if status:
+        (folder / "run.json").write_text(json.dumps({
+            "status": status, "peak_bytes": peak + steps - 1, "memory_source": "tracker",
+            "eval_loss": loss - 0.5, "train_seconds": 12.3, "budget_bytes": None,
+            "predicted_peak_bytes": peak}))
+    return folder
+
+
+@pytest.fixture()
+def root(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RUNS_ROOT", tmp_path)
+    monkeypatch.setattr(common, "MANAGER", common.JobManager())
+    return tmp_path
+
+
+def test_list_runs_shows_status_task_peak_and_source(root):
+    make_run(root, "a")
+    make_run(root, "b", task="image", status=None)
+    (root / "not-a-run").mkdir()
+    rows = {r[0]: r for r in handle.list_runs()}
+    assert set(rows) == {"a", "b"}
+    assert rows["a"][1:6] == ["completed", "text", "optimized", 100, "tracker"]
+    assert rows["a"][6] == 1.5 and rows["a"][7] == 12
+    assert rows["b"][1] == "stopped early (no summary)" and rows["b"][2] == "image"
+
+
+def test_open_run_draws_its_charts(root):
+    make_run(root, "a", steps=7)
+    message, memory, loss, speed, _ = handle.open_run("a", 0.5)
+    assert "7 steps" in message and len(memory.data[0].x) == 7
+    assert [t.name for t in loss.data] == ["train loss", "EMA 0.5"]
+    assert handle.open_run("../etc", 0)[0].startswith("Error:")
+    assert "not a run folder" in handle.open_run("nothing", 0)[0]
+
+
+def test_overlay_takes_two_to_four_runs(root):
+    for name in "abcde":
+        make_run(root, name, loss=2.0 + ord(name) / 100)
+    assert handle.overlay(["a"])[0].startswith("Error: pick 2 to 4")
+    assert handle.overlay(list("abcde"))[0].startswith("Error: pick 2 to 4")
+    message, memory, loss, speed = handle.overlay(["a", "b", "c"], 0.0)
+    assert [t.name for t in memory.data] == ["a", "b", "c"] and len(loss.data) == 3
+    assert "tracker" in memory.layout.yaxis.title.text and speed.layout.title.text == "Throughput"
+
+
+def test_delete_asks_first_then_removes_the_folder(root):
+    folder = make_run(root, "a")
+    assert "Confirm" in handle.delete_run("a", False) and folder.is_dir()
+    assert handle.delete_run("a", True).startswith("Deleted") and not folder.exists()
+    assert handle.delete_run("a", True).startswith("Error:")
+
+
+def test_resume_needs_a_run_with_a_checkpoint_folder(root):
+    assert handle.resume_run("missing").startswith("Error:")
