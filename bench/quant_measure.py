@@ -39,7 +39,8 @@ def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len
     cfg = apply_overrides(RunConfig(), {
         "quantization": quantization, "gradient_checkpointing": gradient_checkpointing,
         "lora_rank": lora_rank, "lora_alpha": float(lora_rank), "precision": "fp32",
-        "optimizer": optimizer, "attn_backend": attn, "max_seq_len": max(seq_len, 16)})
+        "optimizer": optimizer, "attn_backend": attn, "max_seq_len": max(seq_len, 16),
+        "loss_chunk": 0})  # the full loss, as the trace it is compared with (loss_chunk=0)
     with tempfile.TemporaryDirectory() as folder:
         save_random_model(config, folder)
         base = text_models.load_model_for(cfg, folder, dtype)
