@@ -31,6 +31,7 @@ from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.memory.guard import free_memory
 from lora_gui.memory.meter import PeakMeter
 from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
+from lora_gui.models.dit import FlowMatching
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
 EVAL_SEED = 4321  # fixed noise of the held-out loss
@@ -41,9 +42,9 @@ EVAL_TIMESTEPS = (100, 500, 900)  # fixed timesteps of the held-out loss, per im
 class Encoded:
     """The UNet's inputs for a batch of images (all in one bucket)."""
 
-    latents: torch.Tensor  # (B, 4, H/8, W/8), scaled by the VAE's scaling_factor
-    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states
-    pooled: torch.Tensor | None  # (B, 1280) SDXL pooled text embedding
+    latents: torch.Tensor  # (B, C, H/8, W/8), shifted and scaled by the VAE's factors
+    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states (SD3: 77 + T5 tokens; Flux: T5)
+    pooled: torch.Tensor | None  # (B, 1280) SDXL / SD3 / Flux pooled text embedding
     time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
 
     def to(self, device: torch.device) -> Encoded:
@@ -69,7 +70,8 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
     else:
         latents = dist.sample(generator) if sample else dist.mode()
-    latents = latents * model.vae.config.scaling_factor
+    # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
+    latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
     hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
     return Encoded(latents, hidden, pooled, ids)
@@ -145,7 +147,11 @@ def encode_eval_set(model: ImageModel, items: list[ImageItem], resolution: int,
 
 def unet_loss(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor,
               reduction: str = "mean") -> torch.Tensor:
-    """Noise-prediction MSE (epsilon or v target, by the scheduler's prediction_type)."""
+    """Noise-prediction MSE (epsilon or v target, by the scheduler's prediction_type); for DiT
+    models the flow-matching loss of their objective (:class:`lora_gui.models.dit.FlowMatching`,
+    ``timesteps`` then being the uniform draws it maps through its timestep density)."""
+    if isinstance(scheduler, FlowMatching):
+        return scheduler.loss(unet, enc, noise, timesteps, reduction)
     noisy = scheduler.add_noise(enc.latents, noise, timesteps)
     if scheduler.config.prediction_type == "v_prediction":
         target = scheduler.get_velocity(enc.latents, noise, timesteps)

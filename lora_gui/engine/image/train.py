@@ -151,6 +151,10 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     from lora_gui.memory import planner
     from lora_gui.memory.trace import trace_unet_step
 
+    if dm.dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
+        from lora_gui.engine.image.dit_run import dit_memory_plan
+
+        return dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
     caps = BatchCaps()
     used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
@@ -255,7 +259,7 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device.type == "cuda" else None
     dtype = weights or torch.float32
-    model = dm.load_image_model(source, dtype)
+    model = dm.load_image_model(source, dtype, cfg)
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
     dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
