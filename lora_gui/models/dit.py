@@ -219,6 +219,10 @@ def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg
     import diffusers
 
     kind = DIT_PIPELINES[class_name]
+    transformer_class = getattr(diffusers, DIT_TRANSFORMERS[kind])
+    raw = transformer_class.load_config(source, subfolder="transformer")  # as written, no defaults
+    if kind == "flux":
+        check_flux_guidance(raw, f"{source}/transformer/config.json")
     pipe = getattr(diffusers, class_name).from_pretrained(source, torch_dtype=weights_dtype)
     torch.nn.Module.to(pipe.vae, torch.float32)  # plain cast (diffusers' .to() warns)
     encoders = [e for e in (pipe.text_encoder, pipe.text_encoder_2, getattr(pipe, "text_encoder_3", None))
@@ -230,7 +234,7 @@ def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg
         module.eval()
     tconf = dict(pipe.transformer.config)
     guidance = None
-    if kind == "flux" and check_flux_guidance(tconf, source):
+    if kind == "flux" and tconf["guidance_embeds"]:
         guidance = float(getattr(cfg, "guidance_scale", 3.5))
     scheme = weighting_for(kind, getattr(cfg, "weighting_scheme", "auto"))
     if scheme not in WEIGHTING_SCHEMES:
