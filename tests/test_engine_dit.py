@@ -152,3 +152,9 @@ def test_timestep_density_matches_diffusers_sampling(scheme):
     ours = density_from_uniform((torch.arange(40_000) + 0.5) / 40_000, scheme, 0.0, 1.0, 1.29)
     q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
     assert torch.allclose(torch.quantile(ref, q), torch.quantile(ours, q), atol=0.01)
+
+
+def test_kohya_export_is_refused_for_dit_runs(pipelines, folder, tmp_path):
+    code = main(["train", "--preset", "image-512", "--quiet", "--out", str(tmp_path / "run"),
+                 *_sets(pipelines["flux"], folder, export_kohya="true", max_steps=1)])
+    assert code == 2 and not (tmp_path / "run" / "adapter").exists()

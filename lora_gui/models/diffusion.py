@@ -221,10 +221,7 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
                for k, v in get_peft_model_state_dict(model.unet).items()}
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    if dit.is_dit_kind(model.kind):
-        if export_kohya:
-            log.warning("export_kohya: the kohya key format is written for SD 1.x / SDXL UNets only")
-        export_kohya = False
+    if dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
         dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
     else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
         model.pipeline_class.save_lora_weights(

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from lora_gui.config import RunConfig
+from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.guard import BatchCaps
 from lora_gui.models import dit
 
@@ -42,12 +42,16 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
 
     Raises:
         ModelError: a bucket that is not a multiple of the patch size x VAE factor.
-        ConfigError: the text embeddings do not fit the RAM budget with ``cache_latents=ram``.
+        ConfigError: the text embeddings do not fit the RAM budget with ``cache_latents=ram``;
+            ``export_kohya`` (a UNet key format).
     """
     from lora_gui.engine.image.train import latent_tokens, table_batch
     from lora_gui.memory.dit_plan import check_text_cache, plan_dit
     from lora_gui.memory.dit_trace import trace_dit_step
 
+    if cfg.export_kohya:
+        raise ConfigError("export_kohya: the kohya / A1111 key format is written for SD 1.x / SDXL UNets; "
+                          "a DiT adapter is saved in diffusers' format (load_lora_weights) only")
     used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     factor = model.info["patch_factor"]
     dit.check_resolution(model.kind, factor, used + [(cfg.resolution, cfg.resolution)])
