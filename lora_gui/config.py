@@ -152,6 +152,11 @@ class RunConfig:
                                    "embedding while training.", "image", low=0.0, high=30.0)
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
                                   "77, Flux: 512).", "image", low=0, high=512)
+    train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
+                                      "encoder(s); needs cache_latents=off (the embeddings change).",
+                                      "image")
+    text_encoder_lr: float = option(5e-5, "Learning rate of the text encoders' LoRA "
+                                    "(train_text_encoder).", "image", low=0.0, high=1.0)
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,

@@ -182,6 +182,12 @@ def attach_unet_lora(unet, cfg: RunConfig) -> None:
             p.data = p.data.float()
 
 
+def encode_prompts_with_grad(model: ImageModel, captions: list[str], device: torch.device,
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`encode_prompts` with autograd on (the text encoders' LoRA trains through it)."""
+    return encode_prompts.__wrapped__(model, captions, device)
+
+
 @torch.no_grad()
 def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -224,9 +230,12 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     if dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
         dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
     else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
+        from lora_gui.models import text_encoder_lora
+
         model.pipeline_class.save_lora_weights(
             tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
-            unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict())
+            unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict(),
+            **text_encoder_lora.save_kwargs(model))
     if export_kohya:
         from safetensors.torch import save_file
 

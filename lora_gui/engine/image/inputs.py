@@ -30,7 +30,7 @@ from lora_gui.data.images import ImageItem, load_pixels
 from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.memory.guard import free_memory
 from lora_gui.memory.meter import PeakMeter
-from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
+from lora_gui.models.diffusion import ImageModel, encode_prompts, encode_prompts_with_grad, sdxl_time_ids
 from lora_gui.models.dit import FlowMatching
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
@@ -129,8 +129,27 @@ class InputSource:
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
                 [getattr(p, name) for p in parts]).to(self.device)
             enc = Encoded(stack("latents"), stack("hidden"), stack("pooled"), stack("time_ids"))
+        if self.model.info.get("train_text_encoder"):  # the encoders' LoRA trains: encode with autograd
+            captions = [self.items[i].caption for i in indices]
+            enc.hidden, enc.pooled = encode_prompts_with_grad(self.model, captions, self.device)
         cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         return Encoded(enc.latents.float(), cast(enc.hidden), cast(enc.pooled), cast(enc.time_ids))
+
+
+class EvalSet(list):
+    """Held-out inputs whose text embeddings are encoded again at each evaluation (the text
+    encoders' LoRA trains, so embeddings from the start of the run would be stale)."""
+
+    def __init__(self, encoded: list[Encoded], model: ImageModel, captions: list[str],
+                 device: torch.device) -> None:
+        super().__init__(encoded)
+        self.model, self.captions, self.device = model, captions, device
+
+    def fresh(self, index: int) -> Encoded:
+        """Item ``index`` with its caption encoded by the current text encoders."""
+        enc = self[index]
+        hidden, pooled = encode_prompts(self.model, [self.captions[index]], self.device)
+        return Encoded(enc.latents, hidden.cpu(), None if pooled is None else pooled.cpu(), enc.time_ids)
 
 
 @torch.no_grad()
@@ -179,7 +198,9 @@ def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
     total = 0.0
     n = len(EVAL_TIMESTEPS)
     rep = lambda t: None if t is None else t.expand(n, *t.shape[1:]).to(device)  # noqa: E731
-    for enc in encoded:
+    for index, enc in enumerate(encoded):
+        if isinstance(encoded, EvalSet):
+            enc = encoded.fresh(index)
         batch = Encoded(rep(enc.latents).float(), rep(enc.hidden).to(dtype),
                         None if enc.pooled is None else rep(enc.pooled).to(dtype),
                         None if enc.time_ids is None else rep(enc.time_ids).to(dtype))
@@ -212,7 +233,10 @@ def build_inputs(cfg: RunConfig, out: Path, model: ImageModel, data: Any, device
     start = time.perf_counter()
     with meter:
         meter.start_step()
-        eval_set = encode_eval_set(model, data.held_out if dist.is_main else [], cfg.resolution, device)
+        held = data.held_out if dist.is_main else []
+        eval_set = encode_eval_set(model, held, cfg.resolution, device)
+        if model.info.get("train_text_encoder"):
+            eval_set = EvalSet(eval_set, model, [item.caption for item in held], device)
         if mode != "disk" or dist.is_main:
             inputs.build_cache()
         cache_peak = meter.step_peak()

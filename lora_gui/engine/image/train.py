@@ -41,7 +41,12 @@ from transformers import get_cosine_schedule_with_warmup
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data import images as image_data
 from lora_gui.data.batching import MicroBatch, Step
-from lora_gui.engine.core.checkpoint import restore_training_state, save_checkpoint, write_atomic
+from lora_gui.engine.core.checkpoint import (
+    latest_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    write_atomic,
+)
 from lora_gui.engine.parallel.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
@@ -80,6 +85,7 @@ from lora_gui.memory.guard import (
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.monitor import MemoryMonitor
 from lora_gui.models import diffusion as dm
+from lora_gui.models import text_encoder_lora
 
 log = logging.getLogger(__name__)
 Bucket = tuple[int, int]  # (width, height) px
@@ -180,7 +186,8 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
                                  text_seq_len=model.tokenizers[0].model_max_length, **step)
         resident = 0 if cfg.resolved_cache_latents() != "off" else sum(
             p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
-        predicted = traced.peak_bytes + resident
+        predicted = traced.peak_bytes + resident + text_encoder_lora.training_bytes(
+            model, cfg, sizes[worst], weights_dtype, device.type)
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
@@ -246,6 +253,7 @@ class _Session:
             return
         path = save_checkpoint(self.out, self.state["step"], self.accelerator.unwrap_model(self.unet),
                                self.optimizer, self.scheduler, self.state)
+        text_encoder_lora.save_checkpoint_part(path, self.model)
         self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
 
     def on_oom(self, event: dict[str, Any]) -> None:
@@ -262,6 +270,7 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     model = dm.load_image_model(source, dtype, cfg)
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
+    text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
     dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
@@ -298,6 +307,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model.unet, ckpt["adapter"])
+        text_encoder_lora.load_checkpoint_part(latest_checkpoint(out), model)
         mixed = ckpt["trainer"]["precision"]
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
@@ -312,8 +322,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool, control: Tr
     accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, info["optimizer"] = _make_optimizer(
-        cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
+    optimizer, info["optimizer"] = _make_optimizer(cfg, text_encoder_lora.param_groups(model, cfg), device)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(cfg.warmup_steps, total), total)
     unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)
     state: dict[str, Any] = {"step": 0, "base_eval_loss": None, "precision": mixed}
@@ -383,7 +392,7 @@ def _one_step(run: _Session, step: Step, epoch: int) -> dict[str, Any]:
     agree = agree_on_oom(run.dist) if run.dist.active else None
     stats = run_guarded(lambda st: _run_share(run, st), step, run.caps,
                         lambda: run.optimizer.zero_grad(set_to_none=True), run.on_oom, agree)
-    trainable = [p for p in run.unet.parameters() if p.requires_grad]
+    trainable = [p for group in run.optimizer.param_groups for p in group["params"]]  # UNet (+ text) LoRA
     if run.dist.active:
         zero_missing_grads(trainable)
         run.dist.all_reduce_grads(trainable)
