@@ -16,6 +16,10 @@
    BitsAndBytesConfig, double quant, bf16 compute; random weights saved to a temporary folder),
    LoRA r16 all-linear, gradient checkpointing, batch 1 at seq 512/1024/2048: max_memory_allocated
    of a steady-state step next to the trace with ``quantization="nf4"``.
+2b. DiT steps: the SD3.5-medium transformer at 512 / 1024 px and the Flux.1-dev one
+   (gradient checkpointing) at 512 / 1024 px, LoRA r16 on the diffusers scripts' targets, the
+   engine's flow-matching loss, against the DiT trace and the planner's estimate (``--only dit``
+   runs these alone). Target 5%.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
 Writes gpu_check.json and gpu_check.md under --out.
@@ -54,6 +58,14 @@ TINY_SDXL_UNET = {"_class_name": "UNet2DConditionModel", "block_out_channels": [
                   "transformer_layers_per_block": [1, 2], "use_linear_projection": True,
                   "addition_embed_type": "text_time", "addition_time_embed_dim": 8,
                   "projection_class_embeddings_input_dim": 80, "sample_size": 8}  # 80 = 32 + 6 x 8
+
+TINY_SD3 = {"_class_name": "SD3Transformer2DModel", "sample_size": 64, "patch_size": 2, "in_channels": 4,
+            "num_layers": 2, "attention_head_dim": 8, "num_attention_heads": 4, "caption_projection_dim": 32,
+            "joint_attention_dim": 32, "pooled_projection_dim": 64, "out_channels": 4}
+TINY_FLUX = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 16, "num_layers": 1,
+             "num_single_layers": 1, "attention_head_dim": 16, "num_attention_heads": 2,
+             "joint_attention_dim": 32, "pooled_projection_dim": 32, "guidance_embeds": True,
+             "axes_dims_rope": [4, 4, 8]}
 
 
 def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
@@ -197,6 +209,59 @@ def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[st
     return rows
 
 
+def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpointing: bool = False,
+              text_tokens: int | None = None) -> list[dict[str, Any]]:
+    """DiT (SD3 / Flux) LoRA step, r16 on the scripts' targets, batch 1, cached latents and text
+    embeddings: the engine's flow-matching loss (``FlowMatching.loss_at``); measured peak, trace
+    and the planner's trace-calibrated estimate."""
+    import types
+
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from lora_gui.memory import dit_trace as dt
+    from lora_gui.models.dit import FlowMatching, lora_targets
+
+    rows = []
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    c = dict(load_model_config(config))
+    kind = dt.dit_kind(c)
+    name = config if isinstance(config, str) else f"tiny {kind}-shaped transformer"
+    tokens = text_tokens or dt.default_text_tokens(kind)
+    step = {"batch_size": 1, "lora_rank": 16, "dtype": dtype, "device": "cuda",
+            "gradient_checkpointing": gradient_checkpointing, "text_seq_len": tokens}
+    channels = c.get("in_channels", 64) // 4 if kind == "flux" else c.get("in_channels", 16)
+    objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), "none",
+                             guidance=3.5 if c.get("guidance_embeds") else None,
+                             precondition_outputs=kind == "sd3")
+    for res in resolutions:
+        predicted = dt.trace_dit_step(c, resolution=res, **step)
+        planner_estimate = dt.estimate_dit_step(c, resolution=res, **step)
+        model = _materialized(dt.build_dit(c, dtype=dtype, lora_rank=16, lora_alpha=None,
+                                           target_modules=lora_targets(kind, "all-linear")), device, dtype)
+        if gradient_checkpointing:
+            model.get_base_model().enable_gradient_checkpointing()
+
+        def loss(m=model, r=res):
+            lat = (1, channels, r // 8, r // 8)
+            enc = types.SimpleNamespace(
+                latents=torch.randn(lat, device=device),
+                hidden=torch.randn(1, tokens, c.get("joint_attention_dim", 4096), device=device, dtype=dtype),
+                pooled=torch.randn(1, c.get("pooled_projection_dim", 768), device=device, dtype=dtype))
+            sigmas = torch.rand(1, device=device)
+            return objective.loss_at(m, enc, torch.randn(lat, device=device), sigmas, sigmas * 1000)
+
+        measured = _real_step_peak(model, loss, device)
+        rows.append({"model": name, "resolution": res, "measured_bytes": measured,
+                     "predicted_bytes": predicted.allocator_peak_bytes,
+                     "planner_estimate_bytes": planner_estimate.traced_peak_bytes + tr.CUBLAS_WORKSPACE_BYTES,
+                     "gradient_checkpointing": gradient_checkpointing,
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None})
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def check_flex(seqs: list[int], device: str, repeats: int = 5) -> list[dict[str, Any]]:
     from lora_gui.attention import WindowSpec, windowed_attention
 
@@ -238,7 +303,7 @@ def _markdown(result: dict[str, Any]) -> str:
     out = [f"# GPU check ({result['device_name']})", "", "## Planner accuracy (allocator peak)", "",
            "| model | shape | measured MiB | predicted MiB (trace) | error | planner estimate MiB |",
            "|---|---|---|---|---|---|"]
-    for r in result["text"] + result["unet"]:
+    for r in result.get("text", []) + result.get("unet", []) + result.get("dit", []):
         shape = f"seq {r['seq_len']}" if "seq_len" in r else f"{r['resolution']} px"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
         est = f"{r['planner_estimate_bytes'] / mib:,.0f}" if "planner_estimate_bytes" in r else "-"
@@ -246,7 +311,7 @@ def _markdown(result: dict[str, Any]) -> str:
                    f"{r['predicted_bytes'] / mib:,.0f} | {err} | {est} |")
     out += ["", "## Windowed attention vs causal SDPA (fwd+bwd, B=1, 4x64, W=256, G=4)", "",
             "| S | impl | median ms | peak MiB |", "|---|---|---|---|"]
-    for r in result["flex"]:
+    for r in result.get("flex", []):
         peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
     return "\n".join(out) + "\n"
@@ -256,21 +321,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (code-path check)")
+    parser.add_argument("--only", choices=("all", "dit", "no-dit"), default="all",
+                        help="dit: only the SD3 / Flux steps (about 5 min on an H200); no-dit: the rest")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {}
     if args.smoke:
-        unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
-        text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
-        result = {"text": text,
-                  "unet": unet,
-                  "flex": check_flex([512], device, repeats=2)}
+        if args.only != "dit":
+            unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
+            text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
+            result = {"text": text, "unet": unet, "flex": check_flex([512], device, repeats=2)}
+        if args.only != "no-dit":
+            result["dit"] = check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
+                TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16)
     else:
-        result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device)
-                  + check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
-                  "unet": check_unet("sd15-unet", [512, 768, 1024], device)
-                  + check_unet("sdxl-unet", [512, 768, 1024], device),
-                  "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+        if args.only != "dit":
+            result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device)
+                      + check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
+                      "unet": check_unet("sd15-unet", [512, 768, 1024], device)
+                      + check_unet("sdxl-unet", [512, 768, 1024], device),
+                      "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+        if args.only != "no-dit":  # Flux-shaped with gradient checkpointing, as it is trained
+            result["dit"] = check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
+                "flux.1-dev", [512, 1024], device, gradient_checkpointing=True)
     result["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     (args.out / "gpu_check.md").write_text(_markdown(result), encoding="utf-8")

@@ -234,7 +234,7 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
         print(json.dumps(plan_to_json(plan, step), indent=1, default=str))
         return 0
     mib = 2**20
-    print(f"Predicted peak of the largest UNet micro-batch on {args.device} (source: predicted, "
+    print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
           f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
     print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")

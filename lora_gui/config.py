@@ -60,7 +60,8 @@ class RunConfig:
                        "model's UNet (image).", "task", choices=("text", "image"))
     model: str = option("builtin", "Base model: 'builtin' (text: bundled 4M-parameter Llama; image: "
                         "bundled small SD-style pipeline), a Hugging Face id (needs network) or a "
-                        "local directory saved with save_pretrained (image: SD 1.x or SDXL).", "task")
+                        "local directory saved with save_pretrained (image: SD 1.x, SDXL, SD3 / "
+                        "SD3.5 or Flux.1).", "task")
     data: str = option("builtin", "Training data: 'builtin' (text: bundled fine-tune corpus; image: "
                        "bundled demo pictures), a .txt / .jsonl / .csv file (text) or an image "
                        "folder with .txt captions or metadata.jsonl (image).", "task")
@@ -161,6 +162,26 @@ class RunConfig:
                             "moves them to CPU RAM under pressure on CUDA). auto: adamw for text; "
                             "image picks adamw8bit in optimized mode on a GPU with bitsandbytes.",
                             "quantization", choices=("auto", "adamw", "adamw8bit", "paged_adamw8bit"))
+
+    # -- DiT image models (SD3 / SD3.5, Flux.1): flow matching as diffusers' LoRA scripts -------
+    weighting_scheme: str = option("auto", "DiT: timestep density and loss weighting; auto = the "
+                                   "diffusers script's default (SD3: logit_normal, Flux: none).", "image",
+                                   choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"))
+    logit_mean: float = option(0.0, "DiT: mean of the logit_normal timestep density.", "image",
+                               low=-10.0, high=10.0)
+    logit_std: float = option(1.0, "DiT: standard deviation of the logit_normal density.", "image",
+                              low=0.01, high=10.0)
+    mode_scale: float = option(1.29, "DiT: scale of the 'mode' timestep density.", "image",
+                               low=0.0, high=10.0)
+    guidance_scale: float = option(3.5, "Flux.1-dev: the guidance value fed to its guidance "
+                                   "embedding while training.", "image", low=0.0, high=30.0)
+    text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
+                                  "77, Flux: 512).", "image", low=0, high=512)
+    train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
+                                      "encoder(s); needs cache_latents=off (the embeddings change).",
+                                      "image")
+    text_encoder_lr: float = option(5e-5, "Learning rate of the text encoders' LoRA "
+                                    "(train_text_encoder).", "image", low=0.0, high=1.0)
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,

@@ -1,4 +1,4 @@
-"""The planner applied to an image run: UNet shapes, buckets of the resolution, per-bucket batch.
+"""The planner applied to an image run: UNet or DiT shapes, buckets of the resolution, per-bucket batch.
 
 Used by ``python -m lora_gui plan`` when ``task=image`` (the text path is :mod:`run_plan`).
 """
@@ -38,7 +38,11 @@ def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
     """Micro-batch per bucket under the budget (trace-calibrated estimate), the trace of the
     largest bucket at its planned micro-batch, and the buckets as (height, width)."""
     from lora_gui.data.images import make_buckets
+    from lora_gui.memory.dit_plan import dit_config_for, plan_dit_run
 
+    dit_config = dit_config_for(cfg)
+    if dit_config is not None:  # SD3 / Flux: the DiT planner
+        return plan_dit_run(cfg, dit_config, budget_bytes, device)
     unet = unet_config_for(cfg)
     dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
         torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
@@ -59,11 +63,15 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
     """Peak of the run's largest UNet micro-batch (square at ``resolution``) for the UI: the
     trace-calibrated estimate with SDPA (instant after two cached traces), the fake-tensor trace
     with eager attention (its S x S scores are not linear in pixels)."""
+    from lora_gui.memory.dit_plan import dit_config_for
     from lora_gui.memory.estimate import estimate_unet_step
 
-    unet = unet_config_for(cfg)
     dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
         torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    dit_config = dit_config_for(cfg)
+    if dit_config is not None:
+        return _estimated_dit_step(cfg, dit_config, dtype, device)
+    unet = unet_config_for(cfg)
     batch = cfg.batch_size
     if cfg.resolved_image_batch() == "adaptive":
         table = cfg.batch_by_resolution()
@@ -74,3 +82,21 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
     if cfg.resolved_attn_backend() == "sdpa":
         return estimate_unet_step(unet, **step)
     return trace_unet_step(unet, attention="eager", **step)
+
+
+def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dtype,
+                        device: str) -> TraceResult:
+    """The DiT counterpart of :func:`estimated_image_step` (plus VAE / text encoders when resident)."""
+    from lora_gui.memory.dit_plan import resident_bytes
+    from lora_gui.memory.dit_trace import default_text_tokens, dit_kind, estimate_dit_step, trace_dit_step
+
+    kind = dit_kind(config)
+    step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
+            "text_seq_len": default_text_tokens(kind, cfg.text_max_length)}
+    if cfg.resolved_attn_backend() == "sdpa":
+        result = estimate_dit_step(config, **step)
+    else:
+        result = trace_dit_step(config, attention="eager", **step)
+    result.peak_bytes += resident_bytes(kind, cfg.resolved_cache_latents(), dtype)
+    return result

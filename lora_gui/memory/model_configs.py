@@ -15,6 +15,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "presets" / "models"
 UNET_CLASS = "UNet2DConditionModel"
+DIT_CLASSES = ("SD3Transformer2DModel", "FluxTransformer2DModel")  # flow-matching DiT denoisers
 ModelConfig = Union[PretrainedConfig, dict]  # noqa: UP007 (readable alias)
 
 
@@ -36,13 +37,18 @@ def _unsupported(what: str) -> ValueError:
     return ValueError(
         f"unsupported model {what}: supported are the bundled configs {bundled_models()}, any "
         f"transformers causal LM model_type (e.g. {common}; {len(supported_text_model_types())} in all) "
-        f"and diffusers {UNET_CLASS} configs"
+        f"and diffusers {UNET_CLASS} / {' / '.join(DIT_CLASSES)} configs"
     )
 
 
 def is_unet_config(config: Any) -> bool:
     """True for a diffusers UNet2DConditionModel config (dict with ``_class_name``)."""
     return isinstance(config, dict) and config.get("_class_name") == UNET_CLASS
+
+
+def is_dit_config(config: Any) -> bool:
+    """True for a diffusers SD3 / Flux transformer config (dict with ``_class_name``)."""
+    return isinstance(config, dict) and config.get("_class_name") in DIT_CLASSES
 
 
 def config_from_dict(data: dict) -> ModelConfig:
@@ -54,6 +60,8 @@ def config_from_dict(data: dict) -> ModelConfig:
     data = dict(data)
     if data.get("_class_name") == UNET_CLASS or UNET_CLASS in data.get("architectures", []):
         data["_class_name"] = UNET_CLASS
+        return data
+    if data.get("_class_name") in DIT_CLASSES:
         return data
     model_type = data.get("model_type")
     if model_type not in supported_text_model_types():
@@ -87,7 +95,8 @@ def load_model_config(name_or_path: Any) -> ModelConfig:
         return config_from_dict(json.loads(preset.read_text()))
     path = Path(key).expanduser()
     if path.is_dir():
-        for candidate in (path / "config.json", path / "unet" / "config.json"):
+        for candidate in (path / "config.json", path / "unet" / "config.json",
+                          path / "transformer" / "config.json"):
             if candidate.is_file():
                 return config_from_dict(json.loads(candidate.read_text()))
         raise ValueError(f"no config.json in model directory {path}")
@@ -98,7 +107,7 @@ def load_model_config(name_or_path: Any) -> ModelConfig:
 
 def max_positions(config: ModelConfig) -> int | None:
     """Longest sequence a text model supports (``max_position_embeddings`` / ``n_positions``)."""
-    if is_unet_config(config):
+    if is_unet_config(config) or is_dit_config(config):
         return None
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(config, attr, None)

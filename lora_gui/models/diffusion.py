@@ -1,8 +1,9 @@
 """Diffusion base models: resolve 'builtin' / a local pipeline folder / a Hugging Face id, load
-the parts a LoRA run needs (UNet, VAE, text encoder(s), tokenizer(s), noise scheduler), attach
-LoRA to the UNet with peft, encode prompts (SD 1.x and SDXL), and save the adapter in diffusers'
-own format (``pytorch_lora_weights.safetensors``, loadable with ``pipe.load_lora_weights``) and,
-on request, in the kohya / A1111 / ComfyUI key format.
+the parts a LoRA run needs (UNet or DiT transformer, VAE, text encoder(s), tokenizer(s), noise
+scheduler or flow-matching objective), attach LoRA with peft, encode prompts (SD 1.x, SDXL; SD3
+and Flux through :mod:`lora_gui.models.dit`), and save the adapter in diffusers' own format
+(``pytorch_lora_weights.safetensors``, loadable with ``pipe.load_lora_weights``) and, on request,
+in the kohya / A1111 / ComfyUI key format.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import torch
 from peft import LoraConfig, get_peft_model_state_dict
 
 from lora_gui.config import ASSETS, RunConfig
+from lora_gui.models import dit
 from lora_gui.models.text import ModelError, check_hub_id
 
 log = logging.getLogger(__name__)
 BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
-# pipeline class -> kind; other architectures (SD3, Flux, Kandinsky...) are refused by name
-SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
+# pipeline class -> kind; other architectures (Kandinsky, PixArt...) are refused by name
+SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
+                       **dit.DIT_PIPELINES}
+PIPELINE_CLASSES = {kind: name for name, kind in SUPPORTED_PIPELINES.items()}
 UNET_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # diffusers' train_text_to_image_lora
 ADAPTER_FILE = "pytorch_lora_weights.safetensors"
 KOHYA_FILE = "kohya_lora.safetensors"
@@ -32,9 +36,15 @@ KOHYA_FILE = "kohya_lora.safetensors"
 
 @dataclass
 class ImageModel:
-    """The parts of a diffusion pipeline a LoRA run uses (VAE/text encoders may be dropped)."""
+    """The parts of a diffusion pipeline a LoRA run uses (VAE/text encoders may be dropped).
 
-    kind: str  # "sd" or "sdxl"
+    ``unet`` is the denoiser that gets LoRA: a UNet2DConditionModel (sd, sdxl) or a DiT
+    transformer (sd3, flux); for DiT kinds ``noise_scheduler`` is the
+    :class:`~lora_gui.models.dit.FlowMatching` objective and ``pipe`` the loaded pipeline whose
+    ``encode_prompt`` encodes captions until the encoders are freed.
+    """
+
+    kind: str  # "sd", "sdxl", "sd3" or "flux"
     source: str
     unet: Any
     vae: Any | None
@@ -42,18 +52,19 @@ class ImageModel:
     tokenizers: list[Any]
     noise_scheduler: Any
     info: dict[str, Any] = field(default_factory=dict)
+    pipe: Any | None = None
 
     @property
     def pipeline_class(self) -> Any:
         import diffusers
 
-        return getattr(diffusers, {"sd": "StableDiffusionPipeline",
-                                   "sdxl": "StableDiffusionXLPipeline"}[self.kind])
+        return getattr(diffusers, PIPELINE_CLASSES[self.kind])
 
     def drop_encoders(self) -> None:
         """Frees the VAE and text encoders (caching made them unnecessary for training)."""
         self.vae = None
         self.text_encoders = []
+        self.pipe = None
 
 
 def _model_index(source: str) -> dict[str, Any]:
@@ -66,11 +77,12 @@ def _model_index(source: str) -> dict[str, Any]:
 
 
 def pipeline_kind(source: str) -> str:
-    """'sd' or 'sdxl' from model_index.json; any other architecture raises :class:`ModelError`."""
+    """'sd', 'sdxl', 'sd3' or 'flux' from model_index.json; any other architecture raises
+    :class:`ModelError` listing the supported pipeline classes."""
     name = _model_index(source).get("_class_name", "?")
     if name not in SUPPORTED_PIPELINES:
         raise ModelError(f"model: {source} is a {name}; supported are "
-                         f"{', '.join(SUPPORTED_PIPELINES)} (UNet LoRA)")
+                         f"{', '.join(SUPPORTED_PIPELINES)}")
     return SUPPORTED_PIPELINES[name]
 
 
@@ -104,13 +116,19 @@ def resolve_pipeline_source(name: str) -> str:
     return name
 
 
-def load_image_model(source: str, weights_dtype: torch.dtype = torch.float32) -> ImageModel:
+def load_image_model(source: str, weights_dtype: torch.dtype = torch.float32,
+                     cfg: RunConfig | None = None) -> ImageModel:
     """Loads UNet, VAE (fp32: the SD VAEs overflow in fp16), text encoder(s), tokenizer(s) and
-    the DDPM training scheduler of a supported pipeline."""
+    the DDPM training scheduler of a supported pipeline; for SD3 / Flux the transformer and the
+    flow-matching objective built from ``cfg``'s timestep settings (see :mod:`lora_gui.models.dit`)."""
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     kind = pipeline_kind(source)
+    if dit.is_dit_kind(kind):
+        parts = dit.load_dit_parts(source, PIPELINE_CLASSES[kind], weights_dtype, cfg or RunConfig())
+        return ImageModel(kind, source, parts["transformer"], parts["vae"], parts["text_encoders"],
+                          parts["tokenizers"], parts["objective"], parts["info"], parts["pipe"])
     unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", torch_dtype=weights_dtype)
     vae = AutoencoderKL.from_pretrained(source, subfolder="vae", torch_dtype=torch.float32)
     encoders = [CLIPTextModel.from_pretrained(source, subfolder="text_encoder", dtype=weights_dtype)]
@@ -131,14 +149,20 @@ def set_attention_backend(unet, backend: str) -> None:
     per image in fp32); sdpa: AttnProcessor2_0 (torch SDPA, flash/memory-efficient kernels)."""
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
+    if dit.is_dit_module(unet):
+        dit.set_dit_attention(unet, backend)
+        return
     if backend not in ("eager", "sdpa"):
         raise ModelError(f"attn_backend: {backend!r} is not supported by the image engine (eager, sdpa)")
     unet.set_attn_processor(AttnProcessor() if backend == "eager" else AttnProcessor2_0())
 
 
-def lora_targets(cfg: RunConfig) -> list[str]:
+def lora_targets(cfg: RunConfig, kind: str = "sd") -> list[str]:
     """UNet modules that get LoRA: 'all-linear' means the attention projections (the targets of
-    diffusers' and kohya's default UNet LoRA), else the comma list given."""
+    diffusers' and kohya's default UNet LoRA), else the comma list given; DiT kinds: the
+    targets of diffusers' SD3 / Flux LoRA scripts."""
+    if dit.is_dit_kind(kind):
+        return dit.lora_targets(kind, cfg.lora_targets)
     if cfg.lora_targets == "all-linear":
         return list(UNET_LORA_TARGETS)
     return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
@@ -146,8 +170,9 @@ def lora_targets(cfg: RunConfig) -> list[str]:
 
 def attach_unet_lora(unet, cfg: RunConfig) -> None:
     """Adds a trainable LoRA adapter (peft, diffusers' ``add_adapter``) to the frozen UNet."""
+    kind = {v: k for k, v in dit.DIT_TRANSFORMERS.items()}.get(type(unet).__name__, "sd")
     config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                        init_lora_weights="gaussian", target_modules=lora_targets(cfg))
+                        init_lora_weights="gaussian", target_modules=lora_targets(cfg, kind))
     try:
         unet.add_adapter(config)
     except ValueError as err:
@@ -155,6 +180,12 @@ def attach_unet_lora(unet, cfg: RunConfig) -> None:
     for p in unet.parameters():  # LoRA weights train in fp32 even over bf16/fp16 frozen weights
         if p.requires_grad:
             p.data = p.data.float()
+
+
+def encode_prompts_with_grad(model: ImageModel, captions: list[str], device: torch.device,
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`encode_prompts` with autograd on (the text encoders' LoRA trains through it)."""
+    return encode_prompts.__wrapped__(model, captions, device)
 
 
 @torch.no_grad()
@@ -165,6 +196,8 @@ def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
     SD 1.x: last hidden state of the CLIP text encoder. SDXL: penultimate hidden states of both
     encoders concatenated, pooled output of the second (as StableDiffusionXLPipeline does).
     """
+    if dit.is_dit_kind(model.kind):
+        return dit.encode_dit_prompts(model.pipe, model.kind, captions, device, model.info["text_length"])
     states, pooled = [], None
     for tokenizer, encoder in zip(model.tokenizers, model.text_encoders, strict=True):
         ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length,
@@ -194,10 +227,15 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
                for k, v in get_peft_model_state_dict(model.unet).items()}
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
-    model.pipeline_class.save_lora_weights(
-        tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
-        unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict())
+    if dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
+        dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
+    else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
+        from lora_gui.models import text_encoder_lora
+
+        model.pipeline_class.save_lora_weights(
+            tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
+            unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict(),
+            **text_encoder_lora.save_kwargs(model))
     if export_kohya:
         from safetensors.torch import save_file
 
@@ -223,7 +261,7 @@ def load_pipeline(source: str, adapter: str | Path | None = None, device: str = 
     import diffusers
 
     kind = pipeline_kind(source)
-    cls = getattr(diffusers, {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline"}[kind])
+    cls = getattr(diffusers, PIPELINE_CLASSES[kind])
     extra = {"safety_checker": None, "requires_safety_checker": False} if kind == "sd" else {}
     # half precision on GPUs (the VAE upcasts itself where its config asks); fp32 on CPU
     dtype = torch.float16 if device.startswith("cuda") else torch.float32

@@ -30,7 +30,8 @@ from lora_gui.data.images import ImageItem, load_pixels
 from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.memory.guard import free_memory
 from lora_gui.memory.meter import PeakMeter
-from lora_gui.models.diffusion import ImageModel, encode_prompts, sdxl_time_ids
+from lora_gui.models.diffusion import ImageModel, encode_prompts, encode_prompts_with_grad, sdxl_time_ids
+from lora_gui.models.dit import FlowMatching
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
 EVAL_SEED = 4321  # fixed noise of the held-out loss
@@ -41,9 +42,9 @@ EVAL_TIMESTEPS = (100, 500, 900)  # fixed timesteps of the held-out loss, per im
 class Encoded:
     """The UNet's inputs for a batch of images (all in one bucket)."""
 
-    latents: torch.Tensor  # (B, 4, H/8, W/8), scaled by the VAE's scaling_factor
-    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states
-    pooled: torch.Tensor | None  # (B, 1280) SDXL pooled text embedding
+    latents: torch.Tensor  # (B, C, H/8, W/8), shifted and scaled by the VAE's factors
+    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states (SD3: 77 + T5 tokens; Flux: T5)
+    pooled: torch.Tensor | None  # (B, 1280) SDXL / SD3 / Flux pooled text embedding
     time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
 
     def to(self, device: torch.device) -> Encoded:
@@ -69,7 +70,8 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
     else:
         latents = dist.sample(generator) if sample else dist.mode()
-    latents = latents * model.vae.config.scaling_factor
+    # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
+    latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
     hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
     return Encoded(latents, hidden, pooled, ids)
@@ -127,8 +129,27 @@ class InputSource:
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
                 [getattr(p, name) for p in parts]).to(self.device)
             enc = Encoded(stack("latents"), stack("hidden"), stack("pooled"), stack("time_ids"))
+        if self.model.info.get("train_text_encoder"):  # the encoders' LoRA trains: encode with autograd
+            captions = [self.items[i].caption for i in indices]
+            enc.hidden, enc.pooled = encode_prompts_with_grad(self.model, captions, self.device)
         cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
         return Encoded(enc.latents.float(), cast(enc.hidden), cast(enc.pooled), cast(enc.time_ids))
+
+
+class EvalSet(list):
+    """Held-out inputs whose text embeddings are encoded again at each evaluation (the text
+    encoders' LoRA trains, so embeddings from the start of the run would be stale)."""
+
+    def __init__(self, encoded: list[Encoded], model: ImageModel, captions: list[str],
+                 device: torch.device) -> None:
+        super().__init__(encoded)
+        self.model, self.captions, self.device = model, captions, device
+
+    def fresh(self, index: int) -> Encoded:
+        """Item ``index`` with its caption encoded by the current text encoders."""
+        enc = self[index]
+        hidden, pooled = encode_prompts(self.model, [self.captions[index]], self.device)
+        return Encoded(enc.latents, hidden.cpu(), None if pooled is None else pooled.cpu(), enc.time_ids)
 
 
 @torch.no_grad()
@@ -145,7 +166,11 @@ def encode_eval_set(model: ImageModel, items: list[ImageItem], resolution: int,
 
 def unet_loss(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor,
               reduction: str = "mean") -> torch.Tensor:
-    """Noise-prediction MSE (epsilon or v target, by the scheduler's prediction_type)."""
+    """Noise-prediction MSE (epsilon or v target, by the scheduler's prediction_type); for DiT
+    models the flow-matching loss of their objective (:class:`lora_gui.models.dit.FlowMatching`,
+    ``timesteps`` then being the uniform draws it maps through its timestep density)."""
+    if isinstance(scheduler, FlowMatching):
+        return scheduler.loss(unet, enc, noise, timesteps, reduction)
     noisy = scheduler.add_noise(enc.latents, noise, timesteps)
     if scheduler.config.prediction_type == "v_prediction":
         target = scheduler.get_velocity(enc.latents, noise, timesteps)
@@ -173,7 +198,9 @@ def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
     total = 0.0
     n = len(EVAL_TIMESTEPS)
     rep = lambda t: None if t is None else t.expand(n, *t.shape[1:]).to(device)  # noqa: E731
-    for enc in encoded:
+    for index, enc in enumerate(encoded):
+        if isinstance(encoded, EvalSet):
+            enc = encoded.fresh(index)
         batch = Encoded(rep(enc.latents).float(), rep(enc.hidden).to(dtype),
                         None if enc.pooled is None else rep(enc.pooled).to(dtype),
                         None if enc.time_ids is None else rep(enc.time_ids).to(dtype))
@@ -206,7 +233,10 @@ def build_inputs(cfg: RunConfig, out: Path, model: ImageModel, data: Any, device
     start = time.perf_counter()
     with meter:
         meter.start_step()
-        eval_set = encode_eval_set(model, data.held_out if dist.is_main else [], cfg.resolution, device)
+        held = data.held_out if dist.is_main else []
+        eval_set = encode_eval_set(model, held, cfg.resolution, device)
+        if model.info.get("train_text_encoder"):
+            eval_set = EvalSet(eval_set, model, [item.caption for item in held], device)
         if mode != "disk" or dist.is_main:
             inputs.build_cache()
         cache_peak = meter.step_peak()

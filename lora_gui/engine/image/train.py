@@ -32,7 +32,7 @@ from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step
-from lora_gui.engine.core.checkpoint import write_atomic
+from lora_gui.engine.core.checkpoint import latest_checkpoint, save_checkpoint, write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
 from lora_gui.engine.core.optim import make_optimizer
@@ -80,6 +80,7 @@ from lora_gui.engine.parallel.distributed import (
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
+from lora_gui.models import text_encoder_lora
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,11 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     several, a process trains at most ceil(batch_size / world_size) images of a step."""
     from lora_gui.engine.run_prediction import image_memory_plan  # the form calls it too
 
+    if dm.dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
+        from lora_gui.engine.image.dit_run import dit_memory_plan
+
+        caps, predicted = dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
+        return caps, predicted, {"peak_bytes": predicted, "source": "predicted", "device": device.type}
     caps = BatchCaps()
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
     resident = sum(p.numel() * p.element_size()
@@ -102,6 +108,8 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
         caps.caps, traced, predicted, _ = image_memory_plan(
             cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
             device.type, weights_dtype, world_size)
+        predicted += text_encoder_lora.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
+                                                      weights_dtype, device.type)
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
                       "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
@@ -132,15 +140,30 @@ class ImageSession(RunSession):
     cache_peak_bytes: int = 0
     optimizer_name: str = "adamw"
 
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The UNet's LoRA weights and, with train_text_encoder, the text encoders' (the optimizer's
+        parameter groups)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def checkpoint(self, reason: str) -> None:
+        """The shared checkpoint plus the text encoders' LoRA weights when they train."""
+        if not self.dist.is_main:
+            return
+        path = save_checkpoint(self.out, self.state.step, self.accelerator.unwrap_model(self.model),
+                               self.optimizer, self.scheduler, self.state.to_dict())
+        text_encoder_lora.save_checkpoint_part(path, self.pipeline)
+        self.event({"event": "checkpoint", "reason": reason, "path": str(path)})
+
 
 def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, str, torch.dtype]:
     """The pipeline parts on the device with LoRA on the UNet and the run's attention kernel."""
     source = dm.resolve_pipeline_source(cfg.model)
     mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
     dtype = weights_dtype(mixed, device)
-    model = dm.load_image_model(source, dtype)
+    model = dm.load_image_model(source, dtype, cfg)
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
+    text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
     dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
@@ -178,6 +201,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model.unet, ckpt["adapter"])
+        text_encoder_lora.load_checkpoint_part(latest_checkpoint(out), model)
         mixed = ckpt["trainer"]["precision"]
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
@@ -191,8 +215,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     accelerator = new_accelerator(device, mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, optimizer_name = make_optimizer(
-        cfg, [p for p in model.unet.parameters() if p.requires_grad], device)
+    optimizer, optimizer_name = make_optimizer(cfg, text_encoder_lora.param_groups(model, cfg), device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
     unet, optimizer, scheduler = prepare_image(accelerator, dist, model.unet, optimizer, scheduler)
     state = start_state(cfg, out, ckpt, resume, optimizer, scheduler,

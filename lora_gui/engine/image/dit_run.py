@@ -1,0 +1,90 @@
+"""The DiT (SD3 / Flux) parts of an image run's set-up: bucket checks and the memory plan.
+
+The image loop (:mod:`lora_gui.engine.image.train`) stays the same for UNets and DiTs; the
+model load (:func:`lora_gui.models.diffusion.load_image_model`), the loss
+(:func:`lora_gui.engine.image.inputs.unet_loss` -> :class:`lora_gui.models.dit.FlowMatching`) and
+this memory plan are where a DiT run differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from lora_gui.config import ConfigError, RunConfig
+from lora_gui.memory.guard import BatchCaps
+from lora_gui.models import dit
+
+log = logging.getLogger(__name__)
+
+
+def host_ram_bytes() -> int:
+    """Available host RAM (bytes), the budget of an in-RAM embedding cache."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def image_tokens(bucket: tuple[int, int], factor: int) -> int:
+    """Image tokens of a (width, height) bucket at ``factor`` px per token side."""
+    return (bucket[0] // factor) * (bucket[1] // factor)
+
+
+def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: torch.device,
+                    weights_dtype: torch.dtype, world_size: int = 1,
+                    ram_budget: int | None = None) -> tuple[BatchCaps, int | None]:
+    """Checks the buckets and the embedding cache, then returns the micro-batch caps per bucket
+    (keyed by the loop's latent-pixel count) and the predicted peak of the largest micro-batch
+    (source: predicted; fake-tensor trace of the flow-matching step plus the VAE / text encoders
+    when they stay resident).
+
+    Raises:
+        ModelError: a bucket that is not a multiple of the patch size x VAE factor.
+        ConfigError: the text embeddings do not fit the RAM budget with ``cache_latents=ram``;
+            ``export_kohya`` (a UNet key format).
+    """
+    from lora_gui.engine.image.data import latent_tokens, table_batch
+    from lora_gui.memory.dit_plan import check_text_cache, plan_dit
+    from lora_gui.memory.dit_trace import trace_dit_step
+
+    if cfg.export_kohya:
+        raise ConfigError("export_kohya: the kohya / A1111 key format is written for SD 1.x / SDXL UNets; "
+                          "a DiT adapter is saved in diffusers' format (load_lora_weights) only")
+    used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
+    factor = model.info["patch_factor"]
+    dit.check_resolution(model.kind, factor, used + [(cfg.resolution, cfg.resolution)])
+    config = {**dict(model.unet.config), "_class_name": dit.DIT_TRANSFORMERS[model.kind]}
+    text_tokens = model.info["text_tokens"]
+    width = int(config.get("joint_attention_dim", 4096))
+    cache = cfg.resolved_cache_latents()
+    check_text_cache(cache, len(data.train), text_tokens, width,
+                     host_ram_bytes() if ram_budget is None else ram_budget)
+    resident = 0 if cache != "off" else sum(
+        p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
+    step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens}
+    caps = BatchCaps()
+    if cfg.resolved_image_batch() == "adaptive":
+        if budget:
+            plan = plan_dit(config, budget, [(b[1], b[0]) for b in used], effective_batch=cfg.batch_size,
+                            max_batch=cfg.batch_size, resident=resident, **step)
+            caps.caps = {latent_tokens((p.bucket[1], p.bucket[0])): max(1, p.micro_batch)
+                         for p in plan.buckets}
+        else:
+            caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
+    per_rank = math.ceil(cfg.batch_size / world_size)
+    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
+                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
+    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    predicted = None
+    try:
+        traced = trace_dit_step(config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
+                                target_modules=dit.lora_targets(model.kind, cfg.lora_targets),
+                                lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
+                                weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
+        predicted = traced.peak_bytes + resident
+    except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
+        log.warning("no memory prediction for %s: %s", cfg.model, err)
+    return caps, predicted

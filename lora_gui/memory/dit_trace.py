@@ -1,0 +1,201 @@
+"""Peak memory of one DiT (SD3 / Flux) LoRA training step: a fake-tensor trace and a
+trace-calibrated estimate, beside :func:`lora_gui.memory.trace.trace_unet_step`.
+
+The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` (noisy
+latents from cached latents and noise, Flux's 2 x 2 packing and position ids, the transformer,
+the weighted flow-matching MSE), then backward, AdamW step and ``zero_grad`` through the shared
+:func:`lora_gui.memory.trace._trace`. Latents and text embeddings are assumed cached (the VAE
+and text encoders are not part of the step; see :func:`text_encoder_bytes` for their weights).
+
+A DiT's sequence is ``text tokens + (H / f) * (W / f)`` image tokens, ``f`` = patch size x VAE
+factor (16 for SD3 and Flux). With SDPA every activation is linear in that length, so the
+estimate (two traces at batch 1, cached per config) is fixed bytes + batch x (a + b x pixels).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from lora_gui.memory.model_configs import is_dit_config, load_model_config
+from lora_gui.memory.trace import (
+    CATEGORIES,
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    TraceResult,
+    _attach_lora,
+    _check_common,
+    _dtype,
+    _trace,
+)
+
+VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling
+# T5-XXL encoder, CLIP ViT-L/14 and OpenCLIP bigG/14 text towers (their published configs): the
+# text encoders an SD3.5 / Flux.1 run keeps resident when the embeddings are not cached.
+TEXT_ENCODER_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip_l": ("clip", {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                        "num_attention_heads": 12, "vocab_size": 49408, "projection_dim": 768}),
+    "clip_g": ("clip", {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                        "num_attention_heads": 20, "vocab_size": 49408, "projection_dim": 1280}),
+    "t5_xxl": ("t5", {"d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24,
+                      "vocab_size": 32128, "feed_forward_proj": "gated-gelu"}),
+}
+ENCODERS_BY_KIND = {"sd3": ("clip_l", "clip_g", "t5_xxl"), "flux": ("clip_l", "t5_xxl")}
+
+
+def dit_kind(config: dict[str, Any]) -> str:
+    """'sd3' or 'flux' from the config's class name."""
+    return "flux" if config["_class_name"] == "FluxTransformer2DModel" else "sd3"
+
+
+def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
+              target_modules: Any, lora_dropout: float = 0.0) -> nn.Module:
+    """The SD3 / Flux transformer of ``config`` on the meta device with LoRA attached (still meta)."""
+    import diffusers
+
+    cls = getattr(diffusers, config["_class_name"])
+    labels = ("architectures", "model_type")  # preset labels, not constructor arguments
+    kwargs = {k: v for k, v in config.items() if not k.startswith("_") and k not in labels}
+    with torch.device("meta"):
+        model = cls.from_config(kwargs)
+    nn.Module.to(model, dtype)
+    model.train()
+    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+
+
+def default_text_tokens(kind: str, text_max_length: int = 0) -> int:
+    """Tokens of the prompt embeddings: SD3 = 77 CLIP + T5 tokens; Flux = T5 tokens."""
+    from lora_gui.models.dit import text_length_for
+
+    t5 = text_length_for(kind, text_max_length)
+    return 77 + t5 if kind == "sd3" else t5
+
+
+def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
+                   lora_rank: int = 16, lora_alpha: float | None = None, target_modules: Any = None,
+                   gradient_checkpointing: bool = False, dtype: torch.dtype | str = torch.bfloat16,
+                   device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
+                   fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
+                   weighting_scheme: str = "none") -> TraceResult:
+    """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
+
+    Args:
+        config: a transformer config dict / path / bundled name (``"flux.1-dev"``, ``"sd3.5-medium"``).
+        batch_size: images per micro-batch.
+        resolution: pixels (square) or (height, width), multiples of 16.
+        lora_rank, lora_alpha, lora_dropout: LoRA settings.
+        target_modules: peft targets (default: the diffusers script's for the model kind).
+        gradient_checkpointing: diffusers' per-block checkpointing.
+        dtype: frozen weights dtype (LoRA stays float32).
+        device: 'cuda' adds the CUDA overheads; fake / warm_steps: as in ``trace_text_step``.
+        text_seq_len: prompt-embedding tokens (default: :func:`default_text_tokens`).
+        attention: 'sdpa' (the model's processors) or 'eager' (math SDPA: S x S scores kept).
+        weighting_scheme: the loss weighting (changes a few temporaries only).
+
+    Returns:
+        A :class:`~lora_gui.memory.trace.TraceResult`.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from lora_gui.models.dit import FlowMatching, lora_targets, set_dit_attention
+
+    _check_common(batch_size, device)
+    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
+    cfg = load_model_config(config)
+    if not is_dit_config(cfg):
+        raise ValueError("not an SD3Transformer2DModel / FluxTransformer2DModel config")
+    kind = dit_kind(cfg)
+    factor = VAE_FACTOR * (2 if kind == "flux" else int(cfg.get("patch_size", 2)))
+    if h < factor or w < factor or h % factor or w % factor:
+        raise ValueError(f"resolution must be a positive multiple of {factor}, got {resolution}")
+    dt = _dtype(dtype)
+    targets = target_modules or lora_targets(kind, "all-linear")
+    model = build_dit(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=targets,
+                      lora_dropout=lora_dropout)
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
+    set_dit_attention(model.get_base_model(), attention)
+    tokens = text_seq_len or default_text_tokens(kind)
+    channels = cfg.get("in_channels", 64) // 4 if kind == "flux" else cfg.get("in_channels", 16)
+    objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
+                             guidance=3.5 if cfg.get("guidance_embeds") else None,
+                             vae_scale_factor=VAE_FACTOR, precondition_outputs=kind == "sd3")
+    pooled_dim = cfg.get("pooled_projection_dim", 768)
+
+    def make_inputs() -> dict:
+        lat = (batch_size, channels, h // VAE_FACTOR, w // VAE_FACTOR)
+        width = cfg.get("joint_attention_dim", 4096)
+        enc = types.SimpleNamespace(latents=torch.randn(lat),
+                                    hidden=torch.randn(batch_size, tokens, width, dtype=dt),
+                                    pooled=torch.randn(batch_size, pooled_dim, dtype=dt))
+        sigmas = torch.rand(batch_size)
+        return {"enc": enc, "noise": torch.randn(lat), "sigmas": sigmas, "timesteps": sigmas * 1000}
+
+    def loss_fn(m: nn.Module, batch: dict, _tracker) -> torch.Tensor:
+        return objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+
+    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+    res.info.update(model_type=kind, batch_size=batch_size, resolution=(h, w), text_tokens=tokens,
+                    image_tokens=(h // factor) * (w // factor), source="tracker" if not fake else "predicted")
+    return res
+
+
+@functools.lru_cache(maxsize=16)
+def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
+                 text_seq_len: int | None) -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels."""
+    cfg = json.loads(cfg_json)
+    kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
+          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
+    lo, hi = trace_dit_step(cfg, resolution=512, **kw), trace_dit_step(cfg, resolution=1024, **kw)
+    fixed = {k: lo.breakdown[k] for k in ("frozen_weights", "lora_params", "optimizer_state")}
+    per = [r.breakdown["activations"] + r.breakdown["temporaries"] + r.breakdown["gradients"]
+           for r in (lo, hi)]
+    slope = (per[1] - per[0]) / (1024 * 1024 - 512 * 512)  # bytes per pixel per image
+    return fixed, per[0] - slope * 512 * 512, slope
+
+
+def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int], lora_rank: int = 16,
+                      gradient_checkpointing: bool = False, dtype: Any = "bfloat16", device: str = "cuda",
+                      text_seq_len: int | None = None) -> TraceResult:
+    """Trace-calibrated estimate of a DiT step with SDPA (linear in pixels and batch, see the
+    module docstring); default LoRA targets. ``info["source"] = "predicted (trace-calibrated)"``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
+    cfg = dict(load_model_config(config))
+    key = json.dumps(cfg, sort_keys=True, default=str)
+    fixed, a, b = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""),
+                               text_seq_len)
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    breakdown.update(fixed, activations=int(batch_size * (a + b * h * w)))
+    traced = sum(breakdown.values())
+    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
+    if device == "cuda":
+        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
+    info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
+    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+
+
+@functools.lru_cache(maxsize=8)
+def text_encoder_params(name: str) -> int:
+    """Parameters of a bundled text-encoder config (built on the meta device, no weights)."""
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    family, conf = TEXT_ENCODER_CONFIGS[name]
+    with torch.device("meta"):
+        model = (CLIPTextModelWithProjection(CLIPTextConfig(**conf)) if family == "clip"
+                 else T5EncoderModel(T5Config(**conf)))
+    return sum(p.numel() for p in model.parameters())
+
+
+def text_encoder_bytes(kind: str, dtype: torch.dtype | str = torch.bfloat16) -> int:
+    """Weights of the text encoders of an SD3.5 / Flux.1 pipeline in ``dtype``."""
+    size = torch.empty((), dtype=_dtype(dtype)).element_size()
+    return sum(text_encoder_params(n) for n in ENCODERS_BY_KIND[kind]) * size

@@ -1,0 +1,93 @@
+"""DiT memory engine: the fake-tensor trace of an SD3 / Flux flow-matching step against the same
+step on real CPU tensors (tracker), the calibrated estimate, the planner, the bundled configs."""
+
+import json
+
+import pytest
+import torch
+
+from lora_gui.__main__ import main
+from lora_gui.memory.dit_plan import plan_dit, resident_bytes, what_fits_where_dit
+from lora_gui.memory.dit_trace import estimate_dit_step, text_encoder_params, trace_dit_step
+from lora_gui.memory.model_configs import load_model_config
+from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
+
+TINY = {
+    "sd3": {"_class_name": "SD3Transformer2DModel", **SD3_TRANSFORMER},
+    "flux": {"_class_name": "FluxTransformer2DModel", **FLUX_TRANSFORMER},
+}
+STEP = {"lora_rank": 4, "dtype": torch.float32, "device": "cpu", "text_seq_len": 16}
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_trace_is_within_3_percent_of_the_real_step(kind, checkpointing):
+    kw = {**STEP, "batch_size": 1, "resolution": 512, "gradient_checkpointing": checkpointing}
+    fake = trace_dit_step(TINY[kind], **kw)
+    real = trace_dit_step(TINY[kind], fake=False, **kw)
+    assert real.info["source"] == "tracker" and fake.info["source"] == "predicted"
+    assert abs(fake.traced_peak_bytes / real.traced_peak_bytes - 1) <= 0.03
+    assert sum(fake.breakdown.values()) == fake.traced_peak_bytes
+    assert fake.info["image_tokens"] == 1024 and fake.info["text_tokens"] == 16
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_eager_attention_keeps_the_score_matrix(kind):
+    kw = {**STEP, "batch_size": 1, "resolution": 768}
+    sdpa, eager = trace_dit_step(TINY[kind], **kw), trace_dit_step(TINY[kind], attention="eager", **kw)
+    tokens = (768 // 16) ** 2 + 16
+    heads = TINY[kind]["num_attention_heads"]
+    # at least one (heads x S x S) float32 matrix more than SDPA
+    assert eager.peak_bytes - sdpa.peak_bytes >= heads * tokens * tokens * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_estimate_matches_the_trace_between_and_beyond_its_calibration(kind):
+    for batch, res in ((1, 768), (3, 640), (2, (1536, 768))):
+        est = estimate_dit_step(TINY[kind], batch_size=batch, resolution=res, **STEP)
+        traced = trace_dit_step(TINY[kind], batch_size=batch, resolution=res, **STEP)
+        assert abs(est.peak_bytes / traced.peak_bytes - 1) < 0.02, (batch, res)
+
+
+def test_plan_picks_the_largest_batch_that_fits_and_suggests_caching():
+    step = {**STEP, "device": "cuda"}
+    one = estimate_dit_step(TINY["flux"], batch_size=1, resolution=1024, **step).peak_bytes
+    four = estimate_dit_step(TINY["flux"], batch_size=4, resolution=1024, **step).peak_bytes
+    plan = plan_dit(TINY["flux"], four + 1, [512, 1024], effective_batch=8, max_batch=8, **step)
+    sizes = dict((b.bucket, b.micro_batch) for b in plan.buckets)
+    assert sizes[1024] == 4 and sizes[512] > 4 and plan.fits
+    assert all(b.peak_bytes <= four + 1 for b in plan.buckets)
+    resident = 10**9  # text encoders kept on the device
+    tight = plan_dit(TINY["flux"], one + resident // 2, [1024], resident=resident, **step)
+    assert not tight.fits and tight.suggestions[0].switch.startswith("cache_latents=disk")
+    assert tight.suggestions[0].fits
+
+
+def test_bundled_dit_configs_and_text_encoders():
+    flux = load_model_config("flux.1-dev")
+    assert flux["guidance_embeds"] is True and flux["num_single_layers"] == 38
+    assert load_model_config("sd3.5-large")["num_layers"] == 38
+    assert load_model_config("sd3.5-medium")["dual_attention_layers"][-1] == 12
+    assert text_encoder_params("t5_xxl") == 4_762_310_656  # T5-XXL encoder: 4.76B
+    assert resident_bytes("flux", "ram", torch.bfloat16) == 0
+    # T5-XXL + CLIP-L in bf16 plus the float32 VAE: about 10 GB stay resident without a cache
+    assert 9.8e9 < resident_bytes("flux", "off", torch.bfloat16) < 10.3e9
+
+
+def test_what_fits_where_grows_with_the_card():
+    rows = what_fits_where_dit(TINY["sd3"], chosen=1024, cards_gb=(8, 24), **{**STEP, "device": "cuda"})
+    assert [r.card_gb for r in rows] == [8, 24] and rows[0].longest == 1536
+    assert rows[1].batch_at_chosen >= rows[0].batch_at_chosen > 0
+
+
+@pytest.mark.slow
+def test_plan_cli_for_a_dit_pipeline_folder(tmp_path, capsys):
+    from lora_gui.models.build_dit import build
+
+    path = build(tmp_path / "flux", "flux")
+    code = main(["plan", "--preset", "image-1024", "--set", f"model={path}", "--set", "text_max_length=16",
+                 "--budget-gb", "8", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True
