@@ -9,7 +9,8 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.jobs import JobManager
 from lora_gui.engine.parallel.distributed import STOP_FILE
 from lora_gui.engine.text.train import TrainControl, train_text
-from lora_gui.ui import charts, handlers
+from lora_gui.ui import charts, common
+from lora_gui.ui.tabs import train_handlers
 
 SMALL = {"max_seq_len": 64, "batch_size": 4, "lr": 5e-3, "eval_fraction": 0.1, "warmup_steps": 1,
          "precision": "fp32"}
@@ -47,7 +48,7 @@ def test_stop_file_stops_a_run_after_its_step(tmp_path, small_corpus):
 
 
 def test_processes_field_is_checked_against_the_gpus():
-    if handlers.gpu_count() < 2:
+    if common.gpu_count() < 2:
         with pytest.raises(ConfigError, match="processes: 2; this machine shows"):
-            handlers.check_processes(2)
-    assert handlers.check_processes(1) == 1
+            train_handlers.check_processes(2, "text")
+    assert train_handlers.check_processes(1, "text") == 1

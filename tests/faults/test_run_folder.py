@@ -25,7 +25,8 @@ from lora_gui.engine.core.rundir import RunDirError, run_folder
 from lora_gui.engine.core.runstate import folder_state
 from lora_gui.engine.jobs import Job
 from lora_gui.engine.text.train import train_text
-from lora_gui.ui import handlers
+from lora_gui.ui import common
+from lora_gui.ui.tabs import compare_handlers, train_handlers
 from tests.faults.conftest import (
     ROOT,
     assert_checkpoint_loads,
@@ -131,9 +132,9 @@ def test_dashboard_run_names_outside_one_segment_are_refused(name, tmp_path):
 
 def test_dashboard_start_refuses_a_run_name_that_leaves_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    message = handlers.start_task("text", "text-demo", "../../x", *handlers.form_defaults("text-demo"))
+    message, _, _ = train_handlers.start("../../x", 1, train_handlers.form_values("text-demo"))
     assert message.startswith("Error: run name '../../x'")
-    assert handlers.MANAGER.job is None or handlers.MANAGER.job.name != "x"
+    assert common.MANAGER.job is None or common.MANAGER.job.name != "x"
     assert not any(tmp_path.parent.parent.glob("x")) and not (tmp_path / "runs").exists()
     assert run_folder(tmp_path / "runs", "run-1.b_c") == tmp_path / "runs" / "run-1.b_c"
 
@@ -141,8 +142,9 @@ def test_dashboard_start_refuses_a_run_name_that_leaves_runs(tmp_path, monkeypat
 def test_dashboard_measure_while_a_job_runs_names_the_job(monkeypatch, tmp_path, corpus):
     job = Job(name="busy-run", out=tmp_path / "busy-run", cfg=tiny_cfg(corpus))
     job.status = "running"
-    monkeypatch.setattr(handlers.MANAGER, "job", job)
-    message = handlers.start_compare("text-demo", "64", 1, str(tmp_path / "cmp"))
+    monkeypatch.setattr(common.MANAGER, "job", job)
+    monkeypatch.setattr(common, "RUNS_ROOT", tmp_path)
+    message = compare_handlers.measure("text-demo", "64", 1, "cmp")
     assert message.startswith("Error:") and "busy-run" in message
     assert not (tmp_path / "cmp").exists()
 
