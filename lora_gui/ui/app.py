@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from lora_gui.ui import handlers
-from lora_gui.ui.tabs import compare, plan, presets, train
+from lora_gui.ui.tabs import compare, plan, presets, train, try_tab
 
 
 def build_app() -> gr.Blocks:
@@ -22,4 +22,6 @@ def build_app() -> gr.Blocks:
             compare.build()
         with gr.Tab("Presets"):
             presets.build()
+        with gr.Tab("Try"):
+            try_tab.build()
     return demo
