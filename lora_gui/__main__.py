@@ -1,4 +1,4 @@
-"""Command line: ``python -m lora_gui train | plan | compare | ui``.
+"""Command line: ``python -m lora_gui train | plan | compare | generate | export | ui``.
 
 The CLI and the UI call the same engine functions.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.engine.core.rundir import RunDirError, load_run_config
 from lora_gui.engine.core.runstate import storage_error_message
+from lora_gui.engine.export import ExportError  # noqa: F401  (a UserError: caught below)
 from lora_gui.engine.parallel.distributed import Dist
 from lora_gui.errors import UserError
 from lora_gui.presets import load_config
@@ -245,6 +246,41 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Base and adapter outputs of a run from one prompt (text: streamed; image: two PNGs)."""
+    from lora_gui.engine.generate import ImageTrial, TextTrial, open_run
+
+    run = open_run(args.run)
+    if run.cfg.task == "image":
+        out = Path(args.out or run.out / "try")
+        out.mkdir(parents=True, exist_ok=True)
+        base, tuned = ImageTrial(run).pictures(args.prompt, seed=args.seed, scale=args.scale,
+                                               steps=args.steps)
+        base.save(out / "base.png")
+        tuned.save(out / "adapter.png")
+        print(f"base: {out / 'base.png'}")
+        print(f"adapter (LoRA scale {args.scale:g}): {out / 'adapter.png'}")
+        return 0
+    trial = TextTrial(run)
+    for label, adapter in (("base", False), ("adapter", True)):
+        print(f"--- {label} ---", flush=True)
+        shown = ""
+        for text in trial.stream(args.prompt, adapter=adapter, max_new_tokens=args.max_new_tokens,
+                                 temperature=args.temperature, seed=args.seed):
+            print(text[len(shown):], end="", flush=True)
+            shown = text
+        print(flush=True)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from lora_gui.engine.export import export_run
+
+    out = export_run(args.run, args.out, merged=args.merged)
+    print(f"{'merged model' if args.merged else 'adapter'} exported to {out}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from app import main as app_main
 
@@ -301,6 +337,22 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
     cmp.add_argument("--quiet", action="store_true", help="no progress bar")
     cmp.set_defaults(func=cmd_compare)
+    gen = sub.add_parser("generate", help="base and adapter outputs of a finished run, side by side")
+    gen.add_argument("--run", required=True, help="run folder (with adapter/)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="text: tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.7, help="text: 0 = greedy")
+    gen.add_argument("--seed", type=int, default=0, help="the same seed for base and adapter")
+    gen.add_argument("--scale", type=float, default=1.0, help="image: LoRA scale")
+    gen.add_argument("--steps", type=int, help="image: denoising steps (default: the run's sample_steps)")
+    gen.add_argument("--out", help="image: folder for base.png and adapter.png (default RUN/try)")
+    gen.set_defaults(func=cmd_generate)
+    exp = sub.add_parser("export", help="copy the adapter with a model card, or save a merged model")
+    exp.add_argument("--run", required=True, help="run folder (with adapter/)")
+    exp.add_argument("--out", required=True, help="new or empty folder")
+    exp.add_argument("--merged", action="store_true",
+                     help="text: base + adapter merged, safetensors (AutoModelForCausalLM.from_pretrained)")
+    exp.set_defaults(func=cmd_export)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)
     ui.set_defaults(func=cmd_ui)

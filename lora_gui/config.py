@@ -25,7 +25,8 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL_DIR = ASSETS / "base-model"
 BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
                 "builtin:finetune": ASSETS / "corpus" / "finetune.txt",
-                "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt"}
+                "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt",
+                "builtin:chat": ASSETS / "chat" / "demo.jsonl"}  # lora_gui.data.build_chat_demo
 BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
@@ -67,6 +68,16 @@ class RunConfig:
                        "folder with .txt captions or metadata.jsonl (image).", "task")
     eval_fraction: float = option(0.05, "Share of documents held out for eval_loss.", "task",
                                   low=0.0, high=0.5)
+    # -- instruction and chat data (lora_gui.data.chat) --------------------------------------------
+    data_format: str = option("auto", "Text data format; auto detects it from the first record: messages "
+                              "(role/content), sharegpt (conversations from/value), alpaca (instruction/"
+                              "input/output), prompt_response, text.", "task",
+                              choices=("auto", "messages", "sharegpt", "alpaca", "prompt_response", "text"))
+    chat_template: str = option("auto", "Conversations: auto uses the tokenizer's chat template (ChatML "
+                                "when it has none, with a warning); chatml forces ChatML.", "task",
+                                choices=("auto", "chatml"))
+    train_on_prompt: bool = option(False, "Conversations: also take the loss on system and user turns "
+                                   "(default: on the assistant answers and their end of turn only).", "task")
     # -- the three memory switches -------------------------------------------------------------
     mode: str = option("optimized", "traditional: pad to max_seq_len, eager attention, fixed "
                        "batch. optimized: dynamic sizing, SDPA, token budget.", "memory",

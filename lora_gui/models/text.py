@@ -137,12 +137,30 @@ def attention_backend(model, backend: str) -> Iterator[None]:
         base.set_attn_implementation(previous)
 
 
-def attach_lora(model, cfg: RunConfig) -> PeftModel:
-    """Wraps the model with trainable LoRA adapters; base weights are frozen."""
+def fit_embeddings(model, tokenizer) -> list[int]:
+    """Grows the input (and tied output) embeddings to the tokenizer's vocabulary when a chat
+    template added special tokens; returns the new token ids, whose rows must be trained."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if tokenizer is None or len(tokenizer) <= rows:
+        return []
+    model.resize_token_embeddings(len(tokenizer))  # new rows: mean of the old ones (transformers)
+    return list(range(rows, len(tokenizer)))
+
+
+def attach_lora(model, cfg: RunConfig, tokenizer=None) -> PeftModel:
+    """Wraps the model with trainable LoRA adapters; base weights are frozen. With a tokenizer
+    larger than the model's vocabulary (chat template tokens added), the embeddings grow and the
+    new tokens' rows are trained too and saved in the adapter (peft trainable tokens)."""
+    new_ids: list[int] | dict[str, list[int]] = fit_embeddings(model, tokenizer)
+    if new_ids and not model.config.get_text_config().tie_word_embeddings:  # output rows too
+        names = {m: n.rsplit(".", 1)[-1] for n, m in model.named_modules()}
+        new_ids = {names[model.get_input_embeddings()]: new_ids,
+                   names[model.get_output_embeddings()]: new_ids}
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
         t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM")
+                      target_modules=targets, task_type="CAUSAL_LM",
+                      trainable_token_indices=new_ids or None)
     try:
         peft_model = get_peft_model(model, lora)
     except ValueError as err:

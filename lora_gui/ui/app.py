@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from lora_gui.ui import common
-from lora_gui.ui.tabs import compare, plan, presets, runs, train
+from lora_gui.ui.tabs import compare, plan, presets, runs, train, try_tab
 
 
 def _refresh_presets(dropdowns: list[gr.Dropdown]):
@@ -30,6 +30,8 @@ def build_app() -> gr.Blocks:
             plan_tab = plan.build()
         with gr.Tab("Presets"):
             presets_tab = presets.build()
+        with gr.Tab("Try"):
+            try_tab.build()
         dropdowns = [train_tab["preset"], compare_tab["preset"], plan_tab["preset"], presets_tab["name"]]
         for saved in (train_tab["saved"], presets_tab["saved"]):
             saved.then(_refresh_presets(dropdowns), None, dropdowns)

@@ -29,8 +29,9 @@ from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.model_inputs import training_batch
 from lora_gui.data.shard import split_step, step_targets
-from lora_gui.data.text import TokenizedSample, load_documents, split_documents, tokenize_documents
-from lora_gui.engine.core.checkpoint import lora_state_dict, write_atomic
+from lora_gui.data.text import TokenizedSample
+from lora_gui.data.training_data import load_samples
+from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.loop import optimizer_step, run_loop
 from lora_gui.engine.core.optim import make_optimizer, resolved_optimizer
@@ -82,16 +83,17 @@ class TextData:
     train: list[TokenizedSample]
     held_out: list[TokenizedSample]
     pad_id: int
+    tokenizer: Any = None  # chat data: carries the chat template, saved with the adapter
+    is_chat: bool = False
 
 
 def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
-    docs = load_documents(cfg.data_path())
-    train_docs, eval_docs = split_documents(docs, cfg.eval_fraction, cfg.seed)
-    train = tokenize_documents(train_docs, tokenizer, cfg.max_seq_len)
-    if not train:
+    loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
+                          max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                          chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)
+    if not loaded.train:
         raise ConfigError(f"data: {cfg.data_path()} has no document of 2 or more tokens")
-    return TextData(train, tokenize_documents(eval_docs, tokenizer, cfg.max_seq_len),
-                    tokenizer.pad_token_id)
+    return TextData(loaded.train, loaded.held_out, tokenizer.pad_token_id, tokenizer, loaded.is_chat)
 
 
 def steps_per_epoch(cfg: RunConfig, n_samples: int) -> int:
@@ -189,7 +191,8 @@ def _save_adapter(model, out: Path) -> Path:
     """Saves the peft adapter into out/adapter atomically (temp folder, then rename)."""
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    model.save_pretrained(tmp, state_dict=lora_state_dict(model))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}  # peft names them
+    model.save_pretrained(tmp, state_dict=trainable, save_embedding_layers=False)  # chat tokens: rows only
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -238,15 +241,15 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     """Validates against the model, loads data and model, restores a checkpoint, plans memory.
     Folder decisions are the main process's, broadcast with any error to every rank."""
     dist = Dist.from_env()
-    dist.on_main(lambda: prepare_run_dir(out, resume=resume, overwrite=overwrite))
     control.phase("loading")
     source = text_models.resolve_model_source(cfg.model)
     limit = text_models.max_positions(source)
     if limit is not None and cfg.max_seq_len > limit:
         raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
+    data = load_text_data(cfg, text_models.load_tokenizer(source))  # bad data: nothing written yet
+    dist.on_main(lambda: prepare_run_dir(out, resume=resume, overwrite=overwrite))
     if not resume:
         dist.on_main(lambda: save_run_config(out, cfg))
-    data = load_text_data(cfg, text_models.load_tokenizer(source))
     if dist.active:
         check_world_size(dist.world_size, len(data.train), cfg.batch_size)
     sampler = sampler_state(cfg, [len(s) for s in data.train])
@@ -255,7 +258,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device), device)
-    model = text_models.attach_lora(base, cfg)
+    model = text_models.attach_lora(base, cfg, data.tokenizer if data.is_chat else None)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, resolved_optimizer(cfg, device), out)
@@ -359,11 +362,11 @@ def _final_eval(run: TextSession) -> tuple[float | None, float | None]:
 def check_text_inputs(cfg: RunConfig) -> None:
     """Reads the run's data and resolves the model and its length limit (before a run is
     replaced: bad input must not cost the old run)."""
-    load_documents(cfg.data_path())
     source = text_models.resolve_model_source(cfg.model)
     limit = text_models.max_positions(source)
     if limit is not None and cfg.max_seq_len > limit:
         raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
+    load_text_data(cfg, text_models.load_tokenizer(source))  # every format, as the run reads it
 
 
 @writes_run_folder(check_text_inputs)  # inputs checked before a run is replaced; lock released
@@ -391,6 +394,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     adapter = out / "adapter"
     if run.dist.is_main:
         _save_adapter(run.accelerator.unwrap_model(run.model), out)
+        if run.data.is_chat:  # the chat template (and its added tokens) go with the adapter
+            run.data.tokenizer.save_pretrained(adapter)
     summary = run_summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,
         "eval_loss_full_attention": eval_full, "base_eval_loss": run.state.base_eval_loss,

@@ -1,0 +1,152 @@
+"""Try a trained adapter against its base: text generation streamed side by side, or base and
+adapter pictures from the same prompt and seed (the CLI ``generate`` and the dashboard's Try tab).
+
+One model is loaded per run: the adapter is switched off (peft ``disable_adapter``, diffusers
+``disable_lora``) for the base output, so trying a run costs one copy of the base weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lora_gui.config import RunConfig
+from lora_gui.engine.core.rundir import RunDirError, load_run_config
+
+log = logging.getLogger(__name__)
+TEXT_ADAPTER_FILE = "adapter_config.json"
+IMAGE_ADAPTER_FILE = "pytorch_lora_weights.safetensors"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A finished run folder: its settings and its adapter."""
+
+    out: Path
+    cfg: RunConfig
+    adapter: Path
+
+    @property
+    def is_chat(self) -> bool:
+        """Chat runs save their tokenizer (with the chat template) beside the adapter."""
+        return (self.adapter / "tokenizer_config.json").is_file()
+
+
+def open_run(run_dir: str | Path) -> RunInfo:
+    """The run in ``run_dir`` with its adapter.
+
+    Raises:
+        RunDirError: the folder is not a run, or holds no adapter yet (nothing is written).
+    """
+    out = Path(run_dir)
+    if not (out / "config.json").is_file():
+        raise RunDirError(f"{out}: not a run folder (no config.json)")
+    cfg = load_run_config(out)
+    adapter = out / "adapter"
+    needed = IMAGE_ADAPTER_FILE if cfg.task == "image" else TEXT_ADAPTER_FILE
+    if not (adapter / needed).is_file():
+        raise RunDirError(f"{out}: has no trained adapter (no adapter/{needed}); train it to the end "
+                          "or stop it so that it saves one")
+    return RunInfo(out, cfg, adapter)
+
+
+def device_name() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TextTrial:
+    """A text run's base model with its adapter attached, ready to generate from both."""
+
+    def __init__(self, run: RunInfo, device: str | None = None) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        from lora_gui.models import text as text_models
+
+        self.run = run
+        self.device = device or device_name()
+        source = text_models.resolve_model_source(run.cfg.model)
+        self.tokenizer = text_models.load_tokenizer(str(run.adapter) if run.is_chat else source)
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        text_models.fit_embeddings(base, self.tokenizer)  # rows of the chat tokens, then the adapter's
+        self.model = PeftModel.from_pretrained(base, str(run.adapter)).to(self.device).eval()
+
+    def prompt_ids(self, prompt: str) -> torch.Tensor:
+        """The prompt as the run trained: through the chat template for chat runs, else BOS + text."""
+        if self.run.is_chat:
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                     add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]
+        else:
+            bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+            ids = bos + self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return torch.tensor([ids], device=self.device)
+
+    def stream(self, prompt: str, *, adapter: bool, max_new_tokens: int = 64, temperature: float = 0.7,
+               seed: int = 0) -> Iterator[str]:
+        """Yields the growing answer text (base when ``adapter`` is False), token by token."""
+        from transformers import TextIteratorStreamer
+
+        from lora_gui.data.chat_template import end_of_turn_ids
+
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        kwargs: dict[str, Any] = dict(
+            input_ids=self.prompt_ids(prompt), max_new_tokens=int(max_new_tokens), streamer=streamer,
+            eos_token_id=end_of_turn_ids(self.tokenizer), pad_token_id=self.tokenizer.pad_token_id,
+            do_sample=temperature > 0, use_cache=True)
+        if temperature > 0:
+            kwargs.update(temperature=float(temperature), top_k=0, top_p=1.0)
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            torch.manual_seed(int(seed))  # base and adapter sample from the same stream
+            try:
+                with torch.no_grad():
+                    if adapter:
+                        self.model.generate(**kwargs)
+                    else:
+                        with self.model.disable_adapter():
+                            self.model.generate(**kwargs)
+            except BaseException as err:  # surfaced in the caller's thread below
+                failure.append(err)
+                streamer.on_finalized_text("", stream_end=True)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        text = ""
+        for piece in streamer:
+            text += piece
+            yield text
+        thread.join()
+        if failure:
+            raise failure[0]
+
+
+class ImageTrial:
+    """An image run's pipeline with its adapter loaded; base pictures with the LoRA switched off."""
+
+    def __init__(self, run: RunInfo, device: str | None = None) -> None:
+        from lora_gui.models import diffusion as dm
+
+        self.run = run
+        self.device = device or device_name()
+        self.pipe = dm.load_pipeline(dm.resolve_pipeline_source(run.cfg.model), run.adapter, self.device)
+
+    def pictures(self, prompt: str, *, seed: int = 0, scale: float = 1.0, steps: int | None = None):
+        """(base, adapter) PIL images from the same prompt and seed; ``scale`` weighs the LoRA."""
+        size = self.run.cfg.resolution
+        common = dict(num_inference_steps=int(steps or self.run.cfg.sample_steps), height=size,
+                      width=size)
+        self.pipe.disable_lora()
+        base = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)), **common).images[0]
+        self.pipe.enable_lora()
+        tuned = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)),
+                          cross_attention_kwargs={"scale": float(scale)}, **common).images[0]
+        return base, tuned

@@ -1,0 +1,132 @@
+"""Try tab handlers: pick a finished run, generate from base and adapter side by side (streamed),
+export. Thin: the engine (lora_gui.engine.generate / export) does the work."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lora_gui.engine.export import export_run
+from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
+from lora_gui.errors import UserError
+from lora_gui.memory import generation
+
+log = logging.getLogger(__name__)
+RUNS_ROOT = Path("runs")
+USER_ERRORS = (UserError,)  # bad settings, data, model, run folder, export
+_trial: dict[str, Any] = {}  # the loaded run: {"key": (path, adapter mtime), "trial": ...}
+_lock = threading.Lock()  # one generation at a time per server (one model in memory)
+
+
+def finished_runs(root: Path | None = None) -> list[str]:
+    """Run folders under runs/ that hold a trained adapter, newest first."""
+    root = root or RUNS_ROOT
+    if not root.is_dir():
+        return []
+    found = []
+    for folder in root.iterdir():
+        adapter = folder / "adapter"
+        if (folder / "config.json").is_file() and adapter.is_dir() and any(
+                (adapter / name).is_file() for name in ("adapter_config.json",
+                                                        "pytorch_lora_weights.safetensors")):
+            found.append(folder)
+    return [str(f) for f in sorted(found, key=lambda f: (f / "adapter").stat().st_mtime, reverse=True)]
+
+
+def refresh_runs(current: str | None = None):
+    """A Dropdown update listing the finished runs (keeps the current choice when still there)."""
+    import gradio as gr
+
+    runs = finished_runs()
+    value = current if current in runs else (runs[0] if runs else None)
+    return gr.update(choices=runs, value=value)
+
+
+def _running_job():
+    from lora_gui.ui.common import MANAGER  # the dashboard's one job
+
+    return MANAGER.job
+
+
+def needed_bytes(run: RunInfo, max_new_tokens: int, prompt_tokens: int = 512) -> int:
+    """Predicted bytes generation needs for this run (see lora_gui.memory.generation)."""
+    if run.cfg.task == "image":
+        from lora_gui.models import diffusion as dm
+
+        return generation.image_generation_bytes(Path(dm.resolve_pipeline_source(run.cfg.model)), run.adapter)
+    from lora_gui.models import text as text_models
+
+    source = Path(text_models.resolve_model_source(run.cfg.model))
+    return generation.text_generation_bytes(source, run.adapter, prompt_tokens + int(max_new_tokens))
+
+
+def _trial_for(run: RunInfo):
+    key = (str(run.out.resolve()), (run.adapter / "adapter_config.json").stat().st_mtime
+           if run.cfg.task == "text" else (run.adapter / "pytorch_lora_weights.safetensors").stat().st_mtime)
+    if _trial.get("key") != key:
+        _trial.clear()  # free the previous run's model first
+        _trial["trial"] = ImageTrial(run) if run.cfg.task == "image" else TextTrial(run)
+        _trial["key"] = key
+    return _trial["trial"]
+
+
+def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperature: float, seed: float,
+             scale: float) -> Iterator[tuple[str, str, Any, Any, str]]:
+    """Streams (base text, adapter text, base picture, adapter picture, message)."""
+    if not run_dir:
+        yield "", "", None, None, "Pick a finished run first (train one, then press Refresh)."
+        return
+    if not (prompt or "").strip():
+        yield "", "", None, None, "Type a prompt first."
+        return
+    try:
+        run = open_run(run_dir)
+        room = generation.room_for_generation(needed_bytes(run, int(max_new_tokens or 64)), _running_job())
+        if not room.fits:
+            yield "", "", None, None, room.message
+            return
+        if not _lock.acquire(blocking=False):
+            yield "", "", None, None, "A generation is already running; wait for it to finish."
+            return
+        try:
+            yield from _generate(run, prompt, int(max_new_tokens or 64), float(temperature or 0),
+                                 int(seed or 0), float(scale if scale is not None else 1.0))
+        finally:
+            _lock.release()
+    except USER_ERRORS as err:
+        yield "", "", None, None, f"Error: {err}"
+
+
+def _generate(run: RunInfo, prompt: str, max_new: int, temperature: float, seed: int,
+              scale: float) -> Iterator[tuple[str, str, Any, Any, str]]:
+    trial = _trial_for(run)
+    if run.cfg.task == "image":
+        yield "", "", None, None, "Generating pictures…"
+        base, tuned = trial.pictures(prompt, seed=seed, scale=scale)
+        yield "", "", base, tuned, f"Done: seed {seed}, LoRA scale {scale:g}, {run.cfg.resolution} px."
+        return
+    what = "chat template applied" if run.is_chat else "plain text prompt"
+    base = ""
+    for base in trial.stream(prompt, adapter=False, max_new_tokens=max_new, temperature=temperature,
+                             seed=seed):
+        yield base, "", None, None, f"Base model generating… ({what})"
+    tuned = ""
+    for tuned in trial.stream(prompt, adapter=True, max_new_tokens=max_new, temperature=temperature,
+                              seed=seed):
+        yield base, tuned, None, None, f"Adapter generating… ({what})"
+    yield base, tuned, None, None, f"Done: seed {seed}, temperature {temperature:g}, {what}."
+
+
+def export(run_dir: str | None, out: str, merged: bool) -> str:
+    """Exports the chosen run (adapter + model card, or a merged model); returns a message."""
+    if not run_dir:
+        return "Pick a finished run first."
+    target = (out or "").strip() or str(Path(run_dir).with_name(Path(run_dir).name + "-export"))
+    try:
+        path = export_run(run_dir, target, merged=bool(merged))
+    except USER_ERRORS as err:
+        return f"Error: {err}"
+    return f"Exported {'the merged model' if merged else 'the adapter and its model card'} to {path}"

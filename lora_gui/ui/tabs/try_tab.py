@@ -1,0 +1,46 @@
+"""Try tab: a finished run's adapter against its base, side by side, and Export."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from lora_gui.ui.tabs import try_handlers
+
+
+def build() -> dict[str, gr.components.Component]:
+    gr.Markdown("Pick a finished run, type a prompt: the base model and the adapter answer from the "
+                "same seed (chat runs get their chat template). Image runs: base and adapter pictures "
+                "from the same prompt and seed at the chosen LoRA scale. Generation is refused while a "
+                "training job would not leave the memory it needs.")
+    runs = try_handlers.finished_runs()
+    with gr.Row():
+        run = gr.Dropdown(runs, value=runs[0] if runs else None, label="Run (runs/NAME with an adapter)",
+                          elem_id="try-run", allow_custom_value=True)
+        refresh = gr.Button("Refresh", elem_id="try-refresh")
+    prompt = gr.Textbox(label="Prompt", lines=2, elem_id="try-prompt")
+    with gr.Row():
+        max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens (text)")
+        temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature (0 = greedy)")
+        seed = gr.Number(value=0, precision=0, label="Seed")
+        scale = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="LoRA scale (image)")
+    go = gr.Button("Generate", variant="primary", elem_id="try-generate")
+    message = gr.Markdown(elem_id="try-message")
+    with gr.Row():
+        base_text = gr.Textbox(label="Base model", lines=6, elem_id="try-base")
+        tuned_text = gr.Textbox(label="With the adapter", lines=6, elem_id="try-adapter")
+    with gr.Row():
+        base_image = gr.Image(label="Base picture", type="pil", elem_id="try-base-image")
+        tuned_image = gr.Image(label="Adapter picture", type="pil", elem_id="try-adapter-image")
+    with gr.Accordion("Export this run", open=False):
+        with gr.Row():
+            out = gr.Textbox(label="Export folder (new or empty; default runs/NAME-export)",
+                             elem_id="export-out")
+            merged = gr.Checkbox(label="Merged model (text: base + adapter, safetensors)", value=False)
+            export = gr.Button("Export", elem_id="export-button")
+        export_message = gr.Markdown(elem_id="export-message")
+    refresh.click(try_handlers.refresh_runs, run, run)
+    go.click(try_handlers.generate, [run, prompt, max_new, temperature, seed, scale],
+             [base_text, tuned_text, base_image, tuned_image, message])
+    export.click(try_handlers.export, [run, out, merged], export_message)
+    return {"run": run, "prompt": prompt, "generate": go, "base": base_text, "adapter": tuned_text,
+            "message": message, "export": export}
