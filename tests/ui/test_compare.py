@@ -77,7 +77,7 @@ def test_measure_runs_as_a_job_and_rows_persist(root, monkeypatch):
     from lora_gui.engine.compare import quick
 
     def fake_quick(base, sizes, out, *, steps, stop, on_row, **kw):  # the rows, not the training
-        from lora_gui.engine.compare.spec import write_results
+        from lora_gui.engine.compare.results import write_results
 
         rows = [{"question": "memory", "data": "corpus", "mode": "traditional", "seq_len": sizes[0],
                  "status": "ok", "peak_bytes": 5 * 2**20, "memory_source": "tracker", "batch_size": 8}]
