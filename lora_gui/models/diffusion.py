@@ -118,6 +118,21 @@ def resolve_pipeline_source(name: str) -> str:
 
 def load_image_model(source: str, weights_dtype: torch.dtype = torch.float32,
                      cfg: RunConfig | None = None) -> ImageModel:
+    """The pipeline's parts (see :func:`_load_parts`); a folder that lacks one of them, or holds
+    one that cannot be read, is refused with a message naming the folder.
+
+    Raises:
+        ModelError: naming the pipeline folder and what is missing.
+    """
+    try:
+        return _load_parts(source, weights_dtype, cfg)
+    except (OSError, ValueError) as err:
+        if isinstance(err, ModelError):
+            raise
+        raise ModelError(f"model: {source}: the pipeline cannot be loaded ({err})") from None
+
+
+def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None) -> ImageModel:
     """Loads UNet, VAE (fp32: the SD VAEs overflow in fp16), text encoder(s), tokenizer(s) and
     the DDPM training scheduler of a supported pipeline; for SD3 / Flux the transformer and the
     flow-matching objective built from ``cfg``'s timestep settings (see :mod:`lora_gui.models.dit`)."""

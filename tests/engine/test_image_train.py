@@ -127,10 +127,14 @@ def test_batch_table_and_epoch_plan():
 
 
 def test_unsupported_pipeline_architecture_is_named(tmp_path):
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
     cfg = load_config("image-512", {"model": str(tmp_path)})
-    with pytest.raises(ModelError, match="FluxPipeline"):
+    with pytest.raises(ModelError, match="KandinskyPipeline"):
         train_image(cfg, tmp_path / "run", progress=False)
+    # a supported pipeline whose folder lacks its parts: named, no traceback
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    with pytest.raises(ModelError, match="cannot be loaded"):
+        train_image(cfg, tmp_path / "run2", progress=False)
     with pytest.raises(ModelError, match="no model_index.json"):
         resolve_pipeline_source(str(tmp_path / "run"))
 
