@@ -87,6 +87,20 @@ def wait_text(page, elem_id: str, words: str, minutes: float = 5) -> None:
         arg=[elem_id, words], timeout=int(minutes * MINUTE))
 
 
+def settled_text(page, elem_id: str, quiet_s: float = 8, minutes: float = 8) -> str:
+    """The element's text once it has stopped changing for ``quiet_s`` seconds (every change of
+    a field queues an estimate and a plan; the last plan is the one the run will make)."""
+    deadline, last, since = time.time() + minutes * 60, None, time.time()
+    while time.time() < deadline:
+        now = text_of(page, elem_id)
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet_s:
+            return now
+        time.sleep(0.5)
+    return last or ""
+
+
 def set_field(page, name: str, value: str) -> None:
     box = page.locator(f"#field-{name} input, #field-{name} textarea").first
     box.fill(value)
@@ -150,7 +164,7 @@ def test_image_train_flow_at_768_with_samples(server, page):
     page.wait_for_function(
         "b => { const t = document.getElementById('predicted').innerText;"
         " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=8 * MINUTE)
-    predicted = text_of(page, "predicted").split("Predicted peak: ")[1].split(" (")[0]  # "1,697 MiB"
+    predicted = settled_text(page, "predicted").split("Predicted peak: ")[1].split(" (")[0]  # "1,697 MiB"
     page.locator("#run-name input, #run-name textarea").first.fill("e2e-image")
     page.click("#start")
     wait_text(page, "message", "Started")

@@ -16,7 +16,7 @@ def test_image_form_prediction_equals_the_engines_plan():
     device = torch.device("cpu")
     model, _, dtype = image_train._load_model(cfg, device)
     data = image_train.load_image_data(cfg)
-    caps, predicted = image_train._memory_plan(cfg, model, data, int(cfg.budget_gb * GB), device, dtype, 1)
+    caps, predicted, _ = image_train._memory_plan(cfg, model, data, int(cfg.budget_gb * GB), device, dtype, 1)
     form = predict_run(cfg, device="cpu")
     assert form.peak_bytes == predicted and form.caps == caps.caps
     assert form.peak_bytes > estimate_run(cfg, "cpu").peak_bytes  # the plan's batch, not the table's
@@ -28,11 +28,11 @@ def test_text_form_prediction_equals_the_engines_plan():
     from lora_gui.models.text import resolve_model_source
 
     cfg = load_config("text-demo", {"budget_gb": 2.0, "max_seq_len": 256})
-    caps, predicted = text_train._memory_plan(cfg, resolve_model_source(cfg.model),
+    caps, predicted, _ = text_train._memory_plan(cfg, resolve_model_source(cfg.model),
                                               int(cfg.budget_gb * GB), torch.device("cpu"))
     form = predict_run(cfg, device="cpu")
     assert form.peak_bytes == predicted and form.caps == caps.caps and form.caps
     no_budget = load_config("text-demo", {"max_seq_len": 256})
-    caps, predicted = text_train._memory_plan(no_budget, resolve_model_source(no_budget.model), None,
+    caps, predicted, _ = text_train._memory_plan(no_budget, resolve_model_source(no_budget.model), None,
                                               torch.device("cpu"))
     assert predict_run(no_budget, device="cpu").peak_bytes == predicted and not caps.caps
