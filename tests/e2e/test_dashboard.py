@@ -87,6 +87,15 @@ def wait_text(page, elem_id: str, words: str, minutes: float = 5) -> None:
         arg=[elem_id, words], timeout=int(minutes * MINUTE))
 
 
+def wait_match(page, elem_id: str, pattern: str, minutes: float = 5) -> str:
+    """The first group of ``pattern`` in the element's text, read in the same instant it matched
+    (the status line is re-rendered every tick, so a wait followed by a second read can race)."""
+    handle = page.wait_for_function(
+        "([id, p]) => { const el = document.getElementById(id); const m = el && el.innerText.match(new RegExp(p));"
+        " return m ? m[1] : null; }", arg=[elem_id, pattern], timeout=int(minutes * MINUTE))
+    return handle.json_value()
+
+
 def settled_text(page, elem_id: str, quiet_s: float = 8, minutes: float = 8) -> str:
     """The element's text once it has stopped changing for ``quiet_s`` seconds (every change of
     a field queues an estimate and a plan; the last plan is the one the run will make)."""
@@ -168,8 +177,7 @@ def test_image_train_flow_at_768_with_samples(server, page):
     page.locator("#run-name input, #run-name textarea").first.fill("e2e-image")
     page.click("#start")
     wait_text(page, "message", "Started")
-    wait_text(page, "status", "planned peak", minutes=10)
-    planned = text_of(page, "status").split("planned peak ")[1].split(" (")[0]
+    planned = wait_match(page, "status", r"planned peak ([\d,]+ MiB)", minutes=10)
     assert planned == predicted, f"form predicted {predicted}, the run planned {planned}"
     wait_text(page, "status", "completed", minutes=20)
     samples = cwd / "runs" / "e2e-image" / "samples"
