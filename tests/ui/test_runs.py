@@ -5,6 +5,7 @@ import json
 import pytest
 
 from lora_gui.config import RunConfig
+from lora_gui.engine.core.lock import acquire_run_folder, release_run_folder
 from lora_gui.ui import common
 from lora_gui.ui.tabs import runs_handlers as handle
 
@@ -39,7 +40,19 @@ def test_list_runs_shows_status_task_peak_and_source(root):
     assert set(rows) == {"a", "b"}
     assert rows["a"][1:6] == ["completed", "text", "optimized", 100, "tracker"]
     assert rows["a"][6] == 1.5 and rows["a"][7] == 12
-    assert rows["b"][1] == "stopped early (no summary)" and rows["b"][2] == "image"
+    assert rows["b"][1] == "failed" and rows["b"][2] == "image"  # no summary, no writer: killed
+
+
+def test_a_run_killed_from_outside_reads_failed_with_where_to_resume_and_a_live_writer_running(root):
+    make_run(root, "killed", status=None, steps=3)
+    message = handle.open_run("killed", 0)[0]
+    assert "failed" in message and "after step 3" in message and "--resume" in message, message
+    live = make_run(root, "live", status=None)
+    acquire_run_folder(live)  # a writer that is still alive (a CLI run, say)
+    try:
+        assert {r[0]: r[1] for r in handle.list_runs()}["live"] == "running"
+    finally:
+        release_run_folder(live)
 
 
 def test_open_run_draws_its_charts(root):

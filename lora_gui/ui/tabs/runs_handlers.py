@@ -11,8 +11,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from lora_gui.engine.core.lock import LOCK_FILE
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.core.rundir import RunDirError, load_run_config
+from lora_gui.engine.core.runstate import folder_state
 from lora_gui.ui import charts, common
 from lora_gui.ui.series import downsample, ema
 
@@ -39,7 +41,10 @@ def _status(folder: Path, summary: dict[str, Any]) -> str:
     job = common.MANAGER.job
     if job is not None and job.running and job.out.resolve() == folder.resolve():
         return job.status
-    return summary.get("status") or "stopped early (no summary)"
+    if summary.get("status") and not (folder / LOCK_FILE).exists():
+        return summary["status"]
+    # no summary, or a writer lock: another process writes here now, or one died from outside
+    return folder_state(folder).status
 
 
 def list_runs() -> list[list[Any]]:
@@ -79,6 +84,8 @@ def open_run(name: str, smoothing: float = 0.0) -> tuple[str, Any, Any, Any, Any
     phases = [(e["phase"], e["time"]) for e in read_records(folder / "events.jsonl")
               if e.get("event") == "phase"]
     text = f"**{name}**: {len(records)} steps, {_status(folder, summary)}"
+    if not summary.get("status") or (folder / LOCK_FILE).exists():
+        text += f"\n\n{folder_state(folder).message}"  # e.g. killed from outside: where to resume
     return (text, charts.memory_figure(records, budget, predicted), charts.loss_figure(records, smoothing),
             charts.throughput_figure(records), charts.memory_timeline(samples, phases, budget, predicted))
 
