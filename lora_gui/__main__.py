@@ -15,14 +15,14 @@ import threading
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
-from lora_gui.engine.core.rundir import RunDirError, load_run_config
-from lora_gui.engine.core.runstate import storage_error_message
-from lora_gui.engine.export import ExportError  # noqa: F401  (a UserError: caught below)
-from lora_gui.engine.parallel.distributed import Dist
+from lora_gui.engine.core.lock import RunDirError
 from lora_gui.errors import UserError
 from lora_gui.presets import load_config
 
+MAX_BUDGET_GB = 2000.0  # the planner's range (2 TB)
 USER_ERRORS = (UserError,)  # ConfigError, DataError, ImageDataError, ModelError, RunDirError...
+# The engine (torch, transformers, peft: seconds to import) is imported inside each command, so
+# --help and a bad setting answer at once.
 
 
 def _stop_on_signals(stop) -> None:
@@ -49,6 +49,9 @@ def _stop_on_signals(stop) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from lora_gui.engine import train
     from lora_gui.engine.core.control import TrainControl
+    from lora_gui.engine.core.rundir import load_run_config
+    from lora_gui.engine.core.runstate import storage_error_message
+    from lora_gui.engine.parallel.distributed import Dist
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -86,6 +89,9 @@ def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
     import torch
 
     if args.budget_gb is not None:
+        if not 0 < args.budget_gb <= MAX_BUDGET_GB:  # also catches nan
+            raise ConfigError(f"--budget-gb {args.budget_gb:g}: the budget must be more than 0 and at "
+                              f"most {MAX_BUDGET_GB:g} GB")
         return args.budget_gb, "--budget-gb"
     if cfg.budget_gb:
         return cfg.budget_gb, "budget_gb setting"

@@ -91,8 +91,9 @@ def wait_match(page, elem_id: str, pattern: str, minutes: float = 5) -> str:
     """The first group of ``pattern`` in the element's text, read in the same instant it matched
     (the status line is re-rendered every tick, so a wait followed by a second read can race)."""
     handle = page.wait_for_function(
-        "([id, p]) => { const el = document.getElementById(id); const m = el && el.innerText.match(new RegExp(p));"
-        " return m ? m[1] : null; }", arg=[elem_id, pattern], timeout=int(minutes * MINUTE))
+        "([id, p]) => { const el = document.getElementById(id);"
+        " const m = el && el.innerText.match(new RegExp(p)); return m ? m[1] : null; }",
+        arg=[elem_id, pattern], timeout=int(minutes * MINUTE))
     return handle.json_value()
 
 
