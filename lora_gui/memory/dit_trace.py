@@ -134,10 +134,15 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                                     hidden=torch.randn(batch_size, tokens, width, dtype=dt),
                                     pooled=torch.randn(batch_size, pooled_dim, dtype=dt))
         sigmas = torch.rand(batch_size)
-        return {"enc": enc, "noise": torch.randn(lat), "sigmas": sigmas, "timesteps": sigmas * 1000}
+        return {"enc": enc, "noise": torch.randn(lat), "sigmas": sigmas, "timesteps": sigmas * 1000,
+                "draws": torch.zeros(batch_size, dtype=torch.long)}  # the run's int64 timestep draws
 
     def loss_fn(m: nn.Module, batch: dict, _tracker) -> torch.Tensor:
-        return objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        loss = objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        # the image loop holds its batch (latents, embeddings, noise, draws) until the backward
+        # is done: the inputs live as long as the loss tensor does (freed right after backward)
+        loss.held_inputs = batch
+        return loss
 
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)

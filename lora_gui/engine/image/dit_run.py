@@ -84,7 +84,40 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
                                 target_modules=dit.lora_targets(model.kind, cfg.lora_targets),
                                 lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
                                 weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
-        predicted = traced.peak_bytes + resident
+        predicted = run_peak(cfg, model, data, device, traced.peak_bytes + resident)
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
+
+
+def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) -> int:
+    """The run's predicted peak (source: predicted) from its training step's (``step_peak``:
+    the traced step plus the VAE / text encoders when they stay resident): the larger of
+
+    - the step plus what the run holds on the device between steps (on a CPU run, the host is
+      the device: the cached latents / embeddings and the encoded held-out set), and
+    - the encoding pass (caching pass, or each step's encoding with ``cache_latents=off``):
+      every loaded weight (transformer with LoRA, VAE, text encoders) plus the held inputs
+      plus the traced transient of encoding the largest picture.
+    """
+    from lora_gui.memory.encode_trace import held_bytes, module_bytes, trace_encode_peak
+    from lora_gui.memory.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+
+    cache = cfg.resolved_cache_latents()
+    conf = dict(model.unet.config)
+    embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
+    held = 0 if device.type == "cuda" else held_bytes(
+        train_buckets=[data.buckets[i] for i in range(len(data.train))], eval_images=len(data.held_out),
+        resolution=cfg.resolution, latent_channels=int(model.vae.config.latent_channels),
+        vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
+        text_width=int(conf.get("joint_attention_dim", 4096)),
+        pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache)
+    weights = module_bytes([model.unet, model.vae, *model.text_encoders])
+    pictures = [*set(data.buckets), (cfg.resolution, cfg.resolution)]
+    encoding = weights + held + trace_encode_peak(model, pictures, device)
+    if device.type == "cuda":
+        encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES  # as the step's trace adds them
+    if encoding > step_peak + held:
+        log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
+                 "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)
+    return max(step_peak + held, encoding)
