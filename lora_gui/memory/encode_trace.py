@@ -100,3 +100,26 @@ def held_bytes(*, train_buckets: Sequence[tuple[int, int]], eval_images: int, re
         held += sum(lat(w, h) + (text_tokens * text_width + pooled) * CACHE_BYTES_PER_VALUE
                     for w, h in train_buckets)
     return held
+
+
+def trace_vae_encode(vae_config: dict, height: int, width: int) -> int:
+    """Transient bytes of encoding one ``height x width`` picture with an AutoencoderKL built from
+    ``vae_config`` (float32, fake tensors; pixels, encoder activations, latent sample), for the
+    planner, which has no loaded VAE."""
+    from diffusers import AutoencoderKL
+
+    from lora_gui.memory.trace import _materialize
+
+    with torch.device("meta"):
+        vae = AutoencoderKL(**vae_config)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    tracker = StorageTracker()
+    with torch.no_grad(), mode:
+        _materialize(vae, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
+        tracker.track([*vae.parameters(), *vae.buffers()])
+        start = tracker.live_bytes
+        with tracker:
+            pixels = [torch.empty(3, height, width)]
+            latents = vae.encode(torch.stack(pixels)).latent_dist.sample()
+            del latents, pixels
+    return tracker.peak_bytes - start

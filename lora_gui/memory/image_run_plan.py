@@ -131,7 +131,7 @@ def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dty
     kind = dit_kind(config)
     step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
-            "text_seq_len": default_text_tokens(kind, cfg.text_max_length)}
+            "text_seq_len": default_text_tokens(kind, cfg.text_max_length), "image_window": cfg.image_window}
     if cfg.resolved_attn_backend() == "sdpa":
         result = estimate_dit_step(config, **step)
     else:
