@@ -188,6 +188,10 @@ class RunConfig:
                                    "embedding while training.", "image", low=0.0, high=30.0)
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
                                   "77, Flux: 512).", "image", low=0, high=512)
+    image_window: int = option(0, "DiT: windowed attention over image tokens; each image token "
+                               "attends to the image tokens at most this many rows and columns away "
+                               "and to every text token; 0 = full attention. Faster at high "
+                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512)
     train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
                                       "encoder(s); needs cache_latents=off (the embeddings change).",
                                       "image")

@@ -226,17 +226,13 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
     """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
     import json
 
+    from lora_gui.memory.calibrated import fit_pixel_line
     from lora_gui.memory.trace import trace_unet_step
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
           "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
-    lo, hi = trace_unet_step(cfg, resolution=256, **kw), trace_unet_step(cfg, resolution=512, **kw)
-    fixed = {k: lo.breakdown[k] for k in ("frozen_weights", "lora_params", "optimizer_state")}
-    per = [r.breakdown["activations"] + r.breakdown["temporaries"] + r.breakdown["gradients"]
-           for r in (lo, hi)]
-    slope = (per[1] - per[0]) / (512 * 512 - 256 * 256)  # bytes per pixel per image
-    return fixed, per[0] - slope * 256 * 256, slope
+    return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
 def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
@@ -252,16 +248,10 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
     Returns:
         A :class:`TraceResult` (``info["source"] = "predicted (trace-calibrated)"``).
     """
+    from lora_gui.memory.calibrated import calibrated_step
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
-    fixed, a, b = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                                    str(dtype).replace("torch.", ""), text_seq_len)
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    breakdown.update(fixed, activations=int(batch_size * (a + b * h * w)))
-    traced = sum(breakdown.values())
-    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
-    if device == "cuda":
-        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
-    info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
-    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+    fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
+                            str(dtype).replace("torch.", ""), text_seq_len)
+    return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)

@@ -91,3 +91,9 @@ def test_plan_cli_for_a_dit_pipeline_folder(tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is True
+    # the caching pass (transformer + the folder's own VAE and CLIP / T5 encoders + VAE activations)
+    assert main(["plan", "--preset", "image-1024", "--set", f"model={path}", "--set", "text_max_length=16",
+                 "--budget-gb", "0.05", "--json"]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["fits"] is False and "encoding the pictures" in tight["message"]
+    assert tight["peak_bytes"] > tight["traced_peak_bytes"] > 0  # the pass is above the tiny step

@@ -164,7 +164,7 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
     text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
-    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
+    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
     for module in (model.unet, model.vae, *model.text_encoders):
