@@ -244,8 +244,8 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
     print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
           f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
     if step.info.get("encoding_pass_bytes"):
-        print("  (the larger of the training step and the caching pass, which holds the transformer, VAE "
-              "and text encoders on the device at once: "
+        print("  (the larger of the training step and the caching pass, which holds the VAE and text "
+              "encoders on the device, and the transformer too unless latents are cached: "
               f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
     print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")

@@ -32,6 +32,12 @@ from lora_gui.memory.tracker import StorageTracker
 CACHE_BYTES_PER_VALUE = 4  # cached latents and embeddings are kept as float32 (engine/image/inputs.py)
 
 
+def denoiser_waits_for_cache(cache_mode: str, device_type: str) -> bool:
+    """True when the run moves the denoiser (UNet / transformer) to the device only after its
+    caching pass (a GPU run with a latent cache; on a CPU the host is the device anyway)."""
+    return device_type == "cuda" and cache_mode != "off"
+
+
 def module_bytes(modules: Iterable[nn.Module]) -> int:
     """Bytes of the parameters and buffers of ``modules`` (each storage once)."""
     seen: dict[int, int] = {}

@@ -116,11 +116,12 @@ def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) 
     - the step plus what the run holds on the device between steps (on a CPU run, the host is
       the device: the cached latents / embeddings and the encoded held-out set), and
     - the encoding pass (caching pass, or each step's encoding with ``cache_latents=off``):
-      every loaded weight (transformer with LoRA, VAE, text encoders) plus the held inputs
-      plus the traced transient of encoding the largest picture.
+      the weights on the device then (VAE and text encoders, and the transformer with LoRA
+      unless it joins after the cache: :mod:`lora_gui.engine.image.encode_peak`) plus the held
+      inputs plus the traced transient of encoding the largest picture.
     """
-    from lora_gui.memory.encode_trace import held_bytes, module_bytes, trace_encode_peak
-    from lora_gui.memory.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+    from lora_gui.engine.image.encode_peak import encoding_pass_bytes
+    from lora_gui.memory.encode_trace import held_bytes
 
     cache = cfg.resolved_cache_latents()
     conf = dict(model.unet.config)
@@ -131,11 +132,7 @@ def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) 
         vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
         text_width=int(conf.get("joint_attention_dim", 4096)),
         pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache)
-    weights = module_bytes([model.unet, model.vae, *model.text_encoders])
-    pictures = [*set(data.buckets), (cfg.resolution, cfg.resolution)]
-    encoding = weights + held + trace_encode_peak(model, pictures, device)
-    if device.type == "cuda":
-        encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES  # as the step's trace adds them
+    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held)
     if encoding > step_peak + held:
         log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
                  "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)
