@@ -91,8 +91,9 @@ def wait_match(page, elem_id: str, pattern: str, minutes: float = 5) -> str:
     """The first group of ``pattern`` in the element's text, read in the same instant it matched
     (the status line is re-rendered every tick, so a wait followed by a second read can race)."""
     handle = page.wait_for_function(
-        "([id, p]) => { const el = document.getElementById(id); const m = el && el.innerText.match(new RegExp(p));"
-        " return m ? m[1] : null; }", arg=[elem_id, pattern], timeout=int(minutes * MINUTE))
+        "([id, p]) => { const el = document.getElementById(id);"
+        " const m = el && el.innerText.match(new RegExp(p)); return m ? m[1] : null; }",
+        arg=[elem_id, pattern], timeout=int(minutes * MINUTE))
     return handle.json_value()
 
 
@@ -186,8 +187,6 @@ def test_image_train_flow_at_768_with_samples(server, page):
     page.screenshot(path=str(ARTIFACTS / "train-image-768.png"), full_page=True)
 
 
-@pytest.mark.skip(reason="known failure, open: after Measure and Stop the measured row does not reach the "
-                         "Compare table within the test's wait on a loaded 2-core machine")
 def test_compare_instant_then_measure_one_row(server, page):
     page.get_by_role("tab", name="Compare").click()
     wait_text(page, "compare-message", "Predicted")  # at first sight, nothing pressed
@@ -202,9 +201,12 @@ def test_compare_instant_then_measure_one_row(server, page):
     wait_text(page, "compare-progress", "1/3 rows", minutes=10)
     page.click("#compare-stop")
     wait_text(page, "compare-progress", "stopped", minutes=10)
-    page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('tracker')",
-                           timeout=2 * MINUTE)
+    has_measured = "() => document.querySelector('#compare-table').innerText.includes('tracker')"
+    page.wait_for_function(has_measured, timeout=2 * MINUTE)  # measured lines lead the table
     page.screenshot(path=str(ARTIFACTS / "compare-measured.png"), full_page=True)
+    page.reload()  # a new page gets the measured rows too (another page already drew them)
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_function(has_measured, timeout=2 * MINUTE)
 
 
 def write_run(root: Path, name: str, loss: float) -> None:

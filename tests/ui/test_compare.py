@@ -91,9 +91,15 @@ def test_measure_runs_as_a_job_and_rows_persist(root, monkeypatch):
     while common.MANAGER.job.running and time.time() < deadline:
         time.sleep(0.05)
     assert common.MANAGER.job.status == "completed" and common.MANAGER.job.kind == "compare"
-    status, bars, lines, table = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")
+    status, bars, lines, table, seen = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")
     assert "completed" in status and "1/3 rows" in status
-    assert any(row[0] == "traditional" and row[5] == 5.0 and row[6] == "tracker" for row in table)
+    # the measured line comes first: the page draws a long table's first rows only
+    assert table[0][:3] == ["traditional", 512, "ok"] and table[0][5] == 5.0 and table[0][6] == "tracker"
+    assert all(row[2] == "predicted" for row in table[1:])
+    again = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp", seen)  # nothing new
+    assert again[-1] == seen and all(part == {"__type__": "update"} for part in again[:4])
+    other_page = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp", None)
+    assert other_page[3] == table  # another (or a reloaded) page still gets the rows
     assert handle.saved_comparisons() == ["cmp"]
     message, *_ = handle.load_saved("cmp")
     assert message.startswith("1 rows") and "tracker" in message

@@ -54,6 +54,7 @@ def build() -> dict[str, Any]:
     stop.click(common.MANAGER.stop, None, progress)
     load.click(handle.load_saved, saved, shown)
     saved.focus(lambda: gr.update(choices=handle.saved_comparisons()), None, saved)
+    seen = gr.State(None)  # what this page last drew of the measuring job
     timer = gr.Timer(2.0)
-    timer.tick(handle.progress, [preset, model, sizes, out], [progress, bars, lines, table])
+    timer.tick(handle.progress, [preset, model, sizes, out, seen], [progress, bars, lines, table, seen])
     return {"preset": preset, "model": model, "sizes": sizes, "shown": shown, "instant": handle.instant}
