@@ -116,3 +116,21 @@ def test_load_saved_draws_measured_rows(root, compare_rows):
     (root / "cmp" / "compare.json").write_text(json.dumps({"settings": {}, "rows": compare_rows}))
     message, bars, lines, table = handle.load_saved("cmp")
     assert "tracker" in message and [t.name for t in bars.data][0] == "traditional" and table
+
+
+def test_quick_comparison_uses_the_idle_cores_and_restores_torch_threads(monkeypatch):
+    import os
+
+    import torch
+
+    from lora_gui.engine.compare.quick import cpu_threads_for_load
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # every core busy elsewhere
+    with cpu_threads_for_load() as threads:
+        assert threads == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # idle: torch's own choice
+    with cpu_threads_for_load() as threads:
+        assert threads == before == torch.get_num_threads()
