@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override one setting of every row (repeatable)")
     cmp.add_argument("--seq-lens", help="text: comma-separated lengths, e.g. 512,1024,2048")
     cmp.add_argument("--resolutions", help="image: comma-separated resolutions, e.g. 512,768")
-    cmp.add_argument("--steps", type=int, help="optimizer steps per row (default 20; --quick: 3)")
+    cmp.add_argument("--steps", type=int, help="optimizer steps per row (default 20; --quick: 2)")
     cmp.add_argument("--quick", action="store_true",
                      help="memory question only: traditional, strong baseline and optimized on the "
                           "preset's data, a few steps a row (minutes instead of the full comparison)")
