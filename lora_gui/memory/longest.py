@@ -113,11 +113,13 @@ class Longest:
                                   "host_bytes": c.host_bytes} for c in self.candidates]}
 
 
-def measured_costs(path: Path = COSTS_FILE) -> dict[str, float]:
+def measured_costs(path: Path | None = None) -> dict[str, float]:
     """Measured slowdowns per switch from the bench results (empty when not measured).
 
-    The file maps a setting to ``{"slowdown": step time with / without the switch, ...}``.
+    The file (default :data:`COSTS_FILE`) maps a setting to ``{"slowdown": step time with /
+    without the switch, ...}``.
     """
+    path = path or COSTS_FILE
     if not path.is_file():
         return {}
     try:
