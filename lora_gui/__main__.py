@@ -110,6 +110,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _check_host(step, args)
     result = run_plan.plan_to_json(plan, step)
     if args.json:
         print(json.dumps(result, indent=1))
@@ -141,6 +142,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"MiB){' -> fits' if sug.fits else ''}")
     _print_fits(cfg, args.device)
     return 0
+
+
+def _check_host(step, args: argparse.Namespace) -> None:
+    """Refuses a plan whose offloaded tensors need more host memory than there is (both figures)."""
+    from lora_gui.memory.host import check_host_memory, host_available_bytes
+
+    host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
+    check_host_memory(int(step.info.get("host_bytes", 0) or 0), host,
+                      "the offloaded checkpoints and host-side embeddings of this run")
 
 
 def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
@@ -353,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the longest max_seq_len that fits the budget and the switches it needs "
                            "(image runs: the largest resolution and batch)")
     plan.add_argument("--host-gb", type=float,
-                      help="--longest: host memory offloaded tensors may use "
+                      help="host memory offloaded tensors may use "
                            "(default: what is available here)")
     plan.add_argument("--no-cuda-context", action="store_true",
                       help="--longest on cuda: leave the CUDA context (~500 MiB) out of the budget, "

@@ -212,10 +212,17 @@ class _Search:
                                mask=shape.mask, grads_before=shape.grads_before,
                                lora_dropout=at.lora_dropout, **step_kwargs(at, self.device))
 
-    def longest(self, changes: dict[str, Any], cap: int) -> int:
-        """Longest length in steps of GRANULE (and ``cap`` itself) the estimate fits; 0: none."""
+    def longest(self, changes: dict[str, Any], cap: int, host_limit: int | None = None) -> int:
+        """Longest length in steps of GRANULE (and ``cap`` itself) the estimate fits, its host
+        memory within ``host_limit`` (None: no limit); 0: none."""
         lengths = _lengths(cap)
-        k = planner._largest(lambda i: self.estimate(changes, lengths[i - 1])[0], self.budget, len(lengths))
+
+        def peak(i: int) -> int:
+            device_bytes, step = self.estimate(changes, lengths[i - 1])
+            over_host = host_limit is not None and _host(step) > host_limit
+            return self.budget + 1 if over_host else device_bytes
+
+        k = planner._largest(peak, self.budget, len(lengths))
         return lengths[k - 1] if k else 0
 
 
@@ -267,21 +274,20 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     context = max_positions(search.config)
     cap = MAX_LEN if beyond_context or not context else min(context, MAX_LEN)
     measured = measured_costs()
-    candidates = []
-    for changes in _combinations(cfg, device):
-        n = search.longest(changes, cap)
-        host = _host(search.estimate(changes, n)[1]) if n else 0
-        candidates.append(Candidate(changes, n, _cost(changes, measured), host))
-    usable = [c for c in candidates if host_limit_bytes is None or c.host_bytes <= host_limit_bytes]
-    best_len = max((c.seq_len for c in usable), default=0)
+    usable = _candidates(search, cfg, device, cap, host_limit_bytes, measured)
+    best_len = max(c.seq_len for c in usable)
+    unlimited = usable if host_limit_bytes is None else _candidates(search, cfg, device, cap, None, measured)
+    most = max(unlimited, key=lambda c: (c.seq_len, -c.cost))
+    if best_len == 0 and most.seq_len:  # the device would hold it: host memory is what is short
+        shortest = _host(search.estimate(most.changes, GRANULE)[1])
+        check_host_memory(shortest, host_limit_bytes, f"the offloaded tensors of {GRANULE} tokens")
     if best_len == 0:
         raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
-    unlimited = max(c.seq_len for c in candidates)
-    if unlimited > best_len:
-        need = min(c.host_bytes for c in candidates if c.seq_len == unlimited)
-        notes.append(f"with {need / 1e9:.1f} GB of host memory: {unlimited:,} tokens (host memory "
-                     f"allowed: {host_limit_bytes / 1e9:.1f} GB)")
+    if most.seq_len > best_len:
+        notes.append(f"with {most.host_bytes / 1e9:.1f} GB of host memory: {most.seq_len:,} tokens "
+                     f"(host memory allowed: {host_limit_bytes / 1e9:.1f} GB)")
     chosen = min((c for c in usable if c.seq_len == best_len), key=lambda c: (c.cost, len(c.changes)))
+    candidates = usable
     allows = best_len
     if best_len == cap and cap < MAX_LEN:
         allows = search.longest(chosen.changes | _most_saving(cfg, device, chosen.changes), MAX_LEN)
@@ -306,6 +312,17 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
                    capped, context, max(allows, seq_len),
                    {k: measured.get(k) for k in chosen.changes}, count_cuda_context, ctx,
                    confirm, traces, search.counted(step), notes, alternatives)
+
+
+def _candidates(search: _Search, cfg: RunConfig, device: str, cap: int, host_limit: int | None,
+                measured: dict[str, float]) -> list[Candidate]:
+    """Every switch combination with the longest length the estimate gives it."""
+    out = []
+    for changes in _combinations(cfg, device):
+        n = search.longest(changes, cap, host_limit)
+        host = _host(search.estimate(changes, n)[1]) if n else 0
+        out.append(Candidate(changes, n, _cost(changes, measured), host))
+    return out
 
 
 def _most_saving(cfg: RunConfig, device: str, changes: dict[str, Any]) -> dict[str, Any]:
