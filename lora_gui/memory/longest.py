@@ -148,7 +148,9 @@ def switch_choices(cfg: RunConfig, device: str) -> dict[str, list[Any]]:
     choices["gradient_checkpointing"] = [True] if cfg.gradient_checkpointing else [False, True]
     choices["offload_checkpoints"] = [True] if cfg.offload_checkpoints else [False, True]
     choices["mlp_chunk"] = [cfg.mlp_chunk, *(c for c in MLP_CHUNKS if not cfg.mlp_chunk or c < cfg.mlp_chunk)]
-    choices["embeddings_on_host"] = [True] if cfg.embeddings_on_host else [False, True]
+    tied = getattr(model_config_for(cfg), "tie_word_embeddings", False)  # the head shares the table
+    host_table = [] if cfg.embeddings_on_host or tied else [True]
+    choices["embeddings_on_host"] = [cfg.embeddings_on_host, *host_table]
     optimizer = resolved_optimizer(cfg, torch.device(device))
     eight_bit = device == "cuda" and optimizer == "adamw" and bitsandbytes_present()
     choices["optimizer"] = [cfg.optimizer, "adamw8bit"] if eight_bit else [cfg.optimizer]
