@@ -8,8 +8,8 @@
    offloaded checkpoints) is searched with the closed-form estimate (:mod:`estimate`, ~0.3 ms a
    call): a bisection over lengths in steps of :data:`GRANULE` tokens up to the model's context;
 2. the longest length any combination reaches is kept, and among the combinations that reach it
-   the one with the least speed cost (measured by ``bench/long_switches.py`` where its results
-   exist, else a default order, said as "not measured");
+   the one with the least speed cost (measured in ``bench/results/long_switches.json`` where it
+   exists, else a default order, said as "not measured");
 3. the fake-tensor trace of the micro-batch the run will execute at that length (the shapes of
    :func:`run_predict.worst_case_shapes`, the run's own prediction) confirms it: a length the
    trace says does not fit steps down, headroom the trace shows steps up (secant on the traced
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 GRANULE = 64  # tokens: answers are multiples of the bucketed builder's default pad multiple
 MAX_LEN = 1 << 20  # tokens: the max_seq_len setting's upper bound
-CLOSE_ENOUGH = 0.03  # stop refining once the traced headroom is worth under 3% more tokens
+CLOSE_ENOUGH = 0.05  # stop refining once the traced headroom is worth under 5% more tokens
 MAX_TRACES = 5  # fake-tensor traces of the answer at most (an 8B step takes ~10-40 s on a CPU)
 COSTS_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "long_switches.json"
 # Order in which switches are tried when their speed cost is not measured (cheapest first); the
@@ -429,7 +429,8 @@ def describe(result: Longest) -> list[str]:
         lines.append("  switches: " + ", ".join(f"{k}={v}" for k, v in result.switches.items()))
         costs = [f"{k} x{v:.2f}" if v is not None else f"{k} (cost not measured)"
                  for k, v in result.speed_cost.items()]
-        lines.append("  speed cost (step time with / without, bench/long_switches.py): " + ", ".join(costs))
+        lines.append("  speed cost (step time with / without, bench/results/long_switches.json): "
+                     + ", ".join(costs))
     else:
         lines.append("  switches: none needed beyond your settings")
     lines.append(f"  host memory for offloaded tensors: {result.host_bytes / 1e9:,.2f} GB")
