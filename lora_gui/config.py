@@ -289,6 +289,9 @@ class RunConfig:
                 if getattr(self, key) > self.max_seq_len:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
+        if self.offload_checkpoints and not self.gradient_checkpointing:
+            raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
+                              "offloaded tensors are the checkpointed layer inputs)")
         return self
 
 
