@@ -176,7 +176,8 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
 
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
         result = longest_text(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
-                              host_limit_bytes=host, beyond_context=args.beyond_context)
+                              host_limit_bytes=host, beyond_context=args.beyond_context,
+                              confirm=not args.estimate_only)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -368,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-cuda-context", action="store_true",
                       help="--longest on cuda: leave the CUDA context (~500 MiB) out of the budget, "
                            "as published figures do")
+    plan.add_argument("--estimate-only", action="store_true",
+                      help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")
     plan.add_argument("--beyond-context", action="store_true",
                       help="--longest: search past the model's context (only for runs that extend it)")
     plan.set_defaults(func=cmd_plan)

@@ -111,8 +111,8 @@ class Longest:
                 "cuda_context_bytes": self.cuda_context_bytes,
                 "counted_peak_bytes": self.counted_bytes,
                 "confirmed_by_trace": self.confirmed_by_trace, "traces": self.traces, "notes": self.notes,
-                "alternatives": [{"switches": c.changes, "longest_seq_len": c.seq_len,
-                                  "host_bytes": c.host_bytes} for c in self.candidates]}
+                "alternatives": [{"switches": c.changes, "estimated_seq_len": c.seq_len,
+                                  "estimated_host_bytes": c.host_bytes} for c in self.candidates]}
 
 
 def measured_costs(path: Path | None = None) -> dict[str, float]:
