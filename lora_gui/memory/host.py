@@ -14,6 +14,11 @@ from lora_gui.config import ConfigError
 GB = 1e9  # bytes
 
 
+def size_text(nbytes: float) -> str:
+    """Bytes for people: GB (decimal) from 0.1 GB up, else MB."""
+    return f"{nbytes / GB:.2f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.1f} MB"
+
+
 def host_available_bytes() -> int | None:
     """Host memory available to new allocations now (bytes), None when it cannot be read."""
     try:
@@ -43,5 +48,5 @@ def check_host_memory(need_bytes: int, available_bytes: int | None, what: str) -
         ConfigError: naming both figures.
     """
     if available_bytes is not None and need_bytes > available_bytes:
-        raise ConfigError(f"{what} need {need_bytes / GB:.2f} GB of host memory; "
-                          f"{available_bytes / GB:.2f} GB is available")
+        raise ConfigError(f"{what} need {size_text(need_bytes)} of host memory; "
+                          f"{size_text(available_bytes)} is available")

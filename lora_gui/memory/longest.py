@@ -32,7 +32,7 @@ from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory import planner
 from lora_gui.memory.estimate import LLAMA_LIKE, estimate_text_step
 from lora_gui.memory.guard import BatchCaps
-from lora_gui.memory.host import check_host_memory
+from lora_gui.memory.host import check_host_memory, size_text
 from lora_gui.memory.model_configs import max_positions
 from lora_gui.memory.run_plan import model_config_for, step_kwargs
 from lora_gui.memory.run_predict import worst_case_shapes
@@ -288,8 +288,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     if best_len == 0:
         raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
     if most.seq_len > best_len:
-        notes.append(f"with {most.host_bytes / 1e9:.1f} GB of host memory: {most.seq_len:,} tokens "
-                     f"(host memory allowed: {host_limit_bytes / 1e9:.1f} GB)")
+        notes.append(f"with {size_text(most.host_bytes)} of host memory: {most.seq_len:,} tokens "
+                     f"(host memory allowed: {size_text(host_limit_bytes)})")
     chosen = min((c for c in usable if c.seq_len == best_len), key=lambda c: (c.cost, len(c.changes)))
     candidates = usable
     allows = best_len
@@ -435,6 +435,6 @@ def describe(result: Longest) -> list[str]:
                      + ", ".join(costs))
     else:
         lines.append("  switches: none needed beyond your settings")
-    lines.append(f"  host memory for offloaded tensors: {result.host_bytes / 1e9:,.2f} GB")
+    lines.append(f"  host memory for offloaded tensors: {size_text(result.host_bytes)}")
     lines += [f"  note: {n}" for n in result.notes]
     return lines
