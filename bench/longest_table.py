@@ -50,10 +50,10 @@ def fmt(row_: dict) -> str:
     unsloth, hf = UNSLOTH[row_["card_gb"]]
     switches = ", ".join(f"{k}={v}" for k, v in row_["switches"].items()) or "-"
     target = TARGETS.get(row_["card_gb"])
-    verdict = "" if target is None else (" (target met)" if n >= target else f" (target {target:,} MISSED)")
+    verdict = "" if target is None else ("; target met" if n >= target else f"; target {target:,} MISSED")
     peak_gib, host_gb = row_["counted_peak_bytes"] / 2**30, row_["host_bytes"] / 1e9
     how = "trace" if row_["confirmed_by_trace"] else "estimate"
-    return (f"| {row_['card_gb']} | {n:,}{verdict} ({how}) | {min(n, CONTEXT):,} | {peak_gib:.2f} | "
+    return (f"| {row_['card_gb']} | {n:,} ({how}{verdict}) | {min(n, CONTEXT):,} | {peak_gib:.2f} | "
             f"{host_gb:.1f} | {switches} | {unsloth:,} | {'OOM' if hf is None else f'{hf:,}'} | "
             f"{n / unsloth:.2f}x | {row_['traces']} / {row_['seconds']:.0f} s |")
 
