@@ -106,6 +106,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    if args.longest:
+        return _plan_longest(cfg, budget_gb, budget_from, args)
     if cfg.task == "image":
         return _plan_image(cfg, budget_gb, budget_from, args)
     try:
@@ -114,6 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _check_host(step, args)
     result = run_plan.plan_to_json(plan, step)
     if args.json:
         print(json.dumps(result, indent=1))
@@ -144,6 +147,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB (saves {sug.saving_bytes / mib:,.0f} "
               f"MiB){' -> fits' if sug.fits else ''}")
     _print_fits(cfg, args.device)
+    return 0
+
+
+def _check_host(step, args: argparse.Namespace) -> None:
+    """Refuses a plan whose offloaded tensors need more host memory than there is (both figures)."""
+    from lora_gui.memory.host import check_host_memory, host_available_bytes
+
+    host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
+    check_host_memory(int(step.info.get("host_bytes", 0) or 0), host,
+                      "the offloaded checkpoints and host-side embeddings of this run")
+
+
+def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+    """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
+    batch (image), with the switches it needs (source: predicted)."""
+    from lora_gui.memory.host import host_available_bytes
+
+    budget = budget_gb * 1e9
+    try:
+        if cfg.task == "image":
+            from lora_gui.memory.longest_image import longest_image
+
+            result = longest_image(cfg, budget, args.device)
+            if args.json:
+                print(json.dumps(result, indent=1))
+            else:
+                print(f"Image run, budget {budget_gb:g} GB ({budget_from}), {args.device}: {result['note']}")
+                print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
+                      f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
+                print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
+            return 0
+        from lora_gui.memory.longest import describe, longest_text
+
+        host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
+        result = longest_text(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
+                              host_limit_bytes=host, beyond_context=args.beyond_context,
+                              confirm=not args.estimate_only)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if args.json:
+        shown = {**result.to_json(), "host_limit_bytes": host, "budget_from": budget_from}
+        print(json.dumps(shown, indent=1))
+    else:
+        print("\n".join(describe(result)))
+        print(f"  (budget from {budget_from}; host memory allowed: "
+              f"{'unknown' if host is None else f'{host / 1e9:,.1f} GB'})")
     return 0
 
 
@@ -321,6 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="processes (GPUs) of a data-parallel run: the figures are per GPU")
     plan.add_argument("--fsdp", action="store_true",
                       help="with --world-size: FSDP shards the frozen weights over the GPUs")
+    plan.add_argument("--longest", action="store_true",
+                      help="the longest max_seq_len that fits the budget and the switches it needs "
+                           "(image runs: the largest resolution and batch)")
+    plan.add_argument("--host-gb", type=float,
+                      help="host memory offloaded tensors may use "
+                           "(default: what is available here)")
+    plan.add_argument("--no-cuda-context", action="store_true",
+                      help="--longest on cuda: leave the CUDA context (~500 MiB) out of the budget, "
+                           "as published figures do")
+    plan.add_argument("--estimate-only", action="store_true",
+                      help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")
+    plan.add_argument("--beyond-context", action="store_true",
+                      help="--longest: search past the model's context (only for runs that extend it)")
     plan.set_defaults(func=cmd_plan)
     cmp = sub.add_parser("compare", help="traditional vs optimized, measured per length or resolution")
     cmp.add_argument("--preset", help="presets/NAME.yaml or a path")

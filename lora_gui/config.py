@@ -108,6 +108,18 @@ class RunConfig:
                              "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "
                              f"{AUTO_LOSS_CHUNK} in optimized mode, off in traditional.", "memory",
                              low=-1, high=1 << 22, tasks=TEXT)
+    # long context: each switch trades speed for accelerator memory; the planner traces each one
+    offload_checkpoints: bool = option(False, "Gradient checkpointing: keep each layer's saved "
+                                       "input in host memory and bring it back for backward (no "
+                                       "accelerator memory for checkpoints; costs host copies).",
+                                       "memory", tasks=TEXT)
+    mlp_chunk: int = option(0, "Sequence-tiled MLP: run each layer's MLP and its LoRA over this "
+                            "many tokens at a time, so its intermediates do not grow with the "
+                            "sequence (same result). 0 = off.", "memory", low=0, high=1 << 22,
+                            tasks=TEXT)
+    embeddings_on_host: bool = option(False, "Keep the frozen input embedding table in host memory "
+                                      "and move only the looked-up rows to the accelerator.",
+                                      "memory", tasks=TEXT)
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
                             "where bf16 autocast is slower.", "memory",
                             choices=("auto", "fp32", "bf16", "fp16"))
@@ -281,6 +293,9 @@ class RunConfig:
                 if getattr(self, key) > self.max_seq_len:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
+        if self.offload_checkpoints and not self.gradient_checkpointing:
+            raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
+                              "offloaded tensors are the checkpointed layer inputs)")
         return self
 
 
