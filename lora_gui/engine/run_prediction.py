@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ import torch
 from lora_gui.config import RunConfig
 from lora_gui.memory import planner
 from lora_gui.memory.parallel import Parallel
+from lora_gui.memory.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
 from lora_gui.memory.trace import TraceResult
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device == "cuda" else None
     dtype = weights or torch.float32
     data = load_image_data(cfg)
-    seq_len, resident = _pipeline_sizes(source, dtype)
+    seq_len, resident = pipeline_sizes(source, dtype)
     caps, traced, peak, plan = image_memory_plan(cfg, unet_config_for(cfg), data.buckets, seq_len,
                                                  resident, budget, device, dtype, processes)
     if cfg.train_text_encoder:  # as engine/image/train.py adds it to the run's prediction
@@ -162,49 +162,6 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
     rows = [(f"{w}x{h}", caps.get(latent_tokens((w, h)), min(cfg.batch_size, data.buckets.count((w, h)))))
             for w, h in used]
     return RunPrediction(peak, device, "plan", caps, plan, traced, rows)
-
-
-def _pipeline_sizes(source: str, dtype: torch.dtype) -> tuple[int, int]:
-    """(tokenizer length, parameter bytes of VAE (fp32) and text encoders (``dtype``)) of a
-    local pipeline folder, from its configs on the meta device: nothing is read into memory."""
-    import json
-
-    from accelerate import init_empty_weights
-    from diffusers import AutoencoderKL
-
-    root = _config_folder(source)
-    tokenizer = json.loads((root / "tokenizer" / "tokenizer_config.json").read_text(encoding="utf-8"))
-    with init_empty_weights():
-        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(root / "vae"))
-    encoders = pipeline_text_encoders(source)
-    size = torch.tensor([], dtype=dtype).element_size()
-    resident = sum(p.numel() * 4 for p in vae.parameters())  # the VAE stays fp32 (overflows in fp16)
-    resident += sum(p.numel() * size for m in encoders for p in m.parameters())
-    return int(tokenizer.get("model_max_length", 77)), resident
-
-
-def _config_folder(source: str) -> Path:
-    """A local pipeline folder, or the Hub repository's config files (no weights)."""
-    root = Path(source)
-    if not root.is_dir():
-        from huggingface_hub import snapshot_download
-
-        root = Path(snapshot_download(source, allow_patterns=["*.json", "*.txt"]))
-    return root
-
-
-def pipeline_text_encoders(source: str) -> list[torch.nn.Module]:
-    """The SD 1.x / SDXL pipeline's CLIP text encoders built on the meta device from their configs."""
-    from accelerate import init_empty_weights
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    root = _config_folder(source)
-    with init_empty_weights():
-        encoders = [CLIPTextModel(CLIPTextConfig.from_pretrained(root / "text_encoder"))]
-        if (root / "text_encoder_2").is_dir():
-            second = CLIPTextConfig.from_pretrained(root / "text_encoder_2")
-            encoders.append(CLIPTextModelWithProjection(second))
-    return encoders
 
 
 def estimate_run(cfg: RunConfig, device: str | None = None) -> RunPrediction:

@@ -218,10 +218,10 @@ def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[di
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL
 
-    from lora_gui.engine.run_prediction import _config_folder
+    from lora_gui.memory.pipeline_shapes import config_folder
     from lora_gui.models.diffusion import _model_index, resolve_pipeline_source
 
-    root = _config_folder(resolve_pipeline_source(cfg.model))
+    root = config_folder(resolve_pipeline_source(cfg.model))
     vae_config = {k: v for k, v in AutoencoderKL.load_config(root / "vae").items() if not k.startswith("_")}
     size = torch.empty((), dtype=dtype).element_size()
     total = 0

@@ -85,12 +85,12 @@ def unet_run_extras(cfg: RunConfig, dtype: torch.dtype, device: str) -> tuple[in
                         cfg.model)
         return 0, info
     text_encoder_lora.check(cfg, "sd")
-    from lora_gui.engine.run_prediction import _pipeline_sizes, pipeline_text_encoders
+    from lora_gui.memory.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
     from lora_gui.models.diffusion import resolve_pipeline_source
 
     source = resolve_pipeline_source(cfg.model)
     if cfg.resolved_cache_latents() == "off":
-        info["resident_encoder_bytes"] = _pipeline_sizes(source, dtype)[1]
+        info["resident_encoder_bytes"] = pipeline_sizes(source, dtype)[1]
     if cfg.train_text_encoder:
         info["text_encoder_lora_bytes"] = text_encoder_lora.encoders_training_bytes(
             pipeline_text_encoders(source), cfg, cfg.batch_size, dtype, device)
