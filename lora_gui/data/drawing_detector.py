@@ -6,12 +6,19 @@ How it reads a picture (any size, RGB):
 1. Background: the median colour of the 2-px frame around the picture.
 2. Foreground: pixels whose colour is more than :data:`FOREGROUND_DISTANCE` (RGB units, 0-255
    per channel) away from the background; the largest 4-connected patch of them is the shape.
-3. Shape, from two statistics of that patch:
+3. Shape, from three statistics of that patch:
 
+   - ``fivefold``: the 5th harmonic of the patch's radial profile (farthest pixel from the
+     centroid per 6-degree sector) relative to its mean radius, minus the strongest other
+     harmonic (2nd-8th): about +0.38 for a drawn five-pointed star, +0.14 to +0.35 for a large
+     one after the drawing model's VAE, about 0 for a circle, -0.14 for a square, -0.25 for a
+     triangle, below 0 for a ragged blob. At least :data:`STAR_FIVEFOLD` (and a solidity below
+     :data:`STAR_SOLIDITY`): a star.
    - ``solidity`` = patch area / area of its convex hull: about 1 for a circle, square or
-     triangle, about 0.5 for a five-pointed star (its arms leave gaps in the hull);
+     triangle, 0.5 for a sharp star; below :data:`MIN_SOLIDITY` without the star's fivefold
+     symmetry: ``unclear`` (a ragged patch that is none of the shapes).
    - ``fill`` = patch area / area of its bounding box: square 1.0, circle pi/4 = 0.79,
-     triangle 0.5 (a star, 0.34, is already told by its solidity).
+     triangle 0.5.
 
    ``none`` when the patch covers less than :data:`MIN_AREA` of the picture.
 4. Colours: the patch's median colour and the background's, each named by the nearest
@@ -19,7 +26,7 @@ How it reads a picture (any size, RGB):
    (:data:`lora_gui.data.build_images.COLOURS` and ``BACKGROUNDS``).
 
 Thresholds were set on the procedural pictures themselves (see tests/data/test_drawing_detector.py):
-at 64 px every kind is told apart on all drawn test pictures.
+every kind is told apart on the drawn 64 px test pictures.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from lora_gui.data.build_images import BACKGROUNDS, COLOURS
 
 FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as the shape
 MIN_AREA = 0.01  # share of the picture below which nothing is drawn
-STAR_SOLIDITY = 0.75  # below: a star (about 0.5); a circle / square / triangle is about 1
+STAR_FIVEFOLD = 0.1  # fivefold() at or above (and solidity below STAR_SOLIDITY): a star
+STAR_SOLIDITY = 0.85  # a star's arms leave gaps in its hull (0.5 sharp, about 0.7 blurred)
+MIN_SOLIDITY = 0.75  # below, without fivefold symmetry: 'unclear' (circle / square / triangle: ~1)
 SQUARE_FILL = 0.88  # fill of the bounding box at or above: a square (1.0)
 CIRCLE_FILL = 0.66  # at or above (and below SQUARE_FILL): a circle (0.79); below: a triangle (0.5)
 
@@ -45,12 +54,13 @@ class Drawing:
     """What the detector saw.
 
     Attributes:
-        shape: 'circle', 'square', 'triangle', 'star' or 'none'.
+        shape: 'circle', 'square', 'triangle', 'star', 'unclear' or 'none'.
         colour: the nearest palette colour of the shape ('' when none).
         background: the nearest background colour name.
         area: the shape's share of the picture (0-1).
         fill: shape area / bounding-box area.
         solidity: shape area / convex-hull area.
+        fivefold: the star statistic (see the module docstring).
     """
 
     shape: str
@@ -59,6 +69,7 @@ class Drawing:
     area: float
     fill: float
     solidity: float
+    fivefold: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +129,22 @@ def hull_area(points: np.ndarray) -> float:
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
 
 
+def fivefold(patch: np.ndarray, bins: int = 60) -> float:
+    """Strength of a five-pointed outline: the 5th harmonic of the patch's radial profile (its
+    farthest pixel from the centroid per 6-degree sector), relative to the mean radius, minus
+    the strongest other harmonic (2nd-8th). A star: clearly positive; a blob: near zero or below."""
+    ys, xs = np.nonzero(patch)
+    dy, dx = ys - ys.mean(), xs - xs.mean()
+    sector = ((np.arctan2(dy, dx) + np.pi) / (2 * np.pi) * bins).astype(int) % bins
+    radius = np.zeros(bins)
+    np.maximum.at(radius, sector, np.hypot(dy, dx) + 0.5)
+    if radius.mean() <= 0:
+        return 0.0
+    amplitude = 2 * np.abs(np.fft.rfft(radius)) / bins / radius.mean()
+    others = [amplitude[k] for k in range(2, 9) if k != 5]
+    return float(amplitude[5] - max(others))
+
+
 def detect(image: Image.Image | np.ndarray) -> Drawing:
     """Detects the shape, its colour and the background of one picture (see the module docstring)."""
     rgb = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=float)
@@ -135,8 +162,11 @@ def detect(image: Image.Image | np.ndarray) -> Drawing:
     # pixel squares' corners, so that a one-pixel-wide patch still has an area
     corners = np.concatenate([np.stack([xs + dx, ys + dy], 1) for dx in (0, 1) for dy in (0, 1)])
     solidity = area / max(hull_area(corners), 1.0)
-    if solidity < STAR_SOLIDITY:
+    star = fivefold(patch)
+    if star >= STAR_FIVEFOLD and solidity < STAR_SOLIDITY:
         shape = "star"
+    elif solidity < MIN_SOLIDITY:
+        shape = "unclear"
     elif fill >= SQUARE_FILL:
         shape = "square"
     elif fill >= CIRCLE_FILL:
@@ -144,4 +174,5 @@ def detect(image: Image.Image | np.ndarray) -> Drawing:
     else:
         shape = "triangle"
     colour = _nearest(np.median(rgb[patch], axis=0), COLOURS)
-    return Drawing(shape, colour, background, area / (h * w), round(fill, 3), round(solidity, 3))
+    return Drawing(shape, colour, background, area / (h * w), round(fill, 3), round(solidity, 3),
+                   round(star, 3))

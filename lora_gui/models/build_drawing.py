@@ -4,11 +4,14 @@ A StableDiffusion3Pipeline small enough to pretrain on two CPU cores, trained on
 pictures of :mod:`lora_gui.data.drawings` (circles, squares and triangles in six colours on
 white, black or gray, 64 x 64 px) so that "a red circle on a white background" gives one:
 
-- AutoencoderKL: three levels (16, 32, 32 channels), 4x downsampling, 4 latent channels, no
-  attention; trained first on the pictures (MSE plus a small KL term), then its latents'
-  mean and standard deviation become the pipeline's ``shift_factor`` / ``scaling_factor``.
-- SD3Transformer2DModel: patch 2, so a 64 px picture is (64 / 4 / 2)^2 = 64 image tokens;
-  width 64 (4 heads of 16), 4 joint blocks, RMS q/k norm. Trained with the engine's own
+- AutoencoderKL: three levels (8, 16, 16 channels), 4x downsampling, 4 latent channels, no
+  attention, two norm groups (with one channel a group, GroupNorm would remove each channel's
+  mean: the very colour of a flat picture); trained first on the pictures (MSE plus a small KL
+  term), then its latents' mean and standard deviation become the pipeline's ``shift_factor`` /
+  ``scaling_factor``.
+- SD3Transformer2DModel: patch 4, so a 64 px picture is (64 / 4 / 4)^2 = 16 image tokens (each
+  a 16 x 16 px square: cheap enough to pretrain on a shared CPU); width 64 (4 heads of 16), 4
+  joint blocks, RMS q/k norm. Trained with the engine's own
   flow-matching objective (:class:`lora_gui.models.dit.FlowMatching`: logit-normal timesteps,
   SD3's output preconditioning), 10% empty captions so classifier-free guidance works, and an
   exponential moving average of the weights (what is saved).
@@ -20,7 +23,8 @@ white, black or gray, 64 x 64 px) so that "a red circle on a white background" g
 
 Seeded: every step's batch, noise and timesteps come from a generator seeded by (seed, step), so
 a resumed build continues exactly; results match across machines up to float rounding. The
-build keeps checkpoints in ``--work`` (``--resume`` continues from them) and logs to stderr.
+build keeps checkpoints in ``--work`` (a rerun continues from them; delete the folder to start
+over) and logs to stderr.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ DRAWING_DIR = ASSETS / "drawing-model"
 TEXT_TOKENS = 12  # T5 tokens per caption in pretraining; pass as max_sequence_length
 CLIP_TOKENS = 12  # the captions are at most 10 tokens with start and end
 VAE = {"sample_size": PIXELS, "in_channels": 3, "out_channels": 3, "latent_channels": 4,
-       "block_out_channels": (8, 16, 16), "layers_per_block": 1, "norm_num_groups": 8,
+       "block_out_channels": (8, 16, 16), "layers_per_block": 1, "norm_num_groups": 2,
        "down_block_types": ("DownEncoderBlock2D",) * 3, "up_block_types": ("UpDecoderBlock2D",) * 3,
        "use_quant_conv": False, "use_post_quant_conv": False, "mid_block_add_attention": False}
 CLIP = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -244,8 +248,8 @@ def draw_pictures(pipe, prompts: list[str], seed: int = 0, steps: int = 20, **kw
                 generator=generators, max_sequence_length=TEXT_TOKENS, **kwargs).images
 
 
-def build(out: Path = DRAWING_DIR, *, seed: int = 0, images: int = 8192, vae_steps: int = 900,
-          dit_steps: int = 4500, work: Path | None = None) -> Path:
+def build(out: Path = DRAWING_DIR, *, seed: int = 0, images: int = 8192, vae_steps: int = 700,
+          dit_steps: int = 3000, work: Path | None = None) -> Path:
     """Pretrains the pipeline and saves it into ``out`` (``save_pretrained``; renamed into place).
 
     ``work`` keeps the checkpoints (kept after the build, so a rerun with the same settings
@@ -289,8 +293,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="checkpoint folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=8192)
-    parser.add_argument("--vae-steps", type=int, default=900)
-    parser.add_argument("--dit-steps", type=int, default=4500)
+    parser.add_argument("--vae-steps", type=int, default=700)
+    parser.add_argument("--dit-steps", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest on a shared machine)")
     args = parser.parse_args()

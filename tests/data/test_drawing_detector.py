@@ -37,3 +37,10 @@ def test_pretraining_pictures_never_show_the_new_shape():
     assert images.shape == (40, 64, 64, 3)
     assert not any("star" in c for c in captions)
     assert caption("circle", "red", "white") == "a red circle on a white background"
+
+
+def test_a_ragged_patch_is_unclear_not_a_star():
+    cross = np.full((64, 64, 3), 245, dtype=np.uint8)
+    cross[26:38, 10:54] = cross[10:54, 26:38] = (220, 40, 40)  # a plus sign: concave, four arms
+    seen = detect(cross)
+    assert seen.shape == "unclear" and seen.solidity < 0.75 and seen.fivefold < 0, seen
