@@ -1,5 +1,5 @@
 """Small procedural pictures for the built-in drawing pipeline: one flat-coloured shape on a
-plain background, with a caption that says what is drawn ("a red circle on a white background").
+plain background, near the centre, with a caption that says what is drawn ("a red circle on a white background").
 
 The drawing pipeline (:mod:`lora_gui.models.build_drawing`) is pretrained on the
 :data:`PRETRAIN_SHAPES` only; :data:`NEW_SHAPE` (the star) is kept out of pretraining so that the
@@ -25,6 +25,9 @@ PRETRAIN_SHAPES = ("circle", "square", "triangle")
 NEW_SHAPE = "star"  # kept out of pretraining: the LoRA demo teaches it
 SIZE_WORDS = {"small": 0.2, "large": 0.34}  # radius as a share of the picture side
 PIXELS = 64  # the drawing pipeline's native resolution (px per side)
+# shapes sit near the centre: with a random place anywhere, the tiny denoiser's short
+# pretraining (under 2,500 steps) had not learned to draw one coherent shape
+JITTER = 0.05
 STAR_DIR = ASSETS / "drawing-stars"
 STAR_COUNT = 24
 # combinations whose shape hardly shows against the background
@@ -44,8 +47,11 @@ def caption(shape: str, colour: str, background: str, size_word: str | None = No
 
 def picture(shape: str, colour: str, background: str, size_word: str, rng: random.Random,
             pixels: int = PIXELS) -> Image.Image:
-    """One ``pixels`` x ``pixels`` picture, the shape at a random place (drawn at 4x, box-filtered)."""
-    big = draw(shape, colour, background, (pixels * 4, pixels * 4), SIZE_WORDS[size_word], rng)
+    """One ``pixels`` x ``pixels`` picture, the shape near the centre (up to :data:`JITTER` of
+    the side off it; drawn at 4x, box-filtered)."""
+    side = pixels * 4
+    centre = tuple(side / 2 + rng.uniform(-JITTER, JITTER) * side for _ in range(2))
+    big = draw(shape, colour, background, (side, side), SIZE_WORDS[size_word], rng, centre)
     return big.resize((pixels, pixels), Image.Resampling.BOX)
 
 

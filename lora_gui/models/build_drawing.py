@@ -249,7 +249,7 @@ def draw_pictures(pipe, prompts: list[str], seed: int = 0, steps: int = 20, **kw
 
 
 def build(out: Path = DRAWING_DIR, *, seed: int = 0, images: int = 8192, vae_steps: int = 700,
-          dit_steps: int = 3000, work: Path | None = None) -> Path:
+          dit_steps: int = 2400, work: Path | None = None) -> Path:
     """Pretrains the pipeline and saves it into ``out`` (``save_pretrained``; renamed into place).
 
     ``work`` keeps the checkpoints (kept after the build, so a rerun with the same settings
@@ -294,7 +294,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=8192)
     parser.add_argument("--vae-steps", type=int, default=700)
-    parser.add_argument("--dit-steps", type=int, default=3000)
+    parser.add_argument("--dit-steps", type=int, default=2400)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest on a shared machine)")
     args = parser.parse_args()
