@@ -76,6 +76,23 @@ def strip(pictures: list[Image.Image], path: Path, count: int = 8, zoom: int = 2
     out.save(path)
 
 
+def base_readout(count: int, steps: int) -> str:
+    """The base model alone: for each pretrained shape, ``count`` prompts (colour / background
+    pairs cycled, size unnamed) and how the detector reads the pictures (markdown table)."""
+    from lora_gui.data.drawings import PRETRAIN_SHAPES
+
+    pipe = dm.load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
+    lines = ["| prompt shape | read as that shape | colour right | background right | shapes seen |",
+             "|---|---|---|---|---|"]
+    for shape in PRETRAIN_SHAPES:
+        pairs = combos((shape,))
+        prompts = [caption(shape, c, b) for _, c, b in (pairs[i % len(pairs)] for i in range(count))]
+        r = read(draw_pictures(pipe, prompts, steps=steps), prompts, shape)
+        lines.append(f"| {shape} | {r['shape']:.0%} ({count}) | {r['colour']:.0%} | {r['background']:.0%} | "
+                     f"{', '.join(f'{k} {v}' for k, v in r['shapes_seen'].items())} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=32, help="star prompts (one seed each)")
@@ -83,8 +100,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="denoising steps per picture")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-drawing-demo"))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="preset overrides")
+    parser.add_argument("--base", action="store_true", help="only read the base model's circles, "
+                        "squares and triangles (no training)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # fastest on the shared 2-core machine
+    if args.base:
+        print(base_readout(args.samples, args.steps))
+        return
     cfg = load_config("image-demo", parse_set_args(args.set))
     t0 = time.time()
     summary = train_image(cfg, args.out, overwrite=True, progress=False)

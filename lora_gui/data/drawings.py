@@ -1,5 +1,6 @@
 """Small procedural pictures for the built-in drawing pipeline: one flat-coloured shape on a
-plain background, near the centre, with a caption that says what is drawn ("a red circle on a white background").
+plain background, near the centre, with a caption that says what is drawn ("a red circle on a
+white background").
 
 The drawing pipeline (:mod:`lora_gui.models.build_drawing`) is pretrained on the
 :data:`PRETRAIN_SHAPES` only; :data:`NEW_SHAPE` (the star) is kept out of pretraining so that the

@@ -55,7 +55,6 @@ def test_image_demo_preset_teaches_a_shape_kept_out_of_pretraining():
     assert not any(NEW_SHAPE in c for c in all_captions())
 
 
-@pytest.mark.slow  # about 30-90 s on the shared 2-core machine: the preset's whole engine path
 def test_image_demo_trains_a_step_and_samples_through_the_engine(tmp_path):
     from lora_gui.engine.image.train import train_image
 
