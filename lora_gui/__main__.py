@@ -15,14 +15,14 @@ import threading
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
-from lora_gui.engine.core.rundir import RunDirError, load_run_config
-from lora_gui.engine.core.runstate import storage_error_message
-from lora_gui.engine.export import ExportError  # noqa: F401  (a UserError: caught below)
-from lora_gui.engine.parallel.distributed import Dist
+from lora_gui.engine.core.lock import RunDirError
 from lora_gui.errors import UserError
 from lora_gui.presets import load_config
 
+MAX_BUDGET_GB = 2000.0  # the planner's range (2 TB)
 USER_ERRORS = (UserError,)  # ConfigError, DataError, ImageDataError, ModelError, RunDirError...
+# The engine (torch, transformers, peft: seconds to import) is imported inside each command, so
+# --help and a bad setting answer at once.
 
 
 def _stop_on_signals(stop) -> None:
@@ -49,6 +49,9 @@ def _stop_on_signals(stop) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from lora_gui.engine import train
     from lora_gui.engine.core.control import TrainControl
+    from lora_gui.engine.core.rundir import load_run_config
+    from lora_gui.engine.core.runstate import storage_error_message
+    from lora_gui.engine.parallel.distributed import Dist
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -86,6 +89,9 @@ def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
     import torch
 
     if args.budget_gb is not None:
+        if not 0 < args.budget_gb <= MAX_BUDGET_GB:  # also catches nan
+            raise ConfigError(f"--budget-gb {args.budget_gb:g}: the budget must be more than 0 and at "
+                              f"most {MAX_BUDGET_GB:g} GB")
         return args.budget_gb, "--budget-gb"
     if cfg.budget_gb:
         return cfg.budget_gb, "budget_gb setting"
@@ -100,6 +106,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    if args.longest:
+        return _plan_longest(cfg, budget_gb, budget_from, args)
     if cfg.task == "image":
         return _plan_image(cfg, budget_gb, budget_from, args)
     try:
@@ -108,6 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _check_host(step, args)
     result = run_plan.plan_to_json(plan, step)
     if args.json:
         print(json.dumps(result, indent=1))
@@ -138,6 +147,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB (saves {sug.saving_bytes / mib:,.0f} "
               f"MiB){' -> fits' if sug.fits else ''}")
     _print_fits(cfg, args.device)
+    return 0
+
+
+def _check_host(step, args: argparse.Namespace) -> None:
+    """Refuses a plan whose offloaded tensors need more host memory than there is (both figures)."""
+    from lora_gui.memory.host import check_host_memory, host_available_bytes
+
+    host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
+    check_host_memory(int(step.info.get("host_bytes", 0) or 0), host,
+                      "the offloaded checkpoints and host-side embeddings of this run")
+
+
+def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+    """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
+    batch (image), with the switches it needs (source: predicted)."""
+    from lora_gui.memory.host import host_available_bytes
+
+    budget = budget_gb * 1e9
+    try:
+        if cfg.task == "image":
+            from lora_gui.memory.longest_image import longest_image
+
+            result = longest_image(cfg, budget, args.device)
+            if args.json:
+                print(json.dumps(result, indent=1))
+            else:
+                print(f"Image run, budget {budget_gb:g} GB ({budget_from}), {args.device}: {result['note']}")
+                print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
+                      f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
+                print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
+            return 0
+        from lora_gui.memory.longest import describe, longest_text
+
+        host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
+        result = longest_text(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
+                              host_limit_bytes=host, beyond_context=args.beyond_context,
+                              confirm=not args.estimate_only)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if args.json:
+        shown = {**result.to_json(), "host_limit_bytes": host, "budget_from": budget_from}
+        print(json.dumps(shown, indent=1))
+    else:
+        print("\n".join(describe(result)))
+        print(f"  (budget from {budget_from}; host memory allowed: "
+              f"{'unknown' if host is None else f'{host / 1e9:,.1f} GB'})")
     return 0
 
 
@@ -237,6 +292,10 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
     mib = 2**20
     print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
           f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
+    if step.info.get("encoding_pass_bytes"):
+        print("  (the larger of the training step and the caching pass, which holds the VAE and text "
+              "encoders on the device, and the transformer too unless latents are cached: "
+              f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
     print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
@@ -311,6 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="processes (GPUs) of a data-parallel run: the figures are per GPU")
     plan.add_argument("--fsdp", action="store_true",
                       help="with --world-size: FSDP shards the frozen weights over the GPUs")
+    plan.add_argument("--longest", action="store_true",
+                      help="the longest max_seq_len that fits the budget and the switches it needs "
+                           "(image runs: the largest resolution and batch)")
+    plan.add_argument("--host-gb", type=float,
+                      help="host memory offloaded tensors may use "
+                           "(default: what is available here)")
+    plan.add_argument("--no-cuda-context", action="store_true",
+                      help="--longest on cuda: leave the CUDA context (~500 MiB) out of the budget, "
+                           "as published figures do")
+    plan.add_argument("--estimate-only", action="store_true",
+                      help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")
+    plan.add_argument("--beyond-context", action="store_true",
+                      help="--longest: search past the model's context (only for runs that extend it)")
     plan.set_defaults(func=cmd_plan)
     cmp = sub.add_parser("compare", help="traditional vs optimized, measured per length or resolution")
     cmp.add_argument("--preset", help="presets/NAME.yaml or a path")
@@ -318,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override one setting of every row (repeatable)")
     cmp.add_argument("--seq-lens", help="text: comma-separated lengths, e.g. 512,1024,2048")
     cmp.add_argument("--resolutions", help="image: comma-separated resolutions, e.g. 512,768")
-    cmp.add_argument("--steps", type=int, help="optimizer steps per row (default 20; --quick: 3)")
+    cmp.add_argument("--steps", type=int, help="optimizer steps per row (default 20; --quick: 2)")
     cmp.add_argument("--quick", action="store_true",
                      help="memory question only: traditional, strong baseline and optimized on the "
                           "preset's data, a few steps a row (minutes instead of the full comparison)")

@@ -110,6 +110,18 @@ class RunConfig:
                              "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "
                              f"{AUTO_LOSS_CHUNK} in optimized mode, off in traditional.", "memory",
                              low=-1, high=1 << 22, tasks=TEXT)
+    # long context: each switch trades speed for accelerator memory; the planner traces each one
+    offload_checkpoints: bool = option(False, "Gradient checkpointing: keep each layer's saved "
+                                       "input in host memory and bring it back for backward (no "
+                                       "accelerator memory for checkpoints; costs host copies).",
+                                       "memory", tasks=TEXT)
+    mlp_chunk: int = option(0, "Sequence-tiled MLP: run each layer's MLP and its LoRA over this "
+                            "many tokens at a time, so its intermediates do not grow with the "
+                            "sequence (same result). 0 = off.", "memory", low=0, high=1 << 22,
+                            tasks=TEXT)
+    embeddings_on_host: bool = option(False, "Keep the frozen input embedding table in host memory "
+                                      "and move only the looked-up rows to the accelerator.",
+                                      "memory", tasks=TEXT)
     precision: str = option("auto", "auto measures: bf16 on GPUs that support it, fp32 on CPUs "
                             "where bf16 autocast is slower.", "memory",
                             choices=("auto", "fp32", "bf16", "fp16"))
@@ -191,6 +203,10 @@ class RunConfig:
                                    "embedding while training.", "image", low=0.0, high=30.0)
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
                                   "77, Flux: 512).", "image", low=0, high=512)
+    image_window: int = option(0, "DiT: windowed attention over image tokens; each image token "
+                               "attends to the image tokens at most this many rows and columns away "
+                               "and to every text token; 0 = full attention. Faster at high "
+                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512)
     train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
                                       "encoder(s); needs cache_latents=off (the embeddings change).",
                                       "image")
@@ -280,6 +296,9 @@ class RunConfig:
                 if getattr(self, key) > self.max_seq_len:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
+        if self.offload_checkpoints and not self.gradient_checkpointing:
+            raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
+                              "offloaded tensors are the checkpointed layer inputs)")
         return self
 
 

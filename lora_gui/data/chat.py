@@ -55,6 +55,8 @@ def detect_format(record: Record) -> str:
 
 
 def _text(value: Any, where: str, what: str) -> str:
+    if value is None:  # a null in a parquet / save_to_disk table
+        raise DataError(f"{where}: no value for {what} (it is empty)")
     if not isinstance(value, str):
         raise DataError(f"{where}: {what} must be text, got {type(value).__name__}")
     return value

@@ -72,6 +72,18 @@ def _json_list(path: Path) -> list[Record]:
         records.append(_object(value, f"{path}:{line}"))
 
 
+def _check_cells(values: dict[str, Any], where: str, header: list[str]) -> None:
+    """A row shorter than the header (csv fills the missing cells with None) is refused with the
+    columns it lacks; an empty cell ("a,,b") is a value, the empty text."""
+    missing = [name for name in header if values.get(name) is None]
+    if missing and any(isinstance(v, str) and v.strip() for v in values.values()):
+        cells = len(header) - len(missing)
+        names = ", ".join(f"'{name}'" for name in missing)
+        raise DataError(f"{where}: this row has no value for {names}: it has {cells} "
+                        f"cell{'s' if cells != 1 else ''} where the header names {len(header)} "
+                        f"columns ({', '.join(header)}); give every column a cell (\"\" for none)")
+
+
 def _csv(path: Path) -> list[Record]:
     reader = csv.DictReader(_read_text(path).splitlines(keepends=True))
     if not reader.fieldnames:
@@ -82,6 +94,7 @@ def _csv(path: Path) -> list[Record]:
         where = f"{path}:{start}"
         start = reader.line_num + 1  # rows may span lines (quoted newlines)
         values: dict[str, Any] = {k: v for k, v in row.items() if k is not None}
+        _check_cells(values, where, reader.fieldnames)
         for key in JSON_COLUMNS:
             if isinstance(values.get(key), str) and values[key].strip():
                 try:

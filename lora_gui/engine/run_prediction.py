@@ -151,6 +151,11 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
     seq_len, resident = _pipeline_sizes(source, dtype)
     caps, traced, peak, plan = image_memory_plan(cfg, unet_config_for(cfg), data.buckets, seq_len,
                                                  resident, budget, device, dtype, processes)
+    if cfg.train_text_encoder:  # as engine/image/train.py adds it to the run's prediction
+        from lora_gui.models.text_encoder_lora import encoders_training_bytes
+
+        peak += encoders_training_bytes(pipeline_text_encoders(source), cfg,
+                                        traced.info.get("batch_size") or 1, dtype, device)
     from lora_gui.engine.image.data import latent_tokens
 
     used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
@@ -166,24 +171,40 @@ def _pipeline_sizes(source: str, dtype: torch.dtype) -> tuple[int, int]:
 
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
+    root = _config_folder(source)
+    tokenizer = json.loads((root / "tokenizer" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    with init_empty_weights():
+        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(root / "vae"))
+    encoders = pipeline_text_encoders(source)
+    size = torch.tensor([], dtype=dtype).element_size()
+    resident = sum(p.numel() * 4 for p in vae.parameters())  # the VAE stays fp32 (overflows in fp16)
+    resident += sum(p.numel() * size for m in encoders for p in m.parameters())
+    return int(tokenizer.get("model_max_length", 77)), resident
+
+
+def _config_folder(source: str) -> Path:
+    """A local pipeline folder, or the Hub repository's config files (no weights)."""
     root = Path(source)
     if not root.is_dir():
         from huggingface_hub import snapshot_download
 
         root = Path(snapshot_download(source, allow_patterns=["*.json", "*.txt"]))
-    tokenizer = json.loads((root / "tokenizer" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return root
+
+
+def pipeline_text_encoders(source: str) -> list[torch.nn.Module]:
+    """The SD 1.x / SDXL pipeline's CLIP text encoders built on the meta device from their configs."""
+    from accelerate import init_empty_weights
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    root = _config_folder(source)
     with init_empty_weights():
-        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(root / "vae"))
         encoders = [CLIPTextModel(CLIPTextConfig.from_pretrained(root / "text_encoder"))]
         if (root / "text_encoder_2").is_dir():
             second = CLIPTextConfig.from_pretrained(root / "text_encoder_2")
             encoders.append(CLIPTextModelWithProjection(second))
-    size = torch.tensor([], dtype=dtype).element_size()
-    resident = sum(p.numel() * 4 for p in vae.parameters())  # the VAE stays fp32 (overflows in fp16)
-    resident += sum(p.numel() * size for m in encoders for p in m.parameters())
-    return int(tokenizer.get("model_max_length", 77)), resident
+    return encoders
 
 
 def estimate_run(cfg: RunConfig, device: str | None = None) -> RunPrediction:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +165,12 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
         torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
     kind = dit_kind(config)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype,
-            "device": device, "text_seq_len": default_text_tokens(kind, cfg.text_max_length)}
+            "device": device, "text_seq_len": default_text_tokens(kind, cfg.text_max_length),
+            "image_window": cfg.image_window}
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
         else [(cfg.resolution, cfg.resolution)]
     shapes = sorted({(h, w) for w, h in buckets if w <= h})
-    resident = resident_bytes(kind, cfg.resolved_cache_latents(), dtype)
+    resident = 0 if cfg.resolved_cache_latents() != "off" else pipeline_encoders(cfg, kind, dtype)[1]
     plan = plan_dit(config, budget_bytes, shapes, effective_batch=cfg.batch_size, max_batch=cfg.batch_size,
                     resident=resident, **step)
     worst = max(plan.buckets, key=lambda b: b.peak_bytes)
@@ -176,4 +178,57 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
                             attention=cfg.resolved_attn_backend(), **step)
     traced.peak_bytes += resident
     traced.info["resident_encoder_bytes"] = resident
+    encoding = encoding_pass_bytes(cfg, kind, traced, max(shapes, key=lambda s: s[0] * s[1]), dtype)
+    traced.info["encoding_pass_bytes"] = encoding
+    if encoding > traced.peak_bytes:  # the caching pass, not a training step, is the run's peak
+        traced.peak_bytes = encoding
+    if encoding > budget_bytes:
+        plan = replace(plan, fits=False, min_bytes_needed=max(plan.min_bytes_needed, encoding),
+                       message=f"does not fit: encoding the pictures needs {encoding / planner.GB:.2f} GB "
+                       "(the VAE and text encoders on the device, and the transformer unless the "
+                       "latents are cached)")
     return plan, traced, shapes
+
+
+def encoding_pass_bytes(cfg: RunConfig, kind: str, step: TraceResult, largest_hw: tuple[int, int],
+                        dtype: torch.dtype) -> int:
+    """Peak of the run's encoding pass (source: predicted): the transformer's weights and LoRA
+    (from ``step``'s breakdown) unless it joins after the cache, the VAE (float32) and the text
+    encoders in ``dtype`` (the pipeline folder's own, or SD3.5 / Flux.1's for a bundled name),
+    the VAE encoder's activations on the largest picture (fake-tensor trace), and ``step``'s
+    CUDA overheads. Text-encoder activations (one caption's forward) are left out: small beside
+    the weights."""
+    from lora_gui.memory.encode_trace import denoiser_waits_for_cache, trace_vae_encode
+
+    vae_config, encoders = pipeline_encoders(cfg, kind, dtype)
+    weights = encoders  # the transformer joins after a GPU run's caching pass (engine.image.encode_peak)
+    if not denoiser_waits_for_cache(cfg.resolved_cache_latents(), step.device):
+        weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
+    overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
+    return weights + trace_vae_encode(vae_config, *largest_hw) + overheads
+
+
+def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
+    """(VAE config, bytes of the VAE in float32 plus the text encoders in ``dtype``) of the run's
+    pipeline, built on the meta device from its folder's configs (nothing loaded); a bundled
+    transformer name stands for SD3.5 / Flux.1, whose VAE and encoders are bundled here."""
+    if cfg.model in bundled_models():
+        return VAE_CONFIG, vae_params() * 4 + text_encoder_bytes(kind, dtype)
+    import transformers
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKL
+
+    from lora_gui.engine.run_prediction import _config_folder
+    from lora_gui.models.diffusion import _model_index, resolve_pipeline_source
+
+    root = _config_folder(resolve_pipeline_source(cfg.model))
+    vae_config = {k: v for k, v in AutoencoderKL.load_config(root / "vae").items() if not k.startswith("_")}
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    with init_empty_weights():
+        total += sum(p.numel() * 4 for p in AutoencoderKL.from_config(vae_config).parameters())
+        for name, entry in _model_index(str(root)).items():
+            if name.startswith("text_encoder") and isinstance(entry, list) and entry[1]:
+                conf = transformers.AutoConfig.from_pretrained(root / name)
+                total += sum(p.numel() * size for p in getattr(transformers, entry[1])(conf).parameters())
+    return vae_config, total

@@ -22,11 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from lora_gui.memory.calibrated import calibrated_step, fit_pixel_line
 from lora_gui.memory.model_configs import is_dit_config, load_model_config
 from lora_gui.memory.trace import (
-    CATEGORIES,
-    CUBLAS_WORKSPACE_BYTES,
-    CUDA_CONTEXT_BYTES,
     TraceResult,
     _attach_lora,
     _check_common,
@@ -81,7 +79,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                    gradient_checkpointing: bool = False, dtype: torch.dtype | str = torch.bfloat16,
                    device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
                    fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
-                   weighting_scheme: str = "none") -> TraceResult:
+                   weighting_scheme: str = "none", image_window: int = 0) -> TraceResult:
     """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
 
     Args:
@@ -96,6 +94,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         text_seq_len: prompt-embedding tokens (default: :func:`default_text_tokens`).
         attention: 'sdpa' (the model's processors) or 'eager' (math SDPA: S x S scores kept).
         weighting_scheme: the loss weighting (changes a few temporaries only).
+        image_window: windowed attention over image tokens (radius in tokens; 0 = full).
 
     Returns:
         A :class:`~lora_gui.memory.trace.TraceResult`.
@@ -119,7 +118,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                       lora_dropout=lora_dropout)
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
-    set_dit_attention(model.get_base_model(), attention)
+    set_dit_attention(model.get_base_model(), attention, image_window)
     tokens = text_seq_len or default_text_tokens(kind)
     channels = cfg.get("in_channels", 64) // 4 if kind == "flux" else cfg.get("in_channels", 16)
     objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
@@ -134,10 +133,15 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                                     hidden=torch.randn(batch_size, tokens, width, dtype=dt),
                                     pooled=torch.randn(batch_size, pooled_dim, dtype=dt))
         sigmas = torch.rand(batch_size)
-        return {"enc": enc, "noise": torch.randn(lat), "sigmas": sigmas, "timesteps": sigmas * 1000}
+        return {"enc": enc, "noise": torch.randn(lat), "sigmas": sigmas, "timesteps": sigmas * 1000,
+                "draws": torch.zeros(batch_size, dtype=torch.long)}  # the run's int64 timestep draws
 
     def loss_fn(m: nn.Module, batch: dict, _tracker) -> torch.Tensor:
-        return objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        loss = objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        # the image loop holds its batch (latents, embeddings, noise, draws) until the backward
+        # is done: the inputs live as long as the loss tensor does (freed right after backward)
+        loss.held_inputs = batch
+        return loss
 
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
@@ -148,39 +152,27 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 
 @functools.lru_cache(maxsize=16)
 def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                 text_seq_len: int | None) -> tuple[dict[str, int], float, float]:
+                 text_seq_len: int | None, image_window: int = 0) -> tuple[dict[str, int], float, float]:
     """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels."""
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
-    lo, hi = trace_dit_step(cfg, resolution=512, **kw), trace_dit_step(cfg, resolution=1024, **kw)
-    fixed = {k: lo.breakdown[k] for k in ("frozen_weights", "lora_params", "optimizer_state")}
-    per = [r.breakdown["activations"] + r.breakdown["temporaries"] + r.breakdown["gradients"]
-           for r in (lo, hi)]
-    slope = (per[1] - per[0]) / (1024 * 1024 - 512 * 512)  # bytes per pixel per image
-    return fixed, per[0] - slope * 512 * 512, slope
+          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len, "image_window": image_window}
+    return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw), 512, 1024)
 
 
 def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int], lora_rank: int = 16,
                       gradient_checkpointing: bool = False, dtype: Any = "bfloat16", device: str = "cuda",
-                      text_seq_len: int | None = None) -> TraceResult:
+                      text_seq_len: int | None = None, image_window: int = 0) -> TraceResult:
     """Trace-calibrated estimate of a DiT step with SDPA (linear in pixels and batch, see the
-    module docstring); default LoRA targets. ``info["source"] = "predicted (trace-calibrated)"``."""
+    module docstring; windowed image attention is linear too); default LoRA targets.
+    ``info["source"] = "predicted (trace-calibrated)"``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
     cfg = dict(load_model_config(config))
     key = json.dumps(cfg, sort_keys=True, default=str)
-    fixed, a, b = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""),
-                               text_seq_len)
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    breakdown.update(fixed, activations=int(batch_size * (a + b * h * w)))
-    traced = sum(breakdown.values())
-    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
-    if device == "cuda":
-        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
-    info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
-    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+    fit = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""), text_seq_len,
+                       image_window)
+    return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
 
 
 @functools.lru_cache(maxsize=8)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from lora_gui.memory.long_estimate import long_context_terms
 from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
 from lora_gui.memory.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
 
@@ -112,6 +113,18 @@ def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], 
     return total
 
 
+def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int) -> int:
+    """The part of :func:`_layer_bytes_per_token` that the gated MLP saves (and its LoRA)."""
+    h, i = s["h"], s["I"]
+    gate, up, down = ("gate_proj" in targets), ("up_proj" in targets), ("down_proj" in targets)
+    total = 3 * d * i + F32 * r * (gate + up + down)  # SwiGLU products + lora_A outputs
+    if d != F32:  # each adapted module keeps its own float32 input copy
+        total += F32 * (h * (gate + up) + i * down)
+    else:  # float32 inputs kept once per distinct input
+        total += F32 * (h * (gate or up) + i * down)
+    return total
+
+
 def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
     """Korthikanti 2022 per token per layer (16-bit: 34*h; + 5*nh*S for eager attention)."""
     per = 34 * s["h"] * d // 2
@@ -136,7 +149,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        gradient_checkpointing: bool = False, dtype: Any = "bfloat16",
                        device: str = "cuda", attention_window: int | None = None,
                        loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
-                       optimizer: str = "adamw") -> TraceResult:
+                       optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
+                       embeddings_on_host: bool = False) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.trace.trace_text_step` (no dropout, no fake run), plus
@@ -148,6 +162,11 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         quantization, double_quant, optimizer: as the trace (:mod:`lora_gui.memory.quant`):
             quantized storage of the decoder's Linear weights, the dequantized weight of one
             layer in the backward, int8's kept layer inputs, and 8-bit optimizer states.
+        offload_checkpoints, mlp_chunk, embeddings_on_host: the long-context switches
+            (:mod:`lora_gui.models.long_context`): checkpointed layer inputs in host memory (one
+            layer input reloaded at a time), the MLP's saved tensors for ``mlp_chunk`` tokens
+            instead of all, the embedding table in host memory. ``info["host_bytes"]``: what
+            they keep in host memory (peak).
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -192,25 +211,34 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
     # position per token; 4 used for float32, 2.5 for 16-bit weights).
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
+    mlp = _mlp_bytes_per_token(s, d, targets, lora_rank) if family else 0
+    long = long_context_terms(s, d, layer, mlp, tokens, offload_checkpoints and gradient_checkpointing,
+                              mlp_chunk if family else 0, embeddings_on_host)
+    layer, params["frozen_weights"] = long["layer"], params["frozen_weights"] - long["frozen_on_host"]
     transient = layer // 4 + int(eager_grad)
     if gradient_checkpointing:
-        base = s["L"] * (d * s["h"] + q["kept_under_checkpointing"]) + head_in  # layer inputs
-        inside = layer + layer // 5 + int(eager_grad)  # recomputing a layer, then its backward
+        inputs = long["device_inputs"] if offload_checkpoints else s["L"]  # layer inputs on the device
+        base = inputs * d * s["h"] + s["L"] * q["kept_under_checkpointing"] + head_in
+        inside = layer + layer // 5 + int(eager_grad) + long["reloaded"]  # recompute, then backward
     else:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
-    if inside * tokens + q["transient"] > temporaries:  # the peak is inside a layer's backward
-        activations, temporaries = (base + inside) * tokens + q["transient"], 0
+    if inside * tokens + long["inside_fixed"] + q["transient"] > temporaries:  # peak in a layer's backward
+        activations = (base + inside) * tokens + long["inside_fixed"] + q["transient"]
+        temporaries = 0
+        params["gradients"] = int(params["lora_params"] * long["grads_at_peak"])
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
     breakdown = dict.fromkeys(CATEGORIES, 0)
     breakdown.update(params, activations=activations, temporaries=temporaries)
     traced = sum(breakdown.values())
+    host_bytes = long["host_bytes"]
     overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
     if device == "cuda":
         overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
     info = {"source": "predicted (closed form)", "exact_family": family, "model_type": cfg.model_type,
-            "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation}
+            "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation,
+            "host_bytes": host_bytes}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
 
 
@@ -226,17 +254,13 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
     """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
     import json
 
+    from lora_gui.memory.calibrated import fit_pixel_line
     from lora_gui.memory.trace import trace_unet_step
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
           "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
-    lo, hi = trace_unet_step(cfg, resolution=256, **kw), trace_unet_step(cfg, resolution=512, **kw)
-    fixed = {k: lo.breakdown[k] for k in ("frozen_weights", "lora_params", "optimizer_state")}
-    per = [r.breakdown["activations"] + r.breakdown["temporaries"] + r.breakdown["gradients"]
-           for r in (lo, hi)]
-    slope = (per[1] - per[0]) / (512 * 512 - 256 * 256)  # bytes per pixel per image
-    return fixed, per[0] - slope * 256 * 256, slope
+    return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
 def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
@@ -252,16 +276,10 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
     Returns:
         A :class:`TraceResult` (``info["source"] = "predicted (trace-calibrated)"``).
     """
+    from lora_gui.memory.calibrated import calibrated_step
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
-    fixed, a, b = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                                    str(dtype).replace("torch.", ""), text_seq_len)
-    breakdown = dict.fromkeys(CATEGORIES, 0)
-    breakdown.update(fixed, activations=int(batch_size * (a + b * h * w)))
-    traced = sum(breakdown.values())
-    overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
-    if device == "cuda":
-        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
-    info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
-    return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+    fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
+                            str(dtype).replace("torch.", ""), text_seq_len)
+    return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)

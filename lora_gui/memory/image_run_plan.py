@@ -6,6 +6,7 @@ Used by ``python -m lora_gui plan`` when ``task=image`` (the text path is :mod:`
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from lora_gui.config import RunConfig
 from lora_gui.memory import planner
 from lora_gui.memory.model_configs import bundled_models, load_model_config
 from lora_gui.memory.trace import TraceResult, trace_unet_step
+
+log = logging.getLogger(__name__)
 
 
 def unet_config_for(cfg: RunConfig) -> dict[str, Any]:
@@ -51,12 +54,47 @@ def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
         else [(cfg.resolution, cfg.resolution)]
     shapes = sorted({(h, w) for w, h in buckets if w <= h})  # one of each mirrored pair
+    resident, info = unet_run_extras(cfg, dtype, device)
     plan = planner.plan_image(unet, budget_bytes, shapes, effective_batch=cfg.batch_size,
-                              max_batch=cfg.batch_size, **step)
+                              max_batch=cfg.batch_size, resident=resident, **step)
     worst = max(plan.buckets, key=lambda b: b.peak_bytes)
     traced = trace_unet_step(unet, batch_size=max(1, worst.micro_batch), resolution=worst.bucket,
                              attention=cfg.resolved_attn_backend(), **step)
+    traced.peak_bytes += resident
+    traced.info.update(info)
     return plan, traced, shapes
+
+
+def unet_run_extras(cfg: RunConfig, dtype: torch.dtype, device: str) -> tuple[int, dict[str, int]]:
+    """Bytes an SD 1.x / SDXL run holds on the device besides the UNet step, as the run's own
+    prediction counts them (source: predicted): the VAE (float32) and text encoders when nothing
+    is cached (``cache_latents=off``), and with ``train_text_encoder`` the encoders' LoRA step
+    (LoRA weights, gradients, AdamW state, activations; traced at ``batch_size`` captions).
+    Encoder shapes come from the pipeline folder's configs (nothing is loaded); a bundled UNet
+    name has no pipeline, so only its text encoders' LoRA is left out and logged.
+
+    Raises:
+        ConfigError: ``train_text_encoder`` with cached embeddings (as the run refuses it).
+    """
+    from lora_gui.models import text_encoder_lora
+
+    info = {"resident_encoder_bytes": 0, "text_encoder_lora_bytes": 0}
+    if cfg.model in bundled_models():
+        if cfg.train_text_encoder:
+            log.warning("plan: %s is a UNet config without its text encoders; their LoRA is not counted",
+                        cfg.model)
+        return 0, info
+    text_encoder_lora.check(cfg, "sd")
+    from lora_gui.engine.run_prediction import _pipeline_sizes, pipeline_text_encoders
+    from lora_gui.models.diffusion import resolve_pipeline_source
+
+    source = resolve_pipeline_source(cfg.model)
+    if cfg.resolved_cache_latents() == "off":
+        info["resident_encoder_bytes"] = _pipeline_sizes(source, dtype)[1]
+    if cfg.train_text_encoder:
+        info["text_encoder_lora_bytes"] = text_encoder_lora.encoders_training_bytes(
+            pipeline_text_encoders(source), cfg, cfg.batch_size, dtype, device)
+    return sum(info.values()), info
 
 
 def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
@@ -93,7 +131,7 @@ def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dty
     kind = dit_kind(config)
     step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
-            "text_seq_len": default_text_tokens(kind, cfg.text_max_length)}
+            "text_seq_len": default_text_tokens(kind, cfg.text_max_length), "image_window": cfg.image_window}
     if cfg.resolved_attn_backend() == "sdpa":
         result = estimate_dit_step(config, **step)
     else:

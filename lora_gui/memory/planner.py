@@ -199,12 +199,14 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
 
 def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
                effective_batch: int = 8, max_batch: int = 64, parallel: Parallel | None = None,
-               **step: Any) -> Plan:
+               resident: int = 0, **step: Any) -> Plan:
     """Largest micro-batch per resolution bucket (UNet), like :func:`plan_text`.
 
     Args:
         config: UNet config; budget_bytes: bytes; resolutions: pixels or (h, w) buckets.
         effective_batch, max_batch, parallel: as in :func:`plan_text`.
+        resident: bytes on the device besides the UNet step, added to every peak (VAE and text
+            encoders kept without a latent cache, the text encoders' LoRA training).
         **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len.
 
     Returns:
@@ -213,12 +215,15 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
     budget = check_budget(budget_bytes)
     plans = []
     largest = max(resolutions, key=lambda r: r * r if isinstance(r, int) else r[0] * r[1])
-    base = estimate_unet_step(config, batch_size=1, resolution=largest, **step)
-    saving = saving_bytes(base, config, parallel)
-    budget, reported = budget + saving, budget  # search one-GPU peaks; report per GPU
 
-    def est(b: int, res: Any) -> TraceResult:
-        return estimate_unet_step(config, batch_size=b, resolution=res, **step)
+    def est(b: int, res: Any, resident_free: bool = False, **change: Any) -> TraceResult:
+        result = estimate_unet_step(config, batch_size=b, resolution=res, **{**step, **change})
+        result.peak_bytes += 0 if resident_free else resident
+        return result
+
+    base = est(1, largest)
+    saving = saving_bytes(est(1, largest, resident_free=True), config, parallel)  # FSDP: the UNet's share
+    budget, reported = budget + saving, budget  # search one-GPU peaks; report per GPU
 
     for res in resolutions:
         mb = _largest(lambda b, res=res: est(b, res).peak_bytes, budget, max_batch)
@@ -227,8 +232,7 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
     sugg: list[Suggestion] = []
     if not all(p.micro_batch for p in plans):
         if not step.get("gradient_checkpointing"):
-            peak = estimate_unet_step(config, batch_size=1, resolution=largest,
-                                      **{**step, "gradient_checkpointing": True}).peak_bytes
+            peak = est(1, largest, gradient_checkpointing=True).peak_bytes
             saving = base.peak_bytes - peak
             sugg.append(Suggestion("gradient_checkpointing=True", peak, saving, peak <= budget))
         for res in range(1536, 511, -64):

@@ -162,7 +162,7 @@ class _PhaseTracker(StorageTracker):
 
     def record_of(self, tensor: torch.Tensor) -> _Record | None:
         entry = self._seen.get(tensor.untyped_storage())
-        return entry[0] if entry else None
+        return entry[0] if entry and isinstance(entry[0], _Record) else None
 
     def live_at_peak(self) -> list[_Record]:
         p = self.peak_event
@@ -316,7 +316,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
            loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
            gradient_checkpointing: bool, warm_steps: int,
            setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
-           cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False) -> TraceResult:
+           cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False,
+           long_context: dict[str, Any] | None = None) -> TraceResult:
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
     ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
@@ -325,6 +326,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     ``packed_rows``: the batch's rows hold several documents (``batch_trace.batch_structure``).
     ``grads_before``: the LoRA gradients exist before the forward, as for every micro-batch but
     the first of an optimizer step (gradient accumulation adds into them).
+    ``long_context``: :func:`lora_gui.models.long_context.apply_long_context` switches; their host
+    copies are counted apart (``info["host_bytes"]``), not in the device peak.
     """
     from lora_gui.memory import quant
     t0 = time.perf_counter()
@@ -336,6 +339,10 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
             setup(model, make)
         if gradient_checkpointing:
             _enable_checkpointing(model)
+        if long_context:
+            from lora_gui.models.long_context import apply_long_context
+
+            apply_long_context(model, **long_context)
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         opt = quant.make_optimizer(optimizer, trainable)
@@ -406,6 +413,7 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
         "total_params": sum(p.numel() for p in model.parameters()),
         "allocations": len(tracker.records),
         "peak_phase": tracker.peak_phase,
+        "host_bytes": tracker.host_peak_bytes,  # host memory of the long-context switches (peak)
     }
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, seconds, info)
 
@@ -424,7 +432,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     lora_dropout: float = 0.0, fake: bool = True, warm_steps: int = 0,
                     loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
-                    optimizer: str = "adamw", mask: str = "none", grads_before: bool = False) -> TraceResult:
+                    optimizer: str = "adamw", mask: str = "none", grads_before: bool = False,
+                    offload_checkpoints: bool = False, mlp_chunk: int = 0,
+                    embeddings_on_host: bool = False) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -457,6 +467,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             positions restarting per document: a block-diagonal (1, 1, S, S) mask).
         grads_before: LoRA gradients exist before the forward (a micro-batch after the first
             of an accumulated step).
+        offload_checkpoints, mlp_chunk, embeddings_on_host: the long-context switches
+            (:mod:`lora_gui.models.long_context`); what they keep in host memory is
+            ``info["host_bytes"]`` (peak), outside ``peak_bytes``.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -500,7 +513,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps, setup=setup,
                  optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda",
-                 packed_rows=mask == "packed", grads_before=grads_before)
+                 packed_rows=mask == "packed", grads_before=grads_before,
+                 long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
+                               "embeddings_on_host": embeddings_on_host})
     kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",

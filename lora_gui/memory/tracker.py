@@ -8,12 +8,20 @@ lets the planner trace a training step of an 8B model on a laptop.
 Differences from ``torch.cuda.max_memory_allocated``, by design: no 512-byte rounding (the trace
 adds it as a named overhead), no allocator caching or fragmentation, and ``UntypedStorage.resize_``
 is not seen (no op in a LoRA training step uses it).
+
+Host memory: storages created inside :func:`on_host` (the long-context switches' host copies:
+offloaded checkpoints, a host-side embedding table and its looked-up rows) and tensors marked
+with :func:`mark_host` are counted apart, in ``host_live_bytes`` / ``host_peak_bytes``, and not
+in the device figures: on a CUDA run they live in (pinned) host RAM, not on the card. On a CPU
+run host and "device" are the same RAM; the split says which bytes a CUDA run keeps off the card.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -21,6 +29,31 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 MEMORY_SOURCE = "tracker"
+_HOST_SCOPE = threading.local()  # depth of nested on_host() blocks, per thread
+_HOST_TENSORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> True (mark_host)
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Storages created in this block are host memory (counted apart by every tracker)."""
+    _HOST_SCOPE.depth = getattr(_HOST_SCOPE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _HOST_SCOPE.depth -= 1
+
+
+def in_host_scope() -> bool:
+    return getattr(_HOST_SCOPE, "depth", 0) > 0
+
+
+def mark_host(tensor: torch.Tensor) -> None:
+    """Marks a tensor that lives in host memory (a host-side weight) for :meth:`StorageTracker.track`."""
+    _HOST_TENSORS[tensor.untyped_storage()] = True
+
+
+def is_host_tensor(tensor: torch.Tensor) -> bool:
+    return tensor.untyped_storage() in _HOST_TENSORS
 
 
 class StorageTracker(TorchDispatchMode):
@@ -36,6 +69,8 @@ class StorageTracker(TorchDispatchMode):
         self.budget_bytes = budget_bytes
         self.live_bytes = 0  # bytes of storages alive now
         self.peak_bytes = 0  # max of live_bytes since the last reset_peak()
+        self.host_live_bytes = 0  # bytes of host storages alive now (see the module doc)
+        self.host_peak_bytes = 0  # max of host_live_bytes since the last reset_peak()
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> (bytes, weakref)
 
     # -- counting ---------------------------------------------------------------------------
@@ -60,20 +95,37 @@ class StorageTracker(TorchDispatchMode):
             self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
+    def _free_host(self, nbytes: int, _ref: weakref.ref) -> None:
+        self.host_live_bytes -= nbytes
+
+    def _count_host(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
+        for storage, nbytes in storages:
+            ref = weakref.ref(storage, lambda r, n=nbytes: self._free_host(n, r))
+            self._seen[storage] = (nbytes, ref)
+            self.host_live_bytes += nbytes
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
+
     def track(self, tensors: Iterable[torch.Tensor] | torch.Tensor) -> None:
-        """Counts tensors created outside the mode (weights, buffers, loaded optimizer state)."""
+        """Counts tensors created outside the mode (weights, buffers, loaded optimizer state);
+        those marked with :func:`mark_host` count as host memory."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        self._count(self._new_storages(tensors))
+        tensors = list(tensors)
+        self._count_host(self._new_storages(t for t in tensors if is_host_tensor(t)))
+        self._count(self._new_storages(t for t in tensors if not is_host_tensor(t)))
 
     def reset_peak(self) -> None:
         """Starts a new peak window at the current live bytes (e.g. at each training step)."""
         self.peak_bytes = self.live_bytes
+        self.host_peak_bytes = self.host_live_bytes
 
     # -- dispatch ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         new = self._new_storages(tree_leaves(out))
+        if new and in_host_scope():  # host memory: outside the device budget and peak
+            self._count_host(new)
+            return out
         if new and self.budget_bytes is not None:
             wanted = self.live_bytes + sum(n for _, n in new)
             if wanted > self.budget_bytes:

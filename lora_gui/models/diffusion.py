@@ -165,14 +165,17 @@ def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None) 
     return ImageModel(kind, source, unet, vae, encoders, tokenizers, scheduler)
 
 
-def set_attention_backend(unet, backend: str) -> None:
+def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:
     """eager: diffusers' AttnProcessor (materialises the S x S score matrix, 4 bytes x heads x S^2
     per image in fp32); sdpa: AttnProcessor2_0 (torch SDPA, flash/memory-efficient kernels)."""
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
     if dit.is_dit_module(unet):
-        dit.set_dit_attention(unet, backend)
+        dit.set_dit_attention(unet, backend, image_window)
         return
+    if image_window:
+        raise ModelError("image_window: windowed attention over image tokens is for DiT models (SD3 / Flux); "
+                         "set it to 0 for a UNet")
     if backend not in ("eager", "sdpa"):
         raise ModelError(f"attn_backend: {backend!r} is not supported by the image engine (eager, sdpa)")
     unet.set_attn_processor(AttnProcessor() if backend == "eager" else AttnProcessor2_0())

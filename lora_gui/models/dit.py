@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from lora_gui.attention.image_window import image_grid
 from lora_gui.models.text import ModelError
 
 log = logging.getLogger(__name__)
@@ -164,12 +165,13 @@ class FlowMatching:
         sig = sigmas.view(-1, 1, 1, 1)
         noisy = (1.0 - sig) * x0 + sig * noise
         dtype = enc.hidden.dtype
-        if self.kind == "flux":
-            pred = self._flux_forward(transformer, noisy, timesteps, enc, dtype)
-        else:
-            pred = transformer(hidden_states=noisy.to(dtype), timestep=timesteps,
-                               encoder_hidden_states=enc.hidden, pooled_projections=enc.pooled,
-                               return_dict=False)[0]
+        with image_grid(*token_grid(transformer, self.kind, x0.shape[-2:])):  # for windowed attention
+            if self.kind == "flux":
+                pred = self._flux_forward(transformer, noisy, timesteps, enc, dtype)
+            else:
+                pred = transformer(hidden_states=noisy.to(dtype), timestep=timesteps,
+                                   encoder_hidden_states=enc.hidden, pooled_projections=enc.pooled,
+                                   return_dict=False)[0]
         target = noise - x0
         if self.precondition_outputs:
             pred, target = pred.float() * (-sig) + noisy, x0
@@ -194,6 +196,14 @@ class FlowMatching:
                            txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
         f = self.vae_scale_factor
         return FluxPipeline._unpack_latents(pred, h * f, w * f, f)
+
+
+def token_grid(transformer, kind: str, latent_hw: tuple[int, int]) -> tuple[int, int]:
+    """Image tokens (rows, columns) of latents of ``latent_hw``: Flux packs 2 x 2 latent patches,
+    SD3 patchifies by its ``patch_size``."""
+    base = transformer.get_base_model() if hasattr(transformer, "get_base_model") else transformer
+    patch = 2 if kind == "flux" else int(base.config.patch_size)
+    return latent_hw[0] // patch, latent_hw[1] // patch
 
 
 def weighting_for(kind: str, setting: str) -> str:
@@ -270,17 +280,29 @@ def encode_dit_prompts(pipe, kind: str, captions: list[str], device: torch.devic
     return embeds, pooled
 
 
-def set_dit_attention(transformer, backend: str) -> None:
+def set_dit_attention(transformer, backend: str, image_window: int = 0) -> None:
     """sdpa: the model's own processors (torch SDPA: flash / memory-efficient kernels, no S x S
     matrix kept). eager: the same processors run under torch's math SDPA backend, which
     materialises the (tokens x tokens) scores and probabilities per head, as eager attention does.
+    ``image_window`` > 0: image tokens attend to their (2 r + 1)^2 neighbourhood of image tokens
+    and to every text token (:mod:`lora_gui.attention.image_window`), in the training loss.
     """
-    if backend == "sdpa":
-        return
-    if backend != "eager":
+    if backend not in ("sdpa", "eager"):
         raise ModelError(f"attn_backend: {backend!r} is not supported by the image engine (eager, sdpa)")
-    processors = transformer.attn_processors
-    transformer.set_attn_processor({name: MathAttention(p) for name, p in processors.items()})
+    wrap: list = []
+    if backend == "eager":
+        wrap.append(MathAttention)
+    if image_window:
+        from lora_gui.attention.image_window import WindowedImageAttention
+
+        text_first = type(transformer).__name__ == DIT_TRANSFORMERS["flux"]  # Flux: [text, image]
+        wrap.append(lambda p: WindowedImageAttention(p, image_window, text_first))
+    if not wrap:
+        return
+    processors = dict(transformer.attn_processors)
+    for make in wrap:
+        processors = {name: make(p) for name, p in processors.items()}
+    transformer.set_attn_processor(processors)
 
 
 class MathAttention:

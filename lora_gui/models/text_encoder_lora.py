@@ -127,10 +127,17 @@ def training_bytes(model, cfg: RunConfig, batch_size: int, dtype: torch.dtype, d
     already counts as resident."""
     if not trains(model):
         return 0
+    return encoders_training_bytes(model.text_encoders, cfg, batch_size, dtype, device)
+
+
+def encoders_training_bytes(encoders: list, cfg: RunConfig, batch_size: int, dtype: torch.dtype,
+                            device: str) -> int:
+    """:func:`training_bytes` of CLIP text encoders given as modules (loaded, or built on the
+    meta device from their configs: only ``type(encoder)`` and ``encoder.config`` are read)."""
     from lora_gui.memory.trace import _attach_lora, _trace
 
     total = 0
-    for encoder in model.text_encoders:
+    for encoder in encoders:
         with torch.device("meta"):
             meta = type(encoder)(encoder.config)
         torch.nn.Module.to(meta, dtype)

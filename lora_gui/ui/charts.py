@@ -12,78 +12,119 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from _plotly_utils.utils import is_homogeneous_array, is_skipped_key, to_typed_array_spec
+from plotly.io.json import to_json_plotly
 
-from lora_gui.ui.series import downsample, ema
+from lora_gui.ui.history import HISTORY, SmoothedSeries, column
+from lora_gui.ui.series import downsample
 
 MIB = 2**20
-MAX_RECORDS = 2000  # points per throughput curve (see series.MAX_POINTS)
+
+
+class _Figure(go.Figure):
+    """A go.Figure whose ``to_json()`` (what gradio sends the page every tick) writes the figure
+    as it is, without plotly's deep copy of the whole figure and its ~7 kB default template
+    (~10 ms a figure); the JSON is the same (tested). Other calls go to plotly's own."""
+
+    def to_json(self, *args: Any, **kwargs: Any) -> str:
+        if args or kwargs:
+            return super().to_json(*args, **kwargs)
+        data = [{key: _typed(value) for key, value in trace.items() if key != "uid"} for trace in self._data]
+        return to_json_plotly({"data": data, "layout": self._layout})
+
+
+def _typed(value: Any) -> Any:
+    """Numeric arrays as plotly's typed-array spec (base64), as plotly's own to_json sends them."""
+    if isinstance(value, dict):
+        return {k: v if is_skipped_key(k) else _typed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_typed(v) for v in value]
+    return to_typed_array_spec(value) if is_homogeneous_array(value) else value
+
+
+def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """A figure from plain trace and layout dicts, built without plotly's per-property validation
+    (the builders below are unit-tested; validation cost ~3 ms a figure on every timer tick)."""
+    return _Figure({"data": traces, "layout": layout}, _validate=False)
+
+
+def _ranked_lines(records: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """Several processes: one line per GPU besides the step peak (short runs: no downsampling)."""
+    ranks = max((len(r.get("peak_bytes_by_rank", ())) for r in records[-1:] + records[:1]), default=0)
+    lines = []
+    for rank in range(ranks if ranks > 1 else 0):
+        rows = [r for r in records if len(r.get("peak_bytes_by_rank", ())) > rank]
+        lines.append({"type": "scatter", "x": np.array([r["step"] for r in rows], float),
+                      "y": np.array([r["peak_bytes_by_rank"][rank] / MIB for r in rows]),
+                      "mode": "lines", "name": f"{_device_name(source)} {rank} ({source})"})
+    return lines
+
+
+def _steps(records: list[dict[str, Any]]) -> np.ndarray:
+    return column(records, "step")
 
 
 def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None,
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
     """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines."""
-    steps, peaks = downsample([r["step"] for r in records], [r["peak_bytes"] / MIB for r in records])
+    steps, peaks, _ = HISTORY.points("step peak", records,
+                                     lambda new: (_steps(new), column(new, "peak_bytes", MIB)))
     source = records[-1]["memory_source"] if records else "no data yet"
-    fig = go.Figure(go.Scatter(x=steps, y=peaks, mode="lines+markers", name=f"step peak ({source})"))
-    ranks = max((len(r.get("peak_bytes_by_rank", ())) for r in records), default=0)
-    for rank in range(ranks if ranks > 1 else 0):  # several processes: one line per GPU as well
-        rows = [r for r in records if len(r.get("peak_bytes_by_rank", ())) > rank]
-        ys = [r["peak_bytes_by_rank"][rank] / MIB for r in rows]
-        fig.add_trace(go.Scatter(x=[r["step"] for r in rows], y=ys, mode="lines",
-                                 name=f"{_device_name(source)} {rank} ({source})"))
-    shapes = []  # layout shapes: add_hline re-validates the whole figure (slow on long runs)
-    if budget_bytes:
-        label = "budget (simulated VRAM)" if simulated_budget else "budget"
-        shapes.append(_hline(budget_bytes / MIB, "red", "dash"))
-        fig.add_trace(go.Scatter(x=steps[:1] if len(steps) else [0], y=[budget_bytes / MIB], mode="lines",
-                                 line={"color": "red", "dash": "dash"}, name=label))
-    if predicted_bytes:
-        shapes.append(_hline(predicted_bytes / MIB, "green", "dot"))
-        fig.add_trace(go.Scatter(x=steps[:1] if len(steps) else [0], y=[predicted_bytes / MIB],
-                                 mode="lines", line={"color": "green", "dash": "dot"},
-                                 name="predicted peak"))
-    fig.update_layout(shapes=shapes)
-    fig.update_layout(title="Memory per step", xaxis_title="step", yaxis_title=f"MiB ({source})",
-                      height=320, margin={"l": 50, "r": 20, "t": 40, "b": 40})
-    return fig
+    traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": "lines+markers",
+               "name": f"step peak ({source})"}, *_ranked_lines(records, source)]
+    shapes = []  # layout shapes draw across the whole axis; a one-point trace names each in the legend
+    first = [steps[0] if len(steps) else 0]
+    for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget
+                                       else "budget", "red", "dash"),
+                                      (predicted_bytes, "predicted peak", "green", "dot")):
+        if value:
+            shapes.append(_hline(value / MIB, color, dash))
+            traces.append({"type": "scatter", "x": first, "y": [value / MIB], "mode": "lines",
+                           "line": {"color": color, "dash": dash}, "name": label})
+    return _figure(traces, {"shapes": shapes, "title": {"text": "Memory per step"},
+                            "xaxis": {"title": {"text": "step"}},
+                            "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
+                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
 
 
 def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Figure:
     """Train loss per step: the raw curve faint and its EMA (``smoothing`` weight, 0 = off) on
     top; long histories downsampled (the EMA is computed on every step first)."""
-    steps = [r["step"] for r in records]
-    losses = [r["loss"] for r in records]
-    xs, raw = downsample(steps, losses)
-    fig = go.Figure(go.Scatter(x=xs, y=raw, mode="lines", name="train loss",
-                               opacity=0.3 if smoothing else 1.0))
+    def losses(new: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        return _steps(new), column(new, "loss")
+
+    xs, raw, _ = HISTORY.points("loss", records, losses)
+    traces = [{"type": "scatter", "x": xs, "y": raw, "mode": "lines", "name": "train loss",
+               "opacity": 0.3 if smoothing else 1.0}]
     if smoothing and records:
-        xs, smooth = downsample(steps, ema(losses, smoothing))
-        fig.add_trace(go.Scatter(x=xs, y=smooth, mode="lines", name=f"EMA {smoothing:g}"))
-    fig.update_layout(title="Loss", xaxis_title="step", yaxis_title="loss", height=320,
-                      margin={"l": 50, "r": 20, "t": 40, "b": 40})
-    return fig
+        xs, smooth, _ = HISTORY.points(f"loss ema {smoothing}", records, losses,
+                                       lambda: SmoothedSeries(smoothing))
+        traces.append({"type": "scatter", "x": xs, "y": smooth, "mode": "lines",
+                       "name": f"EMA {smoothing:g}"})
+    return _figure(traces, {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
+                            "yaxis": {"title": {"text": "loss"}}, "height": 320,
+                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
 
 
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
     """Real (non-padding) tokens/s and padding efficiency per step (image runs: images/s)."""
-    if len(records) > MAX_RECORDS:  # every n-th step: throughput is a trend, not a peak
-        records = records[:: -(-len(records) // MAX_RECORDS)]
-    steps = np.array([r["step"] for r in records])
+    margin = {"l": 50, "r": 50, "t": 40, "b": 40}
     if records and "images_per_s" in records[0]:
-        fig = go.Figure(go.Scatter(x=steps, y=np.array([r["images_per_s"] for r in records]),
-                                   name="images/s"))
-        fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="images/s", height=320,
-                          margin={"l": 50, "r": 50, "t": 40, "b": 40})
-        return fig
-    fig = go.Figure(go.Scatter(x=steps, y=np.array([r["tokens_per_s"] for r in records]),
-                               name="real tokens/s"))
-    fig.add_trace(go.Scatter(x=steps, y=np.array([r["real_tokens"] / r["padded_tokens"] for r in records]),
-                             name="padding efficiency", yaxis="y2"))
-    fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="real tokens/s",
-                      yaxis2={"title": "real / padded", "overlaying": "y", "side": "right",
-                              "range": [0, 1.05]}, height=320,
-                      margin={"l": 50, "r": 50, "t": 40, "b": 40})
-    return fig
+        xs, ys, _ = HISTORY.points("images/s", records,
+                                   lambda new: (_steps(new), column(new, "images_per_s")))
+        return _figure([{"type": "scatter", "x": xs, "y": ys, "name": "images/s"}],
+                       {"title": {"text": "Throughput"}, "xaxis": {"title": {"text": "step"}},
+                        "yaxis": {"title": {"text": "images/s"}}, "height": 320, "margin": margin})
+    xs, ys, _ = HISTORY.points("tokens/s", records, lambda new: (_steps(new), column(new, "tokens_per_s")))
+    ex, ey, _ = HISTORY.points("padding efficiency", records, lambda new: (
+        _steps(new), column(new, "real_tokens") / np.maximum(column(new, "padded_tokens"), 1)))
+    traces = [{"type": "scatter", "x": xs, "y": ys, "name": "real tokens/s"},
+              {"type": "scatter", "x": ex, "y": ey, "name": "padding efficiency", "yaxis": "y2"}]
+    return _figure(traces, {"title": {"text": "Throughput"}, "xaxis": {"title": {"text": "step"}},
+                            "yaxis": {"title": {"text": "real tokens/s"}},
+                            "yaxis2": {"title": {"text": "real / padded"}, "overlaying": "y",
+                                       "side": "right", "range": [0, 1.05]},
+                            "height": 320, "margin": margin})
 
 
 BREAKDOWN_ORDER = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations",
@@ -121,28 +162,10 @@ SAMPLE_SOURCES = (("cuda_allocator_allocated_bytes", "cuda_allocator"), ("tracke
                   ("rss_bytes", "rss"))
 
 
-def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float]],
-                    budget_bytes: int | None = None, predicted_bytes: int | None = None,
-                    simulated_budget: bool = True) -> go.Figure:
-    """Memory over time (MiB, its source named) with budget and predicted-peak lines and the
-    run's phases shaded. Uses the best source the samples have (CUDA allocator, tracker, RSS)."""
-    key, source = next(((k, s) for k, s in SAMPLE_SOURCES if samples and k in samples[0]),
-                       ("tracker_live_bytes", "no data yet"))
-    start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
-    n = len(samples)  # one pass per column with numpy: a 10-hour run at 2 Hz has 72,000 samples
-    xs = np.fromiter((s["time"] for s in samples), float, n) - start
-    ys = np.fromiter((s.get(key, 0) for s in samples), float, n) / MIB
-    groups = [("", np.ones(n, dtype=bool))]
-    if samples and any("rank" in s for s in (samples[0], samples[-1])):  # a launched run: per GPU
-        ranks = np.fromiter((s.get("rank", -1) for s in samples), int, n)
-        groups = [(f"{_device_name(source)} {r} ", ranks == r) for r in sorted(set(ranks.tolist()) - {-1})]
-    fig = go.Figure()
-    for label, mask in groups:  # one line per GPU (process) of a launched run
-        gx, gy = downsample(xs[mask], ys[mask])
-        fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines+markers", marker={"size": 3},
-                                 name=f"{label}live memory ({source})"))
-    end = float(xs[-1]) if n else 1.0
-    shapes, notes = [], []  # layout shapes: add_vrect re-validates the whole figure (slow)
+def _phase_shading(phases: list[tuple[str, float]], start: float, end: float,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rectangles, labels) of the run's phases on a time axis starting at ``start``."""
+    shapes, notes = [], []
     for (name, t0), nxt in zip(phases, [*phases[1:], None]):
         if name == "done":
             continue
@@ -152,16 +175,47 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
                        "opacity": 0.35, "line": {"width": 0}, "layer": "below"})
         notes.append({"x": x0, "y": 1, "xref": "x", "yref": "paper", "text": name, "showarrow": False,
                       "xanchor": "left", "yanchor": "top"})
-    fig.update_layout(shapes=shapes, annotations=notes)
+    return shapes, notes
+
+
+def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start: float,
+                    ) -> tuple[list[dict[str, Any]], float]:
+    """The live-memory line (one per GPU of a launched run) and the last time on the axis."""
+    def line(xs: np.ndarray, ys: np.ndarray, label: str) -> dict[str, Any]:
+        return {"type": "scatter", "x": xs, "y": ys, "mode": "lines+markers", "marker": {"size": 3},
+                "name": f"{label}live memory ({source})"}
+
+    if not (samples and any("rank" in s for s in (samples[0], samples[-1]))):
+        xs, ys, last = HISTORY.points(f"timeline {key}", samples,
+                                      lambda new: (column(new, "time"), column(new, key, MIB)))
+        return [line(xs - start, ys, "")], (last - start if last is not None else 1.0)
+    xs, ys = column(samples, "time") - start, column(samples, key, MIB)  # a launched run: per GPU
+    ranks = column(samples, "rank", default=-1).astype(int)
+    lines = [line(*downsample(xs[ranks == r], ys[ranks == r]), f"{_device_name(source)} {r} ")
+             for r in sorted(set(ranks.tolist()) - {-1})]
+    return lines, float(xs[-1])
+
+
+def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float]],
+                    budget_bytes: int | None = None, predicted_bytes: int | None = None,
+                    simulated_budget: bool = True) -> go.Figure:
+    """Memory over time (MiB, its source named) with budget and predicted-peak lines and the
+    run's phases shaded. Uses the best source the samples have (CUDA allocator, tracker, RSS)."""
+    key, source = next(((k, s) for k, s in SAMPLE_SOURCES if samples and k in samples[0]),
+                       ("tracker_live_bytes", "no data yet"))
+    start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
+    traces, end = _timeline_lines(samples, key, source, start) if samples else ([], 1.0)
+    shapes, notes = _phase_shading(phases, start, end)
     for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget else
                                        "budget", "red", "dash"), (predicted_bytes, "predicted peak",
                                                                   "green", "dot")):
         if value:
-            fig.add_trace(go.Scatter(x=[0, max(end, 1.0)], y=[value / MIB] * 2, mode="lines", name=label,
-                                     line={"color": color, "dash": dash}))
-    fig.update_layout(title="Memory over time", xaxis_title="seconds", yaxis_title=f"MiB ({source})",
-                      height=320, margin={"l": 50, "r": 20, "t": 40, "b": 40})
-    return fig
+            traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / MIB] * 2,
+                           "mode": "lines", "name": label, "line": {"color": color, "dash": dash}})
+    return _figure(traces, {"shapes": shapes, "annotations": notes, "title": {"text": "Memory over time"},
+                            "xaxis": {"title": {"text": "seconds"}},
+                            "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
+                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
 
 
 # -- comparison: rows of compare.json ------------------------------------------------

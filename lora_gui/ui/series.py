@@ -25,6 +25,16 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
     return out
 
 
+def bucket_size(n: int, max_points: int = MAX_POINTS) -> int:
+    """Samples per min-max bucket for ``n`` samples: the smallest power of two that makes at
+    most ``max_points // 2`` buckets (a power of two, so a growing history can double it by
+    merging pairs of buckets: see lora_gui.ui.history)."""
+    size, most = 1, max(1, max_points // 2)
+    while -(-n // size) > most:
+        size *= 2
+    return size
+
+
 def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS,
                ) -> tuple[np.ndarray, np.ndarray]:
     """At most ``max_points`` points that keep every bucket's lowest and highest value in time
@@ -34,12 +44,13 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_P
     n = len(x)
     if n <= max_points:
         return x, y
-    size = -(-n // max(1, max_points // 2))  # samples per bucket
-    buckets = -(-n // size)
-    padded = np.full(buckets * size, np.nan)
-    padded[:n] = y
-    grid = padded.reshape(buckets, size)
-    base = np.arange(buckets) * size
-    lo, hi = base + np.nanargmin(grid, axis=1), base + np.nanargmax(grid, axis=1)
-    keep = np.unique(np.concatenate([lo, hi]))  # sorted: time order, a flat bucket kept once
+    size = bucket_size(n, max_points)
+    full = n // size
+    grid = y[:full * size].reshape(full, size)
+    base = np.arange(full) * size
+    keep = [base + grid.argmin(axis=1), base + grid.argmax(axis=1)]
+    if n > full * size:  # the last, unfinished bucket
+        tail = y[full * size:]
+        keep.append(np.array([full * size + tail.argmin(), full * size + tail.argmax()]))
+    keep = np.unique(np.concatenate(keep))  # sorted: time order, a flat bucket kept once
     return x[keep], y[keep]

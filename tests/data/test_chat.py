@@ -169,6 +169,31 @@ def test_json_list_errors_name_the_line(tmp_path):
         read_data(path)
 
 
+@pytest.mark.parametrize("content,message", [
+    ("label,text\n1,hello\n2\n", "a.csv:3: this row has no value for 'text': it has 1 cell where the "
+                                 "header names 2 columns (label, text)"),
+    ('prompt,response\nhi,"hello\nthere"\nbye\n', "a.csv:4: this row has no value for 'response'"),
+    ("instruction,input,output\nAdd,1 and 2\n", "a.csv:2: this row has no value for 'output'"),
+])
+def test_csv_row_short_of_cells_names_file_line_and_column(tmp_path, content, message):
+    path = tmp_path / "a.csv"
+    path.write_text(content)
+    with pytest.raises(DataError) as err:
+        read_data(path)
+    assert message in str(err.value).replace(str(tmp_path) + "/", "")
+    assert "NoneType" not in str(err.value)
+
+
+def test_csv_empty_cell_is_an_empty_value_and_a_table_null_is_named(tmp_path):
+    path = tmp_path / "a.csv"
+    path.write_text("label,text\n1,hello\n2,\n")  # an empty cell: the empty document is dropped
+    assert [d.text for d in read_data(path)[1]] == ["hello"]
+    table = _write(tmp_path / "t.parquet", [{"prompt": "Hi", "response": "Hello"},
+                                            {"prompt": "Bye", "response": None}])
+    with pytest.raises(DataError, match=r"t.parquet: row 2: no value for 'response'"):
+        read_data(table)
+
+
 def test_template_rejection_carries_its_message_and_line(builtin_model_dir, tmp_path):
     tok = tokenizer_with(builtin_model_dir, "mistral")
     path = _write(tmp_path / "a.jsonl", [CONV, {"messages": TWO_TURNS}])

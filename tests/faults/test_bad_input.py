@@ -36,7 +36,8 @@ TEXT_FILES = {  # name: (file name, content, what the message must name)
     "jsonl not an object": ("list.jsonl", '{"text": "ok"}\n[1, 2]\n', "list.jsonl:2: expected a JSON object"),
     "jsonl without text": ("notext.jsonl", '{"text": "ok"}\n{"oops": 1}\n', "notext.jsonl:2"),
     "csv without text column": ("cols.csv", "body\nhello\n", "cols.csv:2: cannot tell the data format"),
-    "csv row without text": ("hole.csv", "label,text\n1,hello\n2\n", "hole.csv:3: 'text'"),
+    "csv row without text": ("hole.csv", "label,text\n1,hello\n2\n",
+                             "hole.csv:3: this row has no value for 'text'"),
     "unsupported extension": ("paper.pdf", "%PDF-1.4", "unsupported extension '.pdf'"),
 }
 

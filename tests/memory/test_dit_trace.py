@@ -91,3 +91,27 @@ def test_plan_cli_for_a_dit_pipeline_folder(tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is True
+    # the caching pass (transformer + the folder's own VAE and CLIP / T5 encoders + VAE activations)
+    assert main(["plan", "--preset", "image-1024", "--set", f"model={path}", "--set", "text_max_length=16",
+                 "--budget-gb", "0.05", "--json"]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["fits"] is False and "encoding the pictures" in tight["message"]
+    assert tight["peak_bytes"] > tight["traced_peak_bytes"] > 0  # the pass is above the tiny step
+
+
+def test_a_cached_gpu_run_encodes_without_the_transformer_on_the_card():
+    from types import SimpleNamespace
+
+    from lora_gui.config import RunConfig
+    from lora_gui.memory.dit_plan import encoding_pass_bytes
+
+    transformer = 23 * 2**30  # Flux.1-dev's 12B in bf16, as a step's breakdown would say
+    step = SimpleNamespace(breakdown={"frozen_weights": transformer, "lora_params": 2**20},
+                           cuda_overheads={"cuda_context": 500 * 2**20}, device="cuda")
+    cfg = {mode: RunConfig(task="image", model="flux.1-dev", resolution=256, cache_latents=mode)
+           for mode in ("ram", "off")}
+    cached, uncached = (encoding_pass_bytes(cfg[m], "flux", step, (256, 256), torch.bfloat16)
+                        for m in ("ram", "off"))
+    assert uncached - cached == transformer + 2**20  # every step encodes: the transformer is there
+    on_cpu = SimpleNamespace(**{**vars(step), "device": "cpu"})  # the host is the device
+    assert encoding_pass_bytes(cfg["ram"], "flux", on_cpu, (256, 256), torch.bfloat16) == uncached

@@ -87,3 +87,29 @@ def test_refused_with_cached_embeddings_and_for_dit_models():
     text_encoder_lora.check(cfg, "sdxl")
     with pytest.raises(ConfigError, match="SD 1.x / SDXL"):
         text_encoder_lora.check(cfg, "flux")
+
+
+
+@pytest.mark.slow
+def test_plan_counts_the_text_encoder_lora_and_the_resident_encoders():
+    """`plan` for an image run: the encoders' LoRA step (as the run's own prediction adds it)
+    and, without a latent cache, the VAE and text encoders that stay on the device."""
+    from lora_gui.engine.run_prediction import _pipeline_sizes
+    from lora_gui.memory.estimate import estimate_unet_step
+    from lora_gui.memory.image_run_plan import plan_image_run, unet_config_for
+
+    cfg = load_config("image-512", {"cache_latents": "off", "batch_size": 2, "precision": "fp32",
+                                    "train_text_encoder": True})
+    plan, step, _ = plan_image_run(cfg, 8 * 10**9, "cpu")
+    lora, resident = step.info["text_encoder_lora_bytes"], step.info["resident_encoder_bytes"]
+    assert resident == _pipeline_sizes(resolve_pipeline_source("builtin"), torch.float32)[1] > 0
+    assert lora > 0
+    assert step.peak_bytes == step.traced_peak_bytes + resident + lora  # cpu: no CUDA overheads
+    kw = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": False, "dtype": torch.float32,
+          "device": "cpu"}
+    for b in plan.buckets:  # every bucket's peak carries both
+        unet_only = estimate_unet_step(unet_config_for(cfg), batch_size=b.micro_batch, resolution=b.bucket,
+                                       **kw)
+        assert b.peak_bytes == unet_only.peak_bytes + resident + lora
+    with pytest.raises(ConfigError, match="cache_latents=off"):
+        plan_image_run(load_config("image-512", {"train_text_encoder": True}), 8 * 10**9, "cpu")

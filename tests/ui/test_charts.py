@@ -57,6 +57,20 @@ def test_memory_timeline_prefers_the_cuda_allocator():
 
 
 
+def test_tick_figures_send_the_json_plotly_itself_would():
+    import json
+
+    import plotly.graph_objects as go
+
+    records = [{**rec(i + 1, (i + 1) * 2**20, 4.0 - i / 1000)} for i in range(3000)]  # downsampled
+    samples = [{"time": float(i), "tracker_live_bytes": i * 2**20} for i in range(3000)]
+    for fig in (charts.memory_figure(records, 8 * 2**20, 4 * 2**20), charts.loss_figure(records, 0.9),
+                charts.throughput_figure(records),
+                charts.memory_timeline(samples, [("training", 0.0)], 2**30)):
+        assert json.loads(fig.to_json()) == json.loads(go.Figure.to_json(fig))
+        assert len(fig.data[0].x) <= 2000
+
+
 def test_compare_bars_show_the_saving_and_oom(compare_rows):
     fig = charts.compare_bars(compare_rows, "memory", "full")
     by = {t.name: t for t in fig.data}

@@ -91,9 +91,15 @@ def test_measure_runs_as_a_job_and_rows_persist(root, monkeypatch):
     while common.MANAGER.job.running and time.time() < deadline:
         time.sleep(0.05)
     assert common.MANAGER.job.status == "completed" and common.MANAGER.job.kind == "compare"
-    status, bars, lines, table = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")
+    status, bars, lines, table, seen = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")
     assert "completed" in status and "1/3 rows" in status
-    assert any(row[0] == "traditional" and row[5] == 5.0 and row[6] == "tracker" for row in table)
+    # the measured line comes first: the page draws a long table's first rows only
+    assert table[0][:3] == ["traditional", 512, "ok"] and table[0][5] == 5.0 and table[0][6] == "tracker"
+    assert all(row[2] == "predicted" for row in table[1:])
+    again = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp", seen)  # nothing new
+    assert again[-1] == seen and all(part == {"__type__": "update"} for part in again[:4])
+    other_page = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp", None)
+    assert other_page[3] == table  # another (or a reloaded) page still gets the rows
     assert handle.saved_comparisons() == ["cmp"]
     message, *_ = handle.load_saved("cmp")
     assert message.startswith("1 rows") and "tracker" in message
@@ -110,3 +116,21 @@ def test_load_saved_draws_measured_rows(root, compare_rows):
     (root / "cmp" / "compare.json").write_text(json.dumps({"settings": {}, "rows": compare_rows}))
     message, bars, lines, table = handle.load_saved("cmp")
     assert "tracker" in message and [t.name for t in bars.data][0] == "traditional" and table
+
+
+def test_quick_comparison_uses_the_idle_cores_and_restores_torch_threads(monkeypatch):
+    import os
+
+    import torch
+
+    from lora_gui.engine.compare.quick import cpu_threads_for_load
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # every core busy elsewhere
+    with cpu_threads_for_load() as threads:
+        assert threads == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # idle: torch's own choice
+    with cpu_threads_for_load() as threads:
+        assert threads == before == torch.get_num_threads()

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 LATEST = "latest"
@@ -60,6 +59,8 @@ def lora_state_dict(model) -> dict[str, torch.Tensor]:
     """The adapter's tensors in peft's naming, read from the trainable parameters only (under
     FSDP the full ``model.state_dict()`` would touch every sharded frozen weight)."""
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    from peft import get_peft_model_state_dict  # peft loads transformers: ~6 s, only when saving
+
     return get_peft_model_state_dict(model, state_dict=trainable)
 
 
@@ -118,5 +119,7 @@ def restore_training_state(contents: dict[str, Any], optimizer, scheduler) -> di
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
     """Restores adapter, optimizer, scheduler and RNG state; returns the trainer state."""
     contents = read_checkpoint(path)
+    from peft import set_peft_model_state_dict
+
     set_peft_model_state_dict(model, contents["adapter"])
     return restore_training_state(contents, optimizer, scheduler)

@@ -52,6 +52,13 @@ def choose_precision(requested: str, device: torch.device,
         return requested
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if probe_step is not None and cpu_bf16_speedup(probe_step) >= CPU_BF16_MIN_SPEEDUP:
-        return "bf16"
-    return "no"
+    if probe_step is None or not cpu_may_run_bf16_fast():
+        return "no"
+    return "bf16" if cpu_bf16_speedup(probe_step) >= CPU_BF16_MIN_SPEEDUP else "no"
+
+
+def cpu_may_run_bf16_fast() -> bool:
+    """False where torch's CPU kernels top out at AVX2: x86 without AVX-512 has no bf16 dot
+    products, so bf16 is emulated and never twice as fast; timing it would cost the run ~5 s of
+    CPU for nothing. Elsewhere (AVX-512, ARM) only a timing can tell."""
+    return torch.backends.cpu.get_cpu_capability() != "AVX2"

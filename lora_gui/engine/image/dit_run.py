@@ -32,6 +32,18 @@ def image_tokens(bucket: tuple[int, int], factor: int) -> int:
     return (bucket[0] // factor) * (bucket[1] // factor)
 
 
+def traced_area(bucket: tuple[int, int], factor: int, image_window: int) -> int:
+    """Pixels the step's memory grows with: the bucket's, or with windowed image attention the
+    bucket rounded up to whole tiles of image tokens (a 36 x 28 token picture holds 5 x 4 tiles of
+    8 x 8, as many scores as 40 x 32 tokens), so the largest micro-batch is found by its tiles."""
+    if not image_window:
+        return bucket[0] * bucket[1]
+    from lora_gui.attention.image_window import DEFAULT_TILE
+
+    side = DEFAULT_TILE * factor  # px per tile side
+    return math.ceil(bucket[0] / side) * side * math.ceil(bucket[1] / side) * side
+
+
 def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: torch.device,
                     weights_dtype: torch.dtype, world_size: int = 1,
                     ram_budget: int | None = None) -> tuple[BatchCaps, int | None]:
@@ -64,7 +76,8 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
     resident = 0 if cache != "off" else sum(
         p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens}
+            "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens,
+            "image_window": cfg.image_window}
     caps = BatchCaps()
     if cfg.resolved_image_batch() == "adaptive":
         if budget:
@@ -77,14 +90,50 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
     per_rank = math.ceil(cfg.batch_size / world_size)
     sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
                     math.ceil(data.buckets.count(b) / world_size)) for b in used}
-    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    by_area = lambda b: sizes[b] * b[0] * b[1]  # noqa: E731
+    by_tiles = lambda b: sizes[b] * traced_area(b, factor, cfg.image_window)  # noqa: E731
+    # the largest micro-batch by pixels and, with windowed attention, by whole tiles (which one
+    # holds more depends on the model's width): both are traced, the larger counts
+    worst = {max(used, key=lambda b: (by_area(b), by_tiles(b))),
+             max(used, key=lambda b: (by_tiles(b), by_area(b)))}
     predicted = None
     try:
-        traced = trace_dit_step(config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
-                                target_modules=dit.lora_targets(model.kind, cfg.lora_targets),
-                                lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
-                                weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
-        predicted = traced.peak_bytes + resident
+        traced = max((trace_dit_step(config, batch_size=sizes[b], resolution=(b[1], b[0]),
+                                     target_modules=dit.lora_targets(model.kind, cfg.lora_targets),
+                                     lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
+                                     weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
+                      for b in sorted(worst)), key=lambda t: t.peak_bytes)
+        predicted = run_peak(cfg, model, data, device, traced.peak_bytes + resident)
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
+
+
+def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) -> int:
+    """The run's predicted peak (source: predicted) from its training step's (``step_peak``:
+    the traced step plus the VAE / text encoders when they stay resident): the larger of
+
+    - the step plus what the run holds on the device between steps (on a CPU run, the host is
+      the device: the cached latents / embeddings and the encoded held-out set), and
+    - the encoding pass (caching pass, or each step's encoding with ``cache_latents=off``):
+      the weights on the device then (VAE and text encoders, and the transformer with LoRA
+      unless it joins after the cache: :mod:`lora_gui.engine.image.encode_peak`) plus the held
+      inputs plus the traced transient of encoding the largest picture.
+    """
+    from lora_gui.engine.image.encode_peak import encoding_pass_bytes
+    from lora_gui.memory.encode_trace import held_bytes
+
+    cache = cfg.resolved_cache_latents()
+    conf = dict(model.unet.config)
+    embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
+    held = 0 if device.type == "cuda" else held_bytes(
+        train_buckets=[data.buckets[i] for i in range(len(data.train))], eval_images=len(data.held_out),
+        resolution=cfg.resolution, latent_channels=int(model.vae.config.latent_channels),
+        vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
+        text_width=int(conf.get("joint_attention_dim", 4096)),
+        pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache)
+    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held)
+    if encoding > step_peak + held:
+        log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
+                 "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)
+    return max(step_peak + held, encoding)

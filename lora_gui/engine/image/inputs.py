@@ -63,6 +63,16 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         px, corner = load_pixels(item, bucket)
         pixels.append(px)
         time_ids.append(sdxl_time_ids(item.size[::-1], corner, bucket[::-1]))
+    return encode_pixels(model, pixels, [i.caption for i in items], time_ids, device, sample=sample,
+                         generator=generator)
+
+
+@torch.no_grad()
+def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[str], time_ids: list,
+                  device: torch.device, *, sample: bool,
+                  generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
+    """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
+    this on fake tensors: :mod:`lora_gui.memory.encode_trace`)."""
     batch = torch.stack(pixels).to(device, model.vae.dtype)
     dist = model.vae.encode(batch).latent_dist
     if sample and isinstance(generator, list):
@@ -72,7 +82,7 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         latents = dist.sample(generator) if sample else dist.mode()
     # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
     latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
-    hidden, pooled = encode_prompts(model, [i.caption for i in items], device)
+    hidden, pooled = encode_prompts(model, captions, device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
     return Encoded(latents, hidden, pooled, ids)
 

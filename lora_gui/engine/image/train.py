@@ -58,6 +58,7 @@ from lora_gui.engine.image.data import (  # noqa: F401  (re-exported)
     load_image_data,
     table_batch,
 )
+from lora_gui.engine.image.encode_peak import denoiser_waits_for_cache, encoding_pass_bytes
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -110,6 +111,7 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
             device.type, weights_dtype, world_size)
         predicted += text_encoder_lora.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
                                                       weights_dtype, device.type)
+        predicted = max(predicted, encoding_pass_bytes(cfg, model, data.buckets, device))
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
                       "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
@@ -164,11 +166,12 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)
     text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
-    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend())
+    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
-    for module in (model.unet, model.vae, *model.text_encoders):
-        module.to(device)
+    waits = denoiser_waits_for_cache(cfg.resolved_cache_latents(), device.type)
+    for module in (model.vae, *model.text_encoders, *([] if waits else [model.unet])):
+        module.to(device)  # a waiting denoiser joins after the caching pass (see encode_peak)
     model.unet.train()
     return model, mixed, dtype
 
@@ -212,6 +215,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
     inputs, eval_set, cache = build_inputs(cfg, out, model, data, device, meter, control, dist)
+    model.unet.to(device)  # no-op unless it waited for the cache
     accelerator = new_accelerator(device, mixed)
     per_epoch = len(epoch_plan(cfg, data.buckets, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs

@@ -68,6 +68,7 @@ from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
+from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
 __all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
@@ -272,6 +273,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     accelerator = new_accelerator(device, mixed)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
+                       embeddings_on_host=cfg.embeddings_on_host)  # after checkpointing, before .to()
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
     optimizer, optimizer_name = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad],

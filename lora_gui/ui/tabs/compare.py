@@ -13,6 +13,8 @@ from lora_gui.ui.tabs import compare_handlers as handle
 
 
 def build() -> dict[str, Any]:
+    from lora_gui.engine.compare.quick import QUICK_STEPS
+
     names = common.preset_names()
     default = "text-demo" if "text-demo" in names else names[0]
     gr.Markdown("Traditional training (padding to the full length, eager attention, one fixed batch) "
@@ -35,7 +37,7 @@ def build() -> dict[str, Any]:
         with gr.Row():
             measure_sizes = gr.Textbox(value="512", label="Lengths (text) or resolutions (image) to measure",
                                        elem_id="compare-measure-sizes")
-            steps = gr.Number(value=3, precision=0, label="Steps a row", elem_id="compare-steps")
+            steps = gr.Number(value=QUICK_STEPS, precision=0, label="Steps a row", elem_id="compare-steps")
             out = gr.Textbox(value=handle.default_out(default), label="Saved as (a folder under runs/)",
                              elem_id="compare-out")
         with gr.Row():
@@ -54,6 +56,7 @@ def build() -> dict[str, Any]:
     stop.click(common.MANAGER.stop, None, progress)
     load.click(handle.load_saved, saved, shown)
     saved.focus(lambda: gr.update(choices=handle.saved_comparisons()), None, saved)
+    seen = gr.State(None)  # what this page last drew of the measuring job
     timer = gr.Timer(2.0)
-    timer.tick(handle.progress, [preset, model, sizes, out], [progress, bars, lines, table])
+    timer.tick(handle.progress, [preset, model, sizes, out, seen], [progress, bars, lines, table, seen])
     return {"preset": preset, "model": model, "sizes": sizes, "shown": shown, "instant": handle.instant}

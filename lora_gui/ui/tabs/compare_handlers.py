@@ -42,24 +42,27 @@ def _mib(value: Any) -> float | None:
 
 
 def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[list[Any]]:
-    """One line per mode and size: the prediction next to the measured row when there is one."""
+    """One line per mode and size: the prediction next to the measured row when there is one (a
+    measured row's own: the planner's for this machine and precision, which the run made).
+
+    Measured lines come first, in the order they were measured: the table scrolls (the page
+    draws only its first rows), and a measurement below 36 predicted lines would be missed."""
     def size(r: dict[str, Any]) -> int:
         return r.get("seq_len") or r.get("resolution")
 
     done = {(r["mode"], size(r)): r for r in measured if r.get("question", "memory") == "memory"}
+    beside = {(p["mode"], size(p)): p for p in predicted}
     lines = []
-    for p in predicted:
-        m = done.pop((p["mode"], size(p)), None) or {}
+    for key, m in done.items():
+        p = beside.pop(key, None) or {}
         speed = m.get("real_tokens_per_s") or m.get("images_per_s")
-        lines.append([p["mode"], size(p), m.get("status") or "predicted",
-                      m.get("batch_size") or p["batch_size"], _mib(p.get("peak_bytes")),
-                      _mib(m.get("peak_bytes")), m.get("memory_source") or "predicted",
-                      round(speed, 2) if speed else None, m.get("eval_loss"),
+        lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size") or p.get("batch_size"),
+                      _mib(m.get("predicted_peak_bytes") or p.get("peak_bytes")), _mib(m.get("peak_bytes")),
+                      m.get("memory_source"), round(speed, 2) if speed else None, m.get("eval_loss"),
                       m.get("message") or p.get("message")])
-    for m in done.values():  # measured rows of sizes the prediction does not cover
-        lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size"),
-                      _mib(m.get("predicted_peak_bytes")), _mib(m.get("peak_bytes")),
-                      m.get("memory_source"), None, m.get("eval_loss"), m.get("message")])
+    for p in beside.values():  # sizes and modes nothing measured yet
+        lines.append([p["mode"], size(p), "predicted", p["batch_size"], _mib(p.get("peak_bytes")), None,
+                      "predicted", None, None, p.get("message")])
     return lines
 
 
@@ -126,37 +129,36 @@ def measured_rows(out_name: str) -> list[dict[str, Any]]:
         return []
 
 
-_LAST_TICK: dict[str, Any] = {}
+def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,
+             ) -> tuple[str, Any, Any, list[list[Any]], Any]:
+    """The timer's tick: the measuring job's progress, and the measured rows beside the predicted.
 
-
-def progress(preset: str, model: str, sizes: str, out_name: str) -> tuple[str, Any, Any, list[list[Any]]]:
-    """The timer's tick: the measuring job's progress, and the measured rows beside the predicted."""
+    ``seen`` is this page's own record of what it last drew (a gr.State: every open page, and a
+    reloaded one, gets the rows even when another page has already drawn them); charts are
+    rebuilt only when it changes, so a loaded comparison is left alone meanwhile."""
     import gradio as gr
 
     job = common.MANAGER.job
+    keep = (gr.update(),) * 4
     if job is None or job.kind != "compare":
-        return gr.update(), gr.update(), gr.update(), gr.update()
+        return (*keep, seen)
     measured = measured_rows(job.name)
-    seen = (job.name, job.status, len(measured), preset, model, sizes, out_name)
-    if _LAST_TICK.get("seen") == seen:  # nothing new: leave the charts (a loaded comparison) alone
-        return gr.update(), gr.update(), gr.update(), gr.update()
-    _LAST_TICK["seen"] = seen
-    status = ""
-    if job is not None and job.kind == "compare":
-        total = job.total_steps or 0
-        done = len(measured_rows(job.name))
-        filled = round(20 * min(done, total) / max(total, 1))
-        status = (f"**{job.name}**: {job.status} · `{'█' * filled}{'░' * (20 - filled)}` "
-                  f"{min(done, total)}/{total} rows")
-        if job.error:
-            status += f"\n\nError: {job.error}"
+    now = [job.name, job.status, len(measured), preset, model, sizes, out_name]
+    if seen == now:
+        return (*keep, seen)
+    total = job.total_steps or 0
+    filled = round(20 * min(len(measured), total) / max(total, 1))
+    status = (f"**{job.name}**: {job.status} · `{'█' * filled}{'░' * (20 - filled)}` "
+              f"{min(len(measured), total)}/{total} rows")
+    if job.error:
+        status += f"\n\nError: {job.error}"
     try:
         predicted = predicted_rows(preset, model, sizes)
     except (ValueError, *common.USER_ERRORS):
         predicted = []
     both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
-    return status, charts.compare_bars(predicted + measured, "memory", "full"), charts.mode_lines(both), \
-        table(predicted, measured)
+    return (status, charts.compare_bars(predicted + measured, "memory", "full"), charts.mode_lines(both),
+            table(predicted, measured), now)
 
 
 def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:
@@ -169,4 +171,4 @@ def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:
     memory = [r for r in rows if r["question"] == "memory" and r["data"] == data]
     sources = ", ".join(sorted({str(r.get("memory_source")) for r in rows}))
     return (f"{len(rows)} rows from `{Path(name) / 'compare.json'}` (sources: {sources})",
-            charts.compare_bars(rows, "memory", data), charts.mode_lines(memory), table(memory, memory))
+            charts.compare_bars(rows, "memory", data), charts.mode_lines(memory), table([], memory))

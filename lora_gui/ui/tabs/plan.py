@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from lora_gui.ui import common
+from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import plan_handlers as handlers
 
 
@@ -27,8 +28,11 @@ def build() -> dict[str, gr.components.Component]:
                                    elem_id="plan-quantization")
         optimizer = gr.Dropdown(["auto", "adamw", "adamw8bit", "paged_adamw8bit"], value="auto",
                                 label="Optimizer", elem_id="plan-optimizer")
-    button = gr.Button("Plan", variant="primary", elem_id="plan-button")
+    with gr.Row():
+        button = gr.Button("Plan", variant="primary", elem_id="plan-button")
+        longest = gr.Button("Longest that fits", elem_id="plan-longest")
     message = gr.Markdown(elem_id="plan-message")
+    longest_message = gr.Markdown(elem_id="plan-longest-message")
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
     buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
                                     "predicted peak MiB"], label="Batch per bucket", interactive=False)
@@ -38,4 +42,7 @@ def build() -> dict[str, gr.components.Component]:
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
-    return {"button": button, "chart": chart, "message": message, "preset": preset}
+    longest.click(longest_handlers.plan_tab,
+                  [preset, model, budget, device, checkpointing, quantization, optimizer], longest_message)
+    return {"button": button, "chart": chart, "message": message, "preset": preset,
+            "longest": longest, "longest_message": longest_message}

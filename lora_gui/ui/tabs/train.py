@@ -8,6 +8,7 @@ from typing import Any
 import gradio as gr
 
 from lora_gui.ui import common, forms
+from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import train_handlers as handle
 
 
@@ -60,6 +61,7 @@ def build() -> dict[str, Any]:
         start = gr.Button("Start", variant="primary", elem_id="start")
         stop = gr.Button("Stop", elem_id="stop")
         resume = gr.Button("Resume", elem_id="resume")
+        longest = gr.Button("Longest that fits", elem_id="longest")
     message = gr.Markdown(elem_id="message")
     with gr.Row(visible=False) as confirm:
         overwrite_btn = gr.Button("Overwrite that run", variant="stop", elem_id="confirm-overwrite")
@@ -119,6 +121,16 @@ def build() -> dict[str, Any]:
     cancel_btn.click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
     stop.click(handle.stop, None, message)
 
+    filled = [form.widgets[k] for k in longest_handlers.FILLED if k in form.widgets]
+
+    def fill_longest(data: dict) -> dict:
+        values, text = longest_handlers.fill_form(form.named(data))
+        return {message: text, **{form.widgets[k]: v for k, v in values.items() if k in form.widgets}}
+
+    longest.click(fill_longest, inputs, [message, *filled], concurrency_limit=1,
+                  concurrency_id="plan").then(estimate, inputs, estimate_out).then(
+        plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
+
     def uploaded(path: str | None) -> tuple:
         value, text = handle.use_upload(path)
         return (gr.update() if value is None else value), text
@@ -135,4 +147,5 @@ def build() -> dict[str, Any]:
     timer.tick(handle.sample_gallery, None, gallery)
     return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
             "estimate_out": estimate_out, "panel_out": panel_out, "start": start, "status": status,
-            "message": message, "saved": save_event, "save_message": save_message, "timer": timer}
+            "message": message, "longest": longest, "saved": save_event, "save_message": save_message,
+            "timer": timer}

@@ -1,0 +1,131 @@
+"""Peak memory of an image run's encoding pass (VAE encoder + text encoders, no gradients),
+traced on fake tensors with the run's own modules and code.
+
+An image run encodes pictures in two places: the one-time caching pass (every training image
+once, batch 1, and the held-out images square at the run's resolution) and, with
+``cache_latents=off``, every step. While it encodes, the VAE and the text encoders sit on the
+device beside the transformer / UNet, and the VAE encoder's activations at full pixel
+resolution are alive (a 1024 px picture through a 128-channel first block is 512 MiB per
+float32 tensor): for a small denoiser this pass, not the training step, is the run's peak.
+
+:func:`trace_encode_peak` runs :func:`lora_gui.engine.image.inputs.encode_pixels` (the code
+the run calls) with every weight of the loaded modules swapped for a fake tensor of the same
+shape and dtype (``torch.nn.utils.stateless``), so nothing is computed or allocated, and counts
+the storages it creates with a :class:`~lora_gui.memory.tracker.StorageTracker` (source:
+predicted). :func:`held_bytes` gives what the run keeps on the host between steps (cached
+latents and embeddings, the encoded held-out set), which is device memory when the run trains
+on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
+
+from lora_gui.memory.tracker import StorageTracker
+
+CACHE_BYTES_PER_VALUE = 4  # cached latents and embeddings are kept as float32 (engine/image/inputs.py)
+
+
+def denoiser_waits_for_cache(cache_mode: str, device_type: str) -> bool:
+    """True when the run moves the denoiser (UNet / transformer) to the device only after its
+    caching pass (a GPU run with a latent cache; on a CPU the host is the device anyway)."""
+    return device_type == "cuda" and cache_mode != "off"
+
+
+def module_bytes(modules: Iterable[nn.Module]) -> int:
+    """Bytes of the parameters and buffers of ``modules`` (each storage once)."""
+    seen: dict[int, int] = {}
+    for module in modules:
+        for t in (*module.parameters(), *module.buffers()):
+            seen[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@contextlib.contextmanager
+def _fake_weights(modules: Sequence[nn.Module], mode: FakeTensorMode) -> Iterator[list[torch.Tensor]]:
+    """Swaps every parameter and buffer of ``modules`` for a fake tensor of the same shape,
+    dtype and device for the duration (the real weights are untouched and not copied)."""
+    with contextlib.ExitStack() as stack:
+        fakes: list[torch.Tensor] = []
+        for module in modules:
+            named = {**dict(module.named_parameters(remove_duplicate=False)),
+                     **dict(module.named_buffers(remove_duplicate=False))}
+            swap = {name: mode.from_tensor(t) for name, t in named.items()}
+            stack.enter_context(_reparametrize_module(module, swap, tie_weights=True))
+            fakes += swap.values()
+        yield fakes
+
+
+def trace_encode_peak(model, buckets: Sequence[tuple[int, int]], device: torch.device,
+                      caption: str = "a photo") -> int:
+    """Largest transient bytes of encoding one picture of any of ``buckets`` ((width, height)
+    px) and its caption with the run's VAE and text encoders: pixels, VAE encoder activations,
+    the latent distribution and sample, the prompt embeddings (weights not included).
+
+    Args:
+        model: the run's :class:`~lora_gui.models.diffusion.ImageModel` (VAE and encoders loaded).
+        buckets: picture sizes the pass encodes (training buckets and the held-out square).
+        device: the run's device.
+    """
+    from lora_gui.engine.image.inputs import encode_pixels
+
+    peak = 0
+    modules = [model.vae, *model.text_encoders]
+    largest = max(w * h for w, h in buckets)  # activations scale with the area: trace the largest
+    for w, h in sorted(b for b in set(buckets) if b[0] * b[1] == largest):
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        tracker = StorageTracker()
+        with torch.no_grad(), mode, _fake_weights(modules, mode) as fakes:
+            tracker.track(fakes)  # weights are counted by the caller
+            start = tracker.live_bytes
+            with tracker:
+                pixels = [torch.empty(3, h, w)]  # load_pixels' float32 (3, H, W), on the host
+                time_ids = [[h, w, 0, 0, h, w]]
+                encoded = encode_pixels(model, pixels, [caption], time_ids, device, sample=True)
+                del encoded, pixels
+        peak = max(peak, tracker.peak_bytes - start)
+    return peak
+
+
+def held_bytes(*, train_buckets: Sequence[tuple[int, int]], eval_images: int, resolution: int,
+               latent_channels: int, vae_factor: int, text_tokens: int, text_width: int,
+               pooled: int, embed_dtype: torch.dtype, cache_mode: str) -> int:
+    """Host bytes the run keeps between steps: the encoded held-out set (latents float32, text
+    embeddings in the encoders' dtype) and, with ``cache_latents=ram``, every training image's
+    cached latents and embeddings (float32)."""
+    size = torch.empty((), dtype=embed_dtype).element_size()
+    lat = lambda w, h: latent_channels * (h // vae_factor) * (w // vae_factor) * 4  # noqa: E731
+    held = eval_images * (lat(resolution, resolution) + (text_tokens * text_width + pooled) * size)
+    if cache_mode == "ram":
+        held += sum(lat(w, h) + (text_tokens * text_width + pooled) * CACHE_BYTES_PER_VALUE
+                    for w, h in train_buckets)
+    return held
+
+
+def trace_vae_encode(vae_config: dict, height: int, width: int) -> int:
+    """Transient bytes of encoding one ``height x width`` picture with an AutoencoderKL built from
+    ``vae_config`` (float32, fake tensors; pixels, encoder activations, latent sample), for the
+    planner, which has no loaded VAE."""
+    from diffusers import AutoencoderKL
+
+    from lora_gui.memory.trace import _materialize
+
+    with torch.device("meta"):
+        vae = AutoencoderKL(**vae_config)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    tracker = StorageTracker()
+    with torch.no_grad(), mode:
+        _materialize(vae, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
+        tracker.track([*vae.parameters(), *vae.buffers()])
+        start = tracker.live_bytes
+        with tracker:
+            pixels = [torch.empty(3, height, width)]
+            latents = vae.encode(torch.stack(pixels)).latent_dist.sample()
+            del latents, pixels
+    return tracker.peak_bytes - start

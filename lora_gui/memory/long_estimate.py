@@ -1,0 +1,43 @@
+"""Closed-form terms of the long-context switches for :func:`lora_gui.memory.estimate.estimate_text_step`.
+
+What each switch changes (bytes; ``h`` hidden size, ``d`` weight dtype bytes, ``T`` tokens of
+the micro-batch, ``L`` layers), as :mod:`lora_gui.models.long_context` runs it and the trace
+counts it:
+
+- ``offload_checkpoints``: the ``L`` checkpointed layer inputs (``d*h*T`` each) move to host
+  memory. The device keeps the first layer's input (the embedding output is a leaf that
+  requires grad under checkpointing: autograd holds it) and, while a layer is recomputed, its
+  reloaded input (``d*h*T``). Without inputs to free as the backward walks down, the device
+  peak moves to the last layers' backward, when nearly every LoRA gradient exists.
+- ``mlp_chunk``: the MLP's saved tensors (:func:`estimate._mlp_bytes_per_token`) exist for one
+  chunk of tokens, not ``T``; the MLP input is kept (``d*h*T``, the chunks are views of it).
+- ``embeddings_on_host``: the table (``V*h*d``) leaves the device; host memory also holds the
+  looked-up rows (``d*h*T``) until they are copied to the device.
+"""
+
+from __future__ import annotations
+
+RECOMPUTE_RISE = 1.2  # a recomputed layer's saved bytes plus its backward transients (estimate.py)
+
+
+def long_context_terms(s: dict[str, int], d: int, layer: int, mlp: int, tokens: int, offload: bool,
+                       mlp_chunk: int, embeddings_on_host: bool) -> dict[str, float]:
+    """Per-switch terms: ``layer`` (saved bytes per token of one layer), ``device_inputs``
+    (checkpointed inputs left on the device with offload), ``reloaded`` (bytes per token of the
+    reloaded input), ``inside_fixed`` (bytes of one MLP chunk's recompute and backward),
+    ``grads_at_peak`` (share of the LoRA gradients alive at a backward peak), ``frozen_on_host``
+    and ``host_bytes``."""
+    h, n_layers = s["h"], s["L"]
+    tiled = 0 < mlp_chunk < tokens and mlp > 0
+    table = s["V"] * h * d if embeddings_on_host else 0
+    rows = d * h * tokens if embeddings_on_host else 0
+    offloaded = n_layers * d * h * tokens if offload else 0
+    return {
+        "layer": layer - mlp + d * h if tiled else layer,
+        "inside_fixed": int(RECOMPUTE_RISE * mlp * mlp_chunk) if tiled else 0,
+        "device_inputs": 1,
+        "reloaded": d * h if offload else 0,
+        "grads_at_peak": (n_layers - 1) / n_layers if offload else 0.0,
+        "frozen_on_host": table,
+        "host_bytes": table + max(rows, offloaded),
+    }

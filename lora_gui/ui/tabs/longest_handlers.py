@@ -1,0 +1,69 @@
+""""Longest that fits" for the Plan and Train tabs: the longest max_seq_len under the budget and
+the memory switches it needs (the planner's ``longest_text``; source: predicted)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lora_gui.config import RunConfig
+from lora_gui.memory.meter import GB
+from lora_gui.ui import common, forms
+
+# settings the answer fills in the Train tab's form
+FILLED = ("max_seq_len", "loss_chunk", "gradient_checkpointing", "offload_checkpoints", "mlp_chunk",
+          "embeddings_on_host", "optimizer", "batching")
+
+
+def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any], str]:
+    """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``.
+
+    Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
+    batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
+    from lora_gui.memory.host import host_available_bytes
+    from lora_gui.memory.longest import describe, longest_text
+    from lora_gui.memory.longest_image import longest_image
+
+    if not budget_gb:
+        return {}, "Set a VRAM budget first: the longest length depends on it."
+    try:
+        if cfg.task == "image":
+            res = longest_image(cfg, budget_gb * GB, device)
+            return {}, (f"Image run: largest resolution at batch 1 **{res['largest_resolution']} px**, "
+                        f"largest batch at {res['resolution']} px **{res['batch_at_resolution']}** "
+                        f"(source: {res['source']}, {device})")
+        result = longest_text(cfg, budget_gb * GB, device, host_limit_bytes=host_available_bytes())
+    except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
+        return {}, f"Error: {err}"
+    lines = describe(result)
+    text = f"**{lines[0]}**\n\n" + "\n".join(f"- {line.strip()}" for line in lines[1:])
+    if common.gpu_total_gb() is None and device == "cpu":
+        text += "\n- (simulated budget: no GPU here)"
+    return {"max_seq_len": result.seq_len, **result.switches}, text
+
+
+def fill_form(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The Train tab's button: the form's run at its budget, on the device a run here uses."""
+    from lora_gui.engine.run_prediction import run_device
+
+    cfg, errors = forms.validate(values)
+    if cfg is None:
+        return {}, "Error: fix the settings marked below first: " + "; ".join(errors.values())
+    return answer(cfg, cfg.budget_gb, run_device())
+
+
+def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointing: bool,
+             quantization: str = "none", optimizer: str = "auto") -> str:
+    """The Plan tab's button: the preset with the tab's model and settings."""
+    from lora_gui.config import ConfigError
+    from lora_gui.memory.model_configs import bundled_models, is_dit_config, is_unet_config, load_model_config
+    from lora_gui.presets import load_config
+
+    try:
+        image = model in bundled_models() and (is_unet_config(load_model_config(model))
+                                               or is_dit_config(load_model_config(model)))
+        settings = {"model": model, "gradient_checkpointing": bool(checkpointing), "optimizer": optimizer}
+        settings.update({"task": "image"} if image else {"quantization": quantization})
+        cfg = load_config(preset, settings)
+    except (ConfigError, *common.USER_ERRORS) as err:
+        return f"Error: {err}"
+    return answer(cfg, float(budget_gb or 0), device)[1]
