@@ -26,7 +26,8 @@ BUILTIN_MODEL_DIR = ASSETS / "base-model"
 BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
                 "builtin:finetune": ASSETS / "corpus" / "finetune.txt",
                 "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt",
-                "builtin:chat": ASSETS / "chat" / "demo.jsonl"}  # lora_gui.data.build_chat_demo
+                "builtin:chat": ASSETS / "chat" / "demo.jsonl",  # lora_gui.data.build_chat_demo
+                "builtin:stars": ASSETS / "drawing-stars"}  # image folder (lora_gui.data.drawings)
 BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
@@ -60,7 +61,8 @@ class RunConfig:
     task: str = option("text", "What to train: a causal language model (text) or a diffusion "
                        "model's UNet (image).", "task", choices=("text", "image"))
     model: str = option("builtin", "Base model: 'builtin' (text: bundled 4M-parameter Llama; image: "
-                        "bundled small SD-style pipeline), a Hugging Face id (needs network) or a "
+                        "bundled small SD-style pipeline), 'builtin:drawing' (image: bundled SD3-style "
+                        "pipeline that draws shapes at 64 px), a Hugging Face id (needs network) or a "
                         "local directory saved with save_pretrained (image: SD 1.x, SDXL, SD3 / "
                         "SD3.5 or Flux.1).", "task")
     data: str = option("builtin", "Training data: 'builtin' (text: bundled fine-tune corpus; image: "
@@ -146,8 +148,9 @@ class RunConfig:
     checkpoint_every: int = option(50, "Save a checkpoint every N steps (and always on stop).",
                                    "train", low=1, high=10_000_000)
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
-    resolution: int = option(512, "Image: training resolution in px (512-1536, steps of 64); "
-                             "buckets hold about resolution^2 pixels.", "image", low=512, high=1536)
+    resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
+                             "built-in drawing model draws at 64); buckets hold about resolution^2 "
+                             "pixels.", "image", low=64, high=1536)
     cache_latents: str = option("auto", "Image: encode latents and text embeddings once and keep "
                                 "them in RAM or on disk, freeing the VAE and text encoder from the "
                                 "device; auto picks off (traditional) or ram (optimized).", "image",
@@ -281,7 +284,7 @@ class RunConfig:
             _check_value(f, hints[f.name], getattr(self, f.name))
         if self.resolution % IMAGE_GRID:
             raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
-                              f"(512-1536 in steps of {IMAGE_GRID})")
+                              f"(64-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
         if self.task == "image" and self.quantization != "none":
             raise ConfigError(f"quantization: {self.quantization!r} is for text runs; image runs "

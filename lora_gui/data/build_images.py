@@ -35,13 +35,14 @@ def _star(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
 
 
 def draw(shape: str, colour: str, background: str, size: tuple[int, int], scale: float,
-         rng: random.Random) -> Image.Image:
-    """One picture: ``shape`` in ``colour`` on ``background``, radius ``scale`` x the short side."""
+         rng: random.Random, centre: tuple[float, float] | None = None) -> Image.Image:
+    """One picture: ``shape`` in ``colour`` on ``background``, radius ``scale`` x the short side,
+    at ``centre`` (px) or at a random place where it fits."""
     w, h = size
     img = Image.new("RGB", size, BACKGROUNDS[background])
     pen = ImageDraw.Draw(img)
     r = scale * min(w, h)
-    cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
+    cx, cy = centre or (rng.uniform(r, w - r), rng.uniform(r, h - r))
     fill = COLOURS[colour]
     box = (cx - r, cy - r, cx + r, cy + r)
     if shape == "circle":

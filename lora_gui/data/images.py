@@ -30,7 +30,7 @@ from lora_gui.errors import UserError
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 GRID = 64  # bucket sides are multiples of 64 px (8 latent pixels: UNet down/up-sampling is exact)
-MIN_RESOLUTION, MAX_RESOLUTION = 512, 1536
+MIN_RESOLUTION, MAX_RESOLUTION = 64, 1536
 MAX_UPSCALE = 2.0  # an image needing more than 2x upscaling per side is too small for the run
 
 
@@ -48,7 +48,7 @@ class ImageItem:
 
 
 def check_resolution(resolution: int) -> int:
-    """512-1536 px in steps of 64.
+    """64-1536 px in steps of 64.
 
     Raises:
         ImageDataError: naming the value.

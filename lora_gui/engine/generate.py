@@ -141,12 +141,16 @@ class ImageTrial:
 
     def pictures(self, prompt: str, *, seed: int = 0, scale: float = 1.0, steps: int | None = None):
         """(base, adapter) PIL images from the same prompt and seed; ``scale`` weighs the LoRA."""
+        from lora_gui.engine.image.samples import pipeline_kwargs
+
         size = self.run.cfg.resolution
         common = dict(num_inference_steps=int(steps or self.run.cfg.sample_steps), height=size,
-                      width=size)
+                      width=size, **pipeline_kwargs(self.pipe, self.run.cfg))
+        # SD3 / Flux take the LoRA scale as joint_attention_kwargs, UNet pipelines as cross_attention_kwargs
+        scale_arg = "joint_attention_kwargs" if "max_sequence_length" in common else "cross_attention_kwargs"
         self.pipe.disable_lora()
         base = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)), **common).images[0]
         self.pipe.enable_lora()
         tuned = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)),
-                          cross_attention_kwargs={"scale": float(scale)}, **common).images[0]
+                          **{scale_arg: {"scale": float(scale)}}, **common).images[0]
         return base, tuned

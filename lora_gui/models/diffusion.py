@@ -25,6 +25,7 @@ from lora_gui.models.text import ModelError, check_hub_id
 
 log = logging.getLogger(__name__)
 BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
+BUILTIN_DRAWING_DIR = ASSETS / "drawing-model"  # model=builtin:drawing (lora_gui.models.build_drawing)
 # pipeline class -> kind; other architectures (Kandinsky, PixArt...) are refused by name
 SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
                        **dit.DIT_PIPELINES}
@@ -97,6 +98,11 @@ def resolve_pipeline_source(name: str) -> str:
             raise ModelError(f"model: the built-in diffusion model is missing in {BUILTIN_DIFFUSION_DIR}; "
                              "build it with `python -m lora_gui.models.build_diffusion`")
         return str(BUILTIN_DIFFUSION_DIR)
+    if name == "builtin:drawing":
+        if not (BUILTIN_DRAWING_DIR / "model_index.json").is_file():
+            raise ModelError(f"model: the built-in drawing model is missing in {BUILTIN_DRAWING_DIR}; "
+                             "build it with `python -m lora_gui.models.build_drawing`")
+        return str(BUILTIN_DRAWING_DIR)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "model_index.json").is_file():

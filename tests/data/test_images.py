@@ -107,9 +107,9 @@ def test_images_smaller_than_the_smallest_bucket_are_skipped(tmp_path, caplog):
 
 
 @pytest.mark.parametrize(("value", "message"), [(700, "700 is not a multiple of 64"),
-                                                (448, "448 is out of range"),
+                                                (32, "32 is out of range"),
                                                 (1600, "1600 is out of range")])
-def test_resolution_outside_512_1536_or_off_grid_is_refused(value, message):
+def test_resolution_outside_64_1536_or_off_grid_is_refused(value, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, {"task": "image", "resolution": value})
     with pytest.raises(images.ImageDataError, match=f"{value}"):

@@ -24,6 +24,15 @@ def sample_prompts(data, sample_images: int) -> list[str]:
     return prompts[: sample_images]
 
 
+def pipeline_kwargs(pipe, cfg: RunConfig) -> dict[str, int]:
+    """Extra pipeline arguments a DiT needs to draw as it trained: the run's T5 sequence length
+    (diffusers' pipelines default to 256 / 512 tokens, not what the run used)."""
+    kind = dm.dit.DIT_PIPELINES.get(type(pipe).__name__)
+    if kind is None:
+        return {}
+    return {"max_sequence_length": dm.dit.text_length_for(kind, cfg.text_max_length)}
+
+
 def generate_samples(cfg: RunConfig, source: str, adapter: Path, prompts: list[str], out: Path,
                      device: str) -> list[str]:
     """Loads the pipeline with the adapter (the caller has freed the training model first) and
@@ -35,7 +44,7 @@ def generate_samples(cfg: RunConfig, source: str, adapter: Path, prompts: list[s
     for i, prompt in enumerate(prompts):
         gen = torch.Generator(device="cpu").manual_seed(cfg.seed + i)
         image = pipe(prompt, num_inference_steps=cfg.sample_steps, height=cfg.resolution,
-                     width=cfg.resolution, generator=gen).images[0]
+                     width=cfg.resolution, generator=gen, **pipeline_kwargs(pipe, cfg)).images[0]
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "empty"
         path = folder / f"{i:02d}-{slug}.png"
         image.save(path)

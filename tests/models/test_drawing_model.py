@@ -1,0 +1,70 @@
+"""The bundled drawing pipeline (assets/drawing-model) draws what it is asked, and the image demo
+preset that teaches it a new shape is valid and trains through the engine's DiT path."""
+
+import json
+
+import pytest
+import torch
+
+from lora_gui.data.drawing_detector import detect
+from lora_gui.data.drawings import NEW_SHAPE
+from lora_gui.models import diffusion as dm
+from lora_gui.models.build_drawing import TEXT_TOKENS, all_captions, draw_pictures
+from lora_gui.presets import load_config
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    torch.set_num_threads(1)
+    return dm.load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
+
+
+def test_bundled_drawing_model_is_a_small_sd3_pipeline():
+    folder = dm.BUILTIN_DRAWING_DIR
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusion3Pipeline"
+    assert dm.pipeline_kind(str(folder)) == "sd3"
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert size < 30 * 2**20, f"{size / 2**20:.1f} MiB"
+
+
+def test_a_red_circle_on_a_white_background_gives_one(pipe):
+    pictures = draw_pictures(pipe, ["a red circle on a white background"] * 8, seed=0)
+    seen = [detect(p) for p in pictures]
+    assert pictures[0].size == (64, 64)
+    assert all((d.colour, d.background) == ("red", "white") for d in seen), seen
+    circles = sum(d.shape == "circle" for d in seen)
+    assert circles >= 5, seen  # 6 of these 8 seeds when the model was built (2 read as triangles)
+
+
+def test_colours_and_backgrounds_follow_the_prompt(pipe):
+    prompts = ["a blue square on a black background", "a green triangle on a white background",
+               "a yellow circle on a gray background"]
+    seen = [detect(p) for p in draw_pictures(pipe, prompts, seed=0)]
+    assert [(d.colour, d.background) for d in seen] == [("blue", "black"), ("green", "white"),
+                                                        ("yellow", "gray")], seen
+    assert all(d.shape != "none" for d in seen), seen
+
+
+def test_image_demo_preset_teaches_a_shape_kept_out_of_pretraining():
+    cfg = load_config("image-demo")
+    assert cfg.task == "image" and cfg.resolution == 64 and cfg.text_max_length == TEXT_TOKENS
+    assert dm.pipeline_kind(dm.resolve_pipeline_source(cfg.model)) == "sd3"
+    captions = [p.read_text().strip() for p in cfg.data_path().glob("*.txt")]
+    assert len(captions) >= 16 and all(NEW_SHAPE in c for c in captions)
+    assert not any(NEW_SHAPE in c for c in all_captions())
+
+
+def test_image_demo_trains_a_step_and_samples_through_the_engine(tmp_path):
+    from lora_gui.engine.image.train import train_image
+
+    cfg = load_config("image-demo", {"max_steps": 2, "sample_images": 1, "sample_steps": 2})
+    summary = train_image(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert summary["eval_loss"] is not None and summary["base_eval_loss"] is not None
+    samples = sorted((tmp_path / "run" / "samples").glob("*.png"))
+    assert len(samples) == 1 and "star" in samples[0].name
+    from lora_gui.engine.generate import ImageTrial, open_run
+
+    base, tuned = ImageTrial(open_run(tmp_path / "run")).pictures("a red star on a white background", steps=2)
+    assert base.size == tuned.size == (64, 64)  # the Try tab: LoRA off, then on at its scale
