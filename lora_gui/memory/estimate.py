@@ -204,10 +204,13 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
     temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
     if loss_chunk:  # one chunk's logits, plus the hidden-state gradient kept and then scaled
-        temporaries = 12 * min(tokens, loss_chunk) * s["V"] + 2 * tokens * s["h"] * d
+        # fused loss: a chunk's logits (d bytes), float32 log-probs and their gradient (8 bytes)
+        # (+ 256 bytes a chunk row: targets, masks and gathered log-probs, rounded up)
+        temporaries = ((8 + d) * s["V"] + 256) * min(tokens, loss_chunk) + 2 * tokens * s["h"] * d
     # Backward of one layer frees its saved tensors while it allocates gradients; the net rise
     # above "everything saved" measured with the trace on Llama-family configs is 0.1-0.33 x the
-    # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.2).
+    # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.28:
+    # the Llama-3.1-8B trace, nf4 and bf16, measures 0.276 at 4k-16k tokens, where long runs live).
     # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
     # position per token; 4 used for float32, 2.5 for 16-bit weights).
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
@@ -219,14 +222,15 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     if gradient_checkpointing:
         inputs = long["device_inputs"] if offload_checkpoints else s["L"]  # layer inputs on the device
         base = inputs * d * s["h"] + s["L"] * q["kept_under_checkpointing"] + head_in
-        inside = layer + layer // 5 + int(eager_grad) + long["reloaded"]  # recompute, then backward
+        inside = long.get("inside", layer + layer * 7 // 25) + int(eager_grad) + long["reloaded"]
     else:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
-    if inside * tokens + long["inside_fixed"] + q["transient"] > temporaries:  # peak in a layer's backward
+    grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
+    if inside * tokens + long["inside_fixed"] + q["transient"] + grads > temporaries:  # in a backward
         activations = (base + inside) * tokens + long["inside_fixed"] + q["transient"]
         temporaries = 0
-        params["gradients"] = int(params["lora_params"] * long["grads_at_peak"])
+        params["gradients"] = grads
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
     breakdown = dict.fromkeys(CATEGORIES, 0)
