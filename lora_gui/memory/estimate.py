@@ -125,6 +125,20 @@ def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r:
     return total
 
 
+def _attention_peak_terms(s: dict[str, int], d: int, targets: tuple[str, ...], r: int,
+                          quantization: str) -> tuple[int, float]:
+    """At a peak in a layer's attention backward: the largest attention weight a quantized base
+    dequantizes (bytes), and the share of all LoRA weights that the layer's MLP adapters hold
+    (their gradients exist by then: the MLP's backward ran first)."""
+    from lora_gui.memory.quant import dequant_temporary_bytes
+
+    dims = _linear_dims(s)
+    attention = [dims[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    per_layer = {n: r * (dims[n][0] + dims[n][1]) for n in targets}
+    mlp = sum(v for n, v in per_layer.items() if n in ("gate_proj", "up_proj", "down_proj"))
+    return dequant_temporary_bytes(attention, quantization, d), mlp / max(1, sum(per_layer.values())) / s["L"]
+
+
 def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
     """Korthikanti 2022 per token per layer (16-bit: 34*h; + 5*nh*S for eager attention)."""
     per = 34 * s["h"] * d // 2
@@ -227,8 +241,12 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
     grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
-    if inside * tokens + long["inside_fixed"] + q["transient"] + grads > temporaries:  # in a backward
-        activations = (base + inside) * tokens + long["inside_fixed"] + q["transient"]
+    dequantized = q["transient"]
+    if long.get("attention_peak"):  # the tiled layer peaks in its attention's backward
+        dequantized, mlp_grads = _attention_peak_terms(s, d, targets, lora_rank, quantization)
+        grads += int(params["lora_params"] * mlp_grads) if offload_checkpoints else 0
+    if inside * tokens + long["inside_fixed"] + dequantized + grads > temporaries:  # in a backward
+        activations = (base + inside) * tokens + long["inside_fixed"] + dequantized
         temporaries = 0
         params["gradients"] = grads
     else:  # the peak is at the start of backward: logits and loss gradients live

@@ -54,7 +54,8 @@ def long_context_terms(s: dict[str, int], d: int, layer: int, mlp: int, tokens: 
         in_chunk = attention + 2 * d * h  # + the MLP input (kept) and its output
         chunk_bytes = int((RECOMPUTE_RISE * layer - attention) * mlp_chunk)  # one chunk's MLP backward
         if in_attention * tokens >= in_chunk * tokens + chunk_bytes:
-            out["inside"] = in_attention
+            # the reloaded layer input is freed after the recompute, before this peak (trace)
+            out["inside"], out["attention_peak"], out["reloaded"] = in_attention, True, 0
         else:
             out["inside"], out["inside_fixed"] = in_chunk, chunk_bytes
     return out
