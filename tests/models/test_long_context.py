@@ -99,3 +99,12 @@ def test_refusals_name_the_setting():
         apply_long_context(tied, embeddings_on_host=True)
     with pytest.raises(ModelError, match="mlp_chunk: must be >= 1"):
         apply_long_context(_model("llama"), mlp_chunk=-1)
+
+
+def test_config_refuses_offload_without_checkpointing():
+    from lora_gui.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match="offload_checkpoints: needs gradient_checkpointing"):
+        RunConfig(offload_checkpoints=True).validate()
+    RunConfig(offload_checkpoints=True, gradient_checkpointing=True, mlp_chunk=512,
+              embeddings_on_host=True).validate()
