@@ -90,13 +90,17 @@ def test_host_embeddings_stay_on_host_and_count_as_host():
         assert t.host_live_bytes == table.numel() * 4 == 97 * 32 * 4
 
 
-def test_refusals_name_the_setting():
+def test_refusals_name_the_setting(monkeypatch):
     with pytest.raises(ModelError, match="offload_checkpoints: needs gradient_checkpointing"):
         apply_long_context(_model("llama"), offload_checkpoints=True)
     tied_base = AutoModelForCausalLM.from_config(LlamaConfig(**{**SHAPES, "tie_word_embeddings": True}))
     tied = get_peft_model(tied_base, LoraConfig(r=2, target_modules="all-linear"))
     with pytest.raises(ModelError, match="embeddings_on_host: this model ties"):
         apply_long_context(tied, embeddings_on_host=True)
+    with monkeypatch.context() as m:
+        m.setenv("ACCELERATE_USE_FSDP", "true")
+        with pytest.raises(ModelError, match="embeddings_on_host: not supported with FSDP"):
+            apply_long_context(_model("llama"), embeddings_on_host=True)
     with pytest.raises(ModelError, match="mlp_chunk: must be >= 1"):
         apply_long_context(_model("llama"), mlp_chunk=-1)
 
