@@ -125,6 +125,20 @@ def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r:
     return total
 
 
+def _attention_peak_terms(s: dict[str, int], d: int, targets: tuple[str, ...], r: int,
+                          quantization: str) -> tuple[int, float]:
+    """At a peak in a layer's attention backward: the largest attention weight a quantized base
+    dequantizes (bytes), and the share of all LoRA weights that the layer's MLP adapters hold
+    (their gradients exist by then: the MLP's backward ran first)."""
+    from lora_gui.memory.quant import dequant_temporary_bytes
+
+    dims = _linear_dims(s)
+    attention = [dims[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    per_layer = {n: r * (dims[n][0] + dims[n][1]) for n in targets}
+    mlp = sum(v for n, v in per_layer.items() if n in ("gate_proj", "up_proj", "down_proj"))
+    return dequant_temporary_bytes(attention, quantization, d), mlp / max(1, sum(per_layer.values())) / s["L"]
+
+
 def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
     """Korthikanti 2022 per token per layer (16-bit: 34*h; + 5*nh*S for eager attention)."""
     per = 34 * s["h"] * d // 2
@@ -204,10 +218,13 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
     temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
     if loss_chunk:  # one chunk's logits, plus the hidden-state gradient kept and then scaled
-        temporaries = 12 * min(tokens, loss_chunk) * s["V"] + 2 * tokens * s["h"] * d
+        # fused loss: a chunk's logits (d bytes), float32 log-probs and their gradient (8 bytes)
+        # (+ 256 bytes a chunk row: targets, masks and gathered log-probs, rounded up)
+        temporaries = ((8 + d) * s["V"] + 256) * min(tokens, loss_chunk) + 2 * tokens * s["h"] * d
     # Backward of one layer frees its saved tensors while it allocates gradients; the net rise
     # above "everything saved" measured with the trace on Llama-family configs is 0.1-0.33 x the
-    # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.2).
+    # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.28:
+    # the Llama-3.1-8B trace, nf4 and bf16, measures 0.276 at 4k-16k tokens, where long runs live).
     # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
     # position per token; 4 used for float32, 2.5 for 16-bit weights).
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
@@ -219,14 +236,19 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     if gradient_checkpointing:
         inputs = long["device_inputs"] if offload_checkpoints else s["L"]  # layer inputs on the device
         base = inputs * d * s["h"] + s["L"] * q["kept_under_checkpointing"] + head_in
-        inside = layer + layer // 5 + int(eager_grad) + long["reloaded"]  # recompute, then backward
+        inside = long.get("inside", layer + layer * 7 // 25) + int(eager_grad) + long["reloaded"]
     else:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
-    if inside * tokens + long["inside_fixed"] + q["transient"] > temporaries:  # peak in a layer's backward
-        activations = (base + inside) * tokens + long["inside_fixed"] + q["transient"]
+    grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
+    dequantized = q["transient"]
+    if long.get("attention_peak"):  # the tiled layer peaks in its attention's backward
+        dequantized, mlp_grads = _attention_peak_terms(s, d, targets, lora_rank, quantization)
+        grads += int(params["lora_params"] * mlp_grads) if offload_checkpoints else 0
+    if inside * tokens + long["inside_fixed"] + dequantized + grads > temporaries:  # in a backward
+        activations = (base + inside) * tokens + long["inside_fixed"] + dequantized
         temporaries = 0
-        params["gradients"] = int(params["lora_params"] * long["grads_at_peak"])
+        params["gradients"] = grads
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
     breakdown = dict.fromkeys(CATEGORIES, 0)

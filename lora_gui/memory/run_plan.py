@@ -120,6 +120,7 @@ def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
             "allreduce_bucket_bytes": step.info.get("allreduce_bucket_bytes", 0),
             "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
+            "host_bytes": step.info.get("host_bytes", 0),  # long-context switches: host memory
             "device": step.device, "source": "predicted", "fits": plan.fits,
             "kernel": step.info.get("kernel"), "prediction": step.info.get("prediction"),
             "budget_bytes": plan.budget_bytes, "message": plan.message,

@@ -84,7 +84,8 @@ class RunPrediction:
                 "kernel": self.kernel, "batch_size": self.shape.batch_size,
                 "seq_len": self.shape.seq_len, "mask": self.shape.mask,
                 "grads_before": self.shape.grads_before, "from_data": self.from_data,
-                "shapes": self.shapes, "traced": self.traced}
+                "shapes": self.shapes, "traced": self.traced,
+                "host_bytes": self.step.info.get("host_bytes", 0)}  # per process, off the device
 
 
 def padding_mask_kept(cfg: RunConfig) -> bool:

@@ -198,8 +198,13 @@ def enable_host_embeddings(model: nn.Module) -> torch.Tensor:
 
     Raises:
         ModelError: the table is trained, wrapped (trained chat-token rows), or tied to the
-            output head (the head needs it on the accelerator).
+            output head (the head needs it on the accelerator), or FSDP is on.
     """
+    import os
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        raise ModelError("embeddings_on_host: not supported with FSDP (it shards the table over the "
+                         "GPUs instead); launch without FSDP or set embeddings_on_host: false")
     emb = model.get_input_embeddings()
     if type(emb) is not nn.Embedding:
         raise ModelError("embeddings_on_host: the input embeddings are not a plain embedding "

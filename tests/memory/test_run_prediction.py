@@ -29,6 +29,8 @@ GRID = {
     "checkpointing": {"gradient_checkpointing": True},
     "traditional-checkpointing": {"mode": "traditional", "gradient_checkpointing": True},
     "chunked-loss": {"loss_chunk": 64},
+    "offloaded-checkpoints": {"gradient_checkpointing": True, "offload_checkpoints": True},
+    "tiled-mlp": {"mlp_chunk": 64},
 }
 
 

@@ -90,12 +90,51 @@ def test_host_embeddings_stay_on_host_and_count_as_host():
         assert t.host_live_bytes == table.numel() * 4 == 97 * 32 * 4
 
 
-def test_refusals_name_the_setting():
+def test_refusals_name_the_setting(monkeypatch):
     with pytest.raises(ModelError, match="offload_checkpoints: needs gradient_checkpointing"):
         apply_long_context(_model("llama"), offload_checkpoints=True)
     tied_base = AutoModelForCausalLM.from_config(LlamaConfig(**{**SHAPES, "tie_word_embeddings": True}))
     tied = get_peft_model(tied_base, LoraConfig(r=2, target_modules="all-linear"))
     with pytest.raises(ModelError, match="embeddings_on_host: this model ties"):
         apply_long_context(tied, embeddings_on_host=True)
+    with monkeypatch.context() as m:
+        m.setenv("ACCELERATE_USE_FSDP", "true")
+        with pytest.raises(ModelError, match="embeddings_on_host: not supported with FSDP"):
+            apply_long_context(_model("llama"), embeddings_on_host=True)
     with pytest.raises(ModelError, match="mlp_chunk: must be >= 1"):
         apply_long_context(_model("llama"), mlp_chunk=-1)
+
+
+def test_config_refuses_offload_without_checkpointing():
+    from lora_gui.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match="offload_checkpoints: needs gradient_checkpointing"):
+        RunConfig(offload_checkpoints=True).validate()
+    RunConfig(offload_checkpoints=True, gradient_checkpointing=True, mlp_chunk=512,
+              embeddings_on_host=True).validate()
+
+
+def test_switches_on_an_nf4_base_keep_loss_and_gradients(tmp_path):
+    from lora_gui.config import RunConfig
+    from lora_gui.models.quant import check_bitsandbytes, load_quantized
+    from lora_gui.models.text import attach_lora
+
+    try:
+        check_bitsandbytes("nf4", torch.device("cpu"))
+    except ModelError as err:
+        pytest.skip(str(err))
+    AutoModelForCausalLM.from_config(LlamaConfig(**SHAPES)).save_pretrained(tmp_path)
+    cfg = RunConfig(quantization="nf4", lora_rank=4, gradient_checkpointing=True)
+
+    def run(switches: dict):
+        torch.manual_seed(0)
+        base = load_quantized(str(tmp_path), cfg, "sdpa", torch.float32, torch.device("cpu"))
+        model = attach_lora(base, cfg)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        apply_long_context(model, **switches)
+        return _loss_and_grads(model, checkpointing=False)
+
+    loss0, grads0 = run({})
+    loss1, grads1 = run(SWITCHES["all"])
+    assert torch.allclose(loss0, loss1, rtol=1e-5) and grads0.keys() == grads1.keys() and grads0
+    assert all(torch.allclose(g, grads1[n], rtol=1e-4, atol=1e-6) for n, g in grads0.items())
