@@ -185,3 +185,13 @@ def test_caption_files_are_read_as_utf8_with_or_without_bom(tmp_path):
     (folder / "metadata.jsonl").write_text(json.dumps({"file_name": "b.png", "text": "thé vert"}) + "\n",
                                            encoding="utf-8")
     assert [i.caption for i in images.load_image_folder(folder)] == ["un café noir", "thé vert"]
+
+
+def test_offload_beyond_free_host_memory_is_refused_with_both_figures(good_run, corpus, cli, monkeypatch):
+    from lora_gui.memory import host
+
+    monkeypatch.setattr(host, "host_available_bytes", lambda: 1000)  # 1 kB free
+    code, err = cli("train", "--out", good_run, "--overwrite",
+                    *tiny_sets(corpus, max_steps=2, gradient_checkpointing="true", offload_checkpoints="true"))
+    assert_clear_error(code, err, "offloaded checkpoints", "MB of host memory; 0.0 MB is available")
+    assert_checkpoint_loads(good_run, 2)  # the old run is kept

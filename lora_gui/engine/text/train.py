@@ -370,6 +370,19 @@ def check_text_inputs(cfg: RunConfig) -> None:
     if limit is not None and cfg.max_seq_len > limit:
         raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
     load_text_data(cfg, text_models.load_tokenizer(source))  # every format, as the run reads it
+    if cfg.offload_checkpoints or cfg.embeddings_on_host:
+        _check_host_memory(cfg, source)
+
+
+def _check_host_memory(cfg: RunConfig, source: str) -> None:
+    """Refuses host-side switches that need more host memory than is free (the estimate's host
+    bytes equal the trace's), before the first step rather than swapping the machine to a halt."""
+    from lora_gui.memory.host import check_host_memory, host_available_bytes
+    from lora_gui.memory.run_plan import estimated_step
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    need = int(estimated_step(cfg, device, source).info.get("host_bytes") or 0)
+    check_host_memory(need, host_available_bytes(), "offloaded checkpoints and host-side embeddings")
 
 
 @writes_run_folder(check_text_inputs)  # inputs checked before a run is replaced; lock released
