@@ -43,6 +43,7 @@ class RunPrediction:
 # -- the engines' functions ------------------------------------------------------------------
 def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, device: str,
                      parallel: Parallel | None = None, lengths: list[int] | None = None,
+                     added_tokens: int | None = None,
                      ) -> tuple[dict[int, int], TraceResult, planner.Plan | None, dict[str, Any]]:
     """Text run: caps per length bucket under the budget (bucketed batching only), the trace of
     the worst micro-batch the run will execute on its real data (:func:`predict_run` of
@@ -52,6 +53,8 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
     Args:
         lengths: token lengths of the training samples (the run passes them; the form lets the
             planner read and tokenize the data as the run will).
+        added_tokens: embedding rows the run added for a chat template's tokens (the run passes
+            them with ``lengths``; the form lets the planner read them from the data).
     """
     from lora_gui.memory import run_plan
     from lora_gui.memory.guard import BatchCaps
@@ -61,7 +64,8 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
     if budget and cfg.resolved_batching() == "bucketed":
         plan = run_plan.plan_run(cfg, budget, device, source, parallel=parallel)
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
-    pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps)
+    pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps,
+                            added_tokens=added_tokens)
     return caps.caps, pred.step, plan, pred.to_json()
 
 

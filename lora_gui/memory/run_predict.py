@@ -155,14 +155,22 @@ def worst_case_shapes(cfg: RunConfig, caps: BatchCaps, world_size: int = 1) -> s
     return out
 
 
-def data_lengths(cfg: RunConfig, source: str) -> list[int]:
-    """Token lengths of the run's training samples (the engine's split and tokenization)."""
-    from lora_gui.data.text import load_documents, split_documents, tokenize_documents
+def data_lengths(cfg: RunConfig, source: str) -> tuple[list[int], int, bool]:
+    """(token lengths of the run's training samples, the tokenizer's length, whether the data is
+    chat), read, split and tokenized as the engine does (a chat template may add tokens)."""
+    from lora_gui.data.training_data import load_samples
     from lora_gui.models.text import load_tokenizer
 
     tokenizer = load_tokenizer(source)
-    train_docs, _ = split_documents(load_documents(cfg.data_path()), cfg.eval_fraction, cfg.seed)
-    return [len(s) for s in tokenize_documents(train_docs, tokenizer, cfg.max_seq_len)]
+    loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
+                          max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                          chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)
+    return [len(s) for s in loaded.train], len(tokenizer), loaded.is_chat
+
+
+def added_rows(config: Any, tokenizer_len: int, is_chat: bool) -> int:
+    """Embedding rows a chat run adds for its template's tokens (models.text.fit_embeddings)."""
+    return max(0, tokenizer_len - config.get_text_config().vocab_size) if is_chat else 0
 
 
 def _source_for(cfg: RunConfig, source: str | None) -> str | None:
@@ -191,7 +199,8 @@ def budget_caps(cfg: RunConfig, budget_bytes: int | None, device: str, source: s
 
 def predict_run(cfg: RunConfig, device: str = "cuda", source: str | None = None, *,
                 budget_bytes: int | None = None, lengths: Sequence[int] | None = None,
-                parallel: Parallel | None = None, caps: BatchCaps | None = None) -> RunPrediction:
+                parallel: Parallel | None = None, caps: BatchCaps | None = None,
+                added_tokens: int | None = None) -> RunPrediction:
     """Predicted peak of the run on ``device``: the worst micro-batch it will execute, traced.
 
     Args:
@@ -203,6 +212,8 @@ def predict_run(cfg: RunConfig, device: str = "cuda", source: str | None = None,
             bundled architecture without a tokenizer gets the worst case).
         parallel: several processes (and FSDP): the prediction is per GPU.
         caps: the caps to use instead of planning them under ``budget_bytes``.
+        added_tokens: embedding rows the run adds for a chat template's tokens (default: read
+            from the data and tokenizer when ``lengths`` is not given, else none).
 
     Returns:
         A :class:`RunPrediction` (source: predicted).
@@ -211,11 +222,13 @@ def predict_run(cfg: RunConfig, device: str = "cuda", source: str | None = None,
     if caps is None:
         caps = budget_caps(cfg, budget_bytes, device, source, parallel)
     world = parallel.world_size if parallel else 1
-    if lengths is None and source is not None:
-        lengths = data_lengths(cfg, source)
-    shapes = micro_shapes(cfg, lengths, caps, world) if lengths else worst_case_shapes(cfg, caps, world)
     config = model_config_for(cfg, source)
-    kwargs = step_kwargs(cfg, device)
+    if lengths is None and source is not None:
+        lengths, tokenizer_len, is_chat = data_lengths(cfg, source)
+        if added_tokens is None:
+            added_tokens = added_rows(config, tokenizer_len, is_chat)
+    shapes = micro_shapes(cfg, lengths, caps, world) if lengths else worst_case_shapes(cfg, caps, world)
+    kwargs = {**step_kwargs(cfg, device), "added_tokens": added_tokens or 0}
     best: tuple[TraceResult, MicroShape] | None = None
     candidates = dominant(shapes)
     for shape in candidates:

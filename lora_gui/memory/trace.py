@@ -180,13 +180,20 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     return names[dtype]
 
 
-def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float) -> nn.Module:
+def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float,
+                 new_token_ids: list[int] | None = None) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
     if rank < 1:
         raise ValueError(f"lora rank must be >= 1, got {rank}")
+    tokens = None
+    if new_token_ids:  # chat-template tokens added to the vocabulary: their rows train (as the engine)
+        from lora_gui.models.text import trainable_token_targets
+
+        tokens = trainable_token_targets(model, new_token_ids)
     cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, lora_dropout=dropout,
-                     target_modules=list(targets) if isinstance(targets, (list, tuple)) else targets)
+                     target_modules=list(targets) if isinstance(targets, (list, tuple)) else targets,
+                     trainable_token_indices=tokens)
     import warnings
 
     with warnings.catch_warnings():  # peft calls a deprecated transformers alias; not ours to fix
@@ -213,7 +220,8 @@ def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor])
 
 def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
                      lora_rank: int, lora_alpha: float | None, target_modules: Any,
-                     lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True) -> nn.Module:
+                     lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True,
+                     new_token_ids: list[int] | None = None) -> nn.Module:
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
     ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
     LoRA to be attached later (after quantization, :mod:`lora_gui.memory.quant`)."""
@@ -234,7 +242,7 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         enable_chunked_loss(model, loss_chunk)
     if not lora:
         return model
-    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids)
 
 
 def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
@@ -434,7 +442,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                     optimizer: str = "adamw", mask: str = "none", grads_before: bool = False,
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
-                    embeddings_on_host: bool = False) -> TraceResult:
+                    embeddings_on_host: bool = False, added_tokens: int = 0) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -470,6 +478,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         offload_checkpoints, mlp_chunk, embeddings_on_host: the long-context switches
             (:mod:`lora_gui.models.long_context`); what they keep in host memory is
             ``info["host_bytes"]`` (peak), outside ``peak_bytes``.
+        added_tokens: tokens a chat template added to the vocabulary: the embeddings grow by as
+            many rows and those rows train (peft trainable tokens), as in the engine.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -485,14 +495,22 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     from lora_gui.memory import quant
 
     quant.check_quantization(quantization, optimizer)
+    new_ids = None
+    if added_tokens > 0:
+        import copy
+
+        cfg = copy.deepcopy(cfg)
+        text = cfg.get_text_config()
+        new_ids = list(range(text.vocab_size, text.vocab_size + added_tokens))
+        text.vocab_size += added_tokens
     model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
                              lora_dropout=lora_dropout, loss_chunk=loss_chunk,
-                             lora=quantization == "none")
+                             lora=quantization == "none", new_token_ids=new_ids)
     setup = None
     if quantization != "none":  # quantize on meta, then LoRA on the quantized layers (as the engine)
         quant.quantize_model(model, quantization, double_quant, _dtype(dtype))
-        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids)
         setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 

@@ -147,20 +147,27 @@ def fit_embeddings(model, tokenizer) -> list[int]:
     return list(range(rows, len(tokenizer)))
 
 
+def trainable_token_targets(model, new_ids: list[int]) -> list[int] | dict[str, list[int]] | None:
+    """peft's ``trainable_token_indices`` for rows added to the vocabulary: the input embeddings,
+    and the output head's rows too when it is not tied to them (None: nothing added)."""
+    if not new_ids:
+        return None
+    if model.config.get_text_config().tie_word_embeddings:
+        return new_ids
+    names = {m: n.rsplit(".", 1)[-1] for n, m in model.named_modules()}
+    return {names[model.get_input_embeddings()]: new_ids, names[model.get_output_embeddings()]: new_ids}
+
+
 def attach_lora(model, cfg: RunConfig, tokenizer=None) -> PeftModel:
     """Wraps the model with trainable LoRA adapters; base weights are frozen. With a tokenizer
     larger than the model's vocabulary (chat template tokens added), the embeddings grow and the
     new tokens' rows are trained too and saved in the adapter (peft trainable tokens)."""
-    new_ids: list[int] | dict[str, list[int]] = fit_embeddings(model, tokenizer)
-    if new_ids and not model.config.get_text_config().tie_word_embeddings:  # output rows too
-        names = {m: n.rsplit(".", 1)[-1] for n, m in model.named_modules()}
-        new_ids = {names[model.get_input_embeddings()]: new_ids,
-                   names[model.get_output_embeddings()]: new_ids}
+    new_ids = trainable_token_targets(model, fit_embeddings(model, tokenizer))
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
         t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM",
-                      trainable_token_indices=new_ids or None)
+                      trainable_token_indices=new_ids)
     try:
         peft_model = get_peft_model(model, lora)
     except ValueError as err:

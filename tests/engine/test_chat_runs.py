@@ -70,7 +70,16 @@ def test_builtin_chat_run_trains_the_added_tokens_and_generates_and_exports(tmp_
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS["messages"]))
     out = tmp_path / "run"
-    train_text(chat_cfg(data, max_steps=3), out, progress=False)
+    cfg = chat_cfg(data, max_steps=3)
+    summary = train_text(cfg, out, progress=False)
+    # the trained token rows are in the prediction (peft trainable tokens: a full-table copy a pass)
+    report = summary["memory_report"]
+    assert -0.01 <= report["predicted_vs_measured"] <= 0.03, report
+    from lora_gui.engine.run_prediction import text_memory_plan
+    from lora_gui.models.text import resolve_model_source
+
+    form = text_memory_plan(cfg, resolve_model_source(cfg.model), None, "cpu")[3]  # reads the data itself
+    assert form["peak_bytes"] == report["predicted_peak_bytes"]
     trial = TextTrial(open_run(out), device="cpu")
     assert len(trial.tokenizer) == 4098  # the built-in 4096 + ChatML's two tokens
     prompt = trial.prompt_ids("what is ice")[0].tolist()

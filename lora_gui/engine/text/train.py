@@ -174,14 +174,15 @@ def _probe_step(model, data: TextData) -> Callable[[], None]:
 
 def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.device,
                  parallel: Parallel | None = None, lengths: list[int] | None = None,
-                 ) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
+                 added_tokens: int = 0) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
     the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
     from lora_gui.engine.run_prediction import text_memory_plan  # the form calls it too
 
     caps = BatchCaps()
     try:
-        caps.caps, _, _, prediction = text_memory_plan(cfg, source, budget, device.type, parallel, lengths)
+        caps.caps, _, _, prediction = text_memory_plan(cfg, source, budget, device.type, parallel, lengths,
+                                                       added_tokens)
         return caps, prediction["peak_bytes"], prediction
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
@@ -259,6 +260,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device), device)
+    rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
+    added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
     model = text_models.attach_lora(base, cfg, data.tokenizer if data.is_chat else None)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
@@ -289,7 +292,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     budget = int(cfg.budget_gb * GB) or None
     caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
-                                               [len(s) for s in data.train])
+                                               [len(s) for s in data.train], added_rows)
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
