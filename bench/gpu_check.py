@@ -20,6 +20,9 @@
    (gradient checkpointing) at 512 / 1024 px, LoRA r16 on the diffusers scripts' targets, the
    engine's flow-matching loss, against the DiT trace and the planner's estimate (``--only dit``
    runs these alone). Target 5%.
+1c. Longest length: the ~1B Llama in NF4, r32 all-linear, batch 1, at the length ``plan
+   --longest`` gives for an 8 GB budget, with its switches, under
+   ``torch.cuda.set_per_process_memory_fraction``: measured against planned.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
 Writes gpu_check.json and gpu_check.md under --out.
@@ -159,6 +162,69 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str, Any]]:
+    """The ~1B Llama in NF4, LoRA r32 all-linear, batch 1, at the longest length ``plan
+    --longest`` gives for ``budget_gb`` (CUDA context not counted), with the switches it picks:
+    one real steady-state step under ``torch.cuda.set_per_process_memory_fraction(budget)``,
+    measured (``max_memory_allocated``) against planned. An out-of-memory is a failed plan."""
+    import tempfile
+
+    from bench.quant_measure import save_random_model
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.engine.core.optim import make_optimizer
+    from lora_gui.memory.longest import longest_text
+    from lora_gui.models import text as text_models
+    from lora_gui.models.long_context import apply_long_context
+
+    cfg = load_model_config(config)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    budget = int(budget_gb * 1e9)
+    with tempfile.TemporaryDirectory() as folder:
+        save_random_model(cfg, folder)
+        run = apply_overrides(RunConfig(), {
+            "model": folder, "quantization": "nf4", "lora_rank": 32, "lora_alpha": 32.0, "batch_size": 1,
+            "lora_targets": "all-linear", "precision": "bf16" if device == "cuda" else "fp32"})
+        answer = longest_text(run, budget, "cuda" if device == "cuda" else "cpu", count_cuda_context=False)
+        run = apply_overrides(run, {**answer.switches, "max_seq_len": max(answer.seq_len, 16)})
+        model = text_models.attach_lora(
+            text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
+    if run.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
+                       embeddings_on_host=run.embeddings_on_host)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, _ = make_optimizer(run, params, torch.device(device))
+    row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32 longest",
+           "budget_bytes": budget, "seq_len": answer.seq_len, "switches": answer.switches,
+           "predicted_bytes": answer.peak_bytes, "host_bytes": answer.host_bytes, "measured_bytes": 0,
+           "error": None, "out_of_memory": False}
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(0).total_memory)
+    ids = torch.randint(0, cfg.vocab_size, (1, run.max_seq_len), device=device)
+    try:
+        for measured in (False, True):  # a warm step first: the optimizer state exists
+            if measured and device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            row["measured_bytes"] = torch.cuda.max_memory_allocated()
+            row["error"] = answer.peak_bytes / row["measured_bytes"] - 1
+    except torch.OutOfMemoryError as err:
+        row["out_of_memory"] = str(err).splitlines()[0]
+    finally:
+        if device == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            del model, optimizer
+            torch.cuda.empty_cache()
+    return [row]
 
 
 def _unet_extra(c: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -314,6 +380,14 @@ def _markdown(result: dict[str, Any]) -> str:
     for r in result.get("flex", []):
         peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
+    out += ["", "## Longest length under a budget (plan --longest, then one real step under that budget)",
+            "", "| model | budget GB | seq | switches | measured MiB | planned MiB | error | host MiB |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in result.get("longest", []):
+        measured = "OOM" if r["out_of_memory"] else f"{r['measured_bytes'] / mib:,.0f}"
+        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        out.append(f"| {r['model']} | {r['budget_bytes'] / 1e9:g} | {r['seq_len']} | {r['switches']} | "
+                   f"{measured} | {r['predicted_bytes'] / mib:,.0f} | {err} | {r['host_bytes'] / mib:,.0f} |")
     return "\n".join(out) + "\n"
 
 
@@ -331,7 +405,8 @@ def main() -> None:
         if args.only != "dit":
             unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
             text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
-            result = {"text": text, "unet": unet, "flex": check_flex([512], device, repeats=2)}
+            result = {"text": text, "unet": unet, "flex": check_flex([512], device, repeats=2),
+                      "longest": check_longest(TINY_LLAMA, 0.01, device)}
         if args.only != "no-dit":
             result["dit"] = check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
                 TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16)
@@ -341,7 +416,8 @@ def main() -> None:
                       + check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
                       "unet": check_unet("sd15-unet", [512, 768, 1024], device)
                       + check_unet("sdxl-unet", [512, 768, 1024], device),
-                      "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+                      "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
+                      "longest": check_longest(LLAMA_1B, 8.0, device)}
         if args.only != "no-dit":  # Flux-shaped with gradient checkpointing, as it is trained
             result["dit"] = check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True)
