@@ -58,7 +58,7 @@ from lora_gui.engine.image.data import (  # noqa: F401  (re-exported)
     load_image_data,
     table_batch,
 )
-from lora_gui.engine.image.encode_peak import denoiser_waits_for_cache, encoding_pass_bytes
+from lora_gui.engine.image.encode_peak import denoiser_waits_for_cache
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -111,7 +111,6 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
             device.type, weights_dtype, world_size)
         predicted += text_encoder_lora.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
                                                       weights_dtype, device.type)
-        predicted = max(predicted, encoding_pass_bytes(cfg, model, data.buckets, device))
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
                       "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
