@@ -111,6 +111,19 @@ def settled_text(page, elem_id: str, quiet_s: float = 8, minutes: float = 8) -> 
     return last or ""
 
 
+def settled_plan(page, quiet_s: float = 8, minutes: float = 8) -> str:
+    """The prediction panel once it shows the run's own plan (not the quick estimate that each
+    change shows first) and has stayed the same for ``quiet_s`` seconds."""
+    deadline = time.time() + minutes * 60
+    while time.time() < deadline:
+        page.wait_for_function("() => document.getElementById('predicted').innerText"
+                               ".includes(\"the run's own plan,\")", timeout=int(minutes * MINUTE))
+        text = settled_text(page, "predicted", quiet_s, minutes)
+        if "the run's own plan," in text:
+            return text
+    return text_of(page, "predicted")
+
+
 def set_field(page, name: str, value: str) -> None:
     box = page.locator(f"#field-{name} input, #field-{name} textarea").first
     box.fill(value)
@@ -260,12 +273,12 @@ def test_quantization_and_optimizer_switches_reach_the_plan(page):
     wait_text(page, "predicted", "the run's own plan,")
     page.locator("#group-quantization").get_by_text("Quantization", exact=True).first.click()
     assert page.locator("#field-optimizer").is_visible()
-    before = settled_text(page, "predicted")
+    before = settled_plan(page)
     pick(page, "field-quantization", "nf4")
     page.wait_for_function(
         "b => { const t = document.getElementById('predicted').innerText;"
         " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=5 * MINUTE)
-    after = settled_text(page, "predicted")
+    after = settled_plan(page)
 
     def peak(text: str) -> int:
         return int(text.split("Predicted peak: ")[1].split(" MiB")[0].replace(",", ""))
