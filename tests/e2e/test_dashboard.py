@@ -191,7 +191,8 @@ def test_image_train_flow_at_768_with_samples(server, page):
     page.locator("#run-name input, #run-name textarea").first.fill("e2e-image")
     page.click("#start")
     wait_text(page, "message", "Started")
-    planned = wait_match(page, "status", r"planned peak ([\d,]+ MiB)", minutes=10)
+    # this job's line (until the poll picks up the new job, the status shows the previous run's)
+    planned = wait_match(page, "status", r"e2e-image[^\n]*planned peak ([\d,]+ MiB)", minutes=10)
     assert planned == predicted, f"form predicted {predicted}, the run planned {planned}"
     wait_text(page, "status", "completed", minutes=20)
     samples = cwd / "runs" / "e2e-image" / "samples"
