@@ -14,8 +14,6 @@ import torch
 from lora_gui.config import RunConfig
 from lora_gui.memory.encode_trace import denoiser_waits_for_cache
 
-__all__ = ["denoiser_waits_for_cache", "encoding_pass_bytes"]
-
 
 def encoding_pass_bytes(cfg: RunConfig, model, buckets: list[tuple[int, int]], device: torch.device,
                         held: int = 0) -> int:

@@ -58,7 +58,6 @@ from lora_gui.engine.image.data import (  # noqa: F401  (re-exported)
     load_image_data,
     table_batch,
 )
-from lora_gui.engine.image.encode_peak import denoiser_waits_for_cache
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -78,6 +77,7 @@ from lora_gui.engine.parallel.distributed import (
     combine_step_stats,
     injected_oom,
 )
+from lora_gui.memory.encode_trace import denoiser_waits_for_cache
 from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
