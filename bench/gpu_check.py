@@ -41,6 +41,7 @@ import torch
 
 from lora_gui.memory import trace as tr
 from lora_gui.memory.model_configs import load_model_config
+from lora_gui.models.checkpointing import enable_checkpointing
 
 LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
             "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
@@ -143,7 +144,7 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
         save_random_model(cfg, folder)
         model = text_models.attach_lora(
             text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)
     model.train()
     rows = []
     for seq in seqs:
@@ -191,7 +192,7 @@ def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str,
         model = text_models.attach_lora(
             text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
     if run.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
                        embeddings_on_host=run.embeddings_on_host)
     model.train()

@@ -31,6 +31,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.chunked_loss import enable_chunked_loss
 from lora_gui.models.long_context import apply_long_context
 
@@ -56,7 +57,7 @@ def build(base: torch.nn.Module, checkpointing: bool, loss_chunk: int, switches:
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=16, target_modules="all-linear"))
     model.train()
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     apply_long_context(model, **switches)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     return model, opt

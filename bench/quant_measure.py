@@ -34,6 +34,7 @@ def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len
     ``prepare_model_for_kbit_training`` before LoRA is attached (what most QLoRA scripts do)."""
     from lora_gui.engine.core.optim import make_optimizer
     from lora_gui.models import text as text_models
+    from lora_gui.models.checkpointing import enable_checkpointing
     from lora_gui.models.quant import quant_state_tensors
 
     cfg = apply_overrides(RunConfig(), {
@@ -50,7 +51,7 @@ def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len
             base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
         model = text_models.attach_lora(base, cfg)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt, _ = make_optimizer(cfg, trainable, torch.device("cpu"))

@@ -5,8 +5,8 @@ the micro-batch, ``L`` layers), as :mod:`lora_gui.models.long_context` runs it a
 counts it:
 
 - ``offload_checkpoints``: the ``L`` checkpointed layer inputs (``d*h*T`` each) move to host
-  memory. The device keeps the first layer's input (the embedding output is a leaf that
-  requires grad under checkpointing: autograd holds it) and, while a layer is recomputed, its
+  memory, the first layer's too (the embedding output does not require grad:
+  :mod:`lora_gui.models.checkpointing`). While a layer is recomputed the device holds its
   reloaded input (``d*h*T``). Without inputs to free as the backward walks down, the device
   peak moves to the last layers' backward, when nearly every LoRA gradient exists.
 - ``mlp_chunk``: the MLP's saved tensors (:func:`estimate._mlp_bytes_per_token`) exist for one
@@ -42,7 +42,7 @@ def long_context_terms(s: dict[str, int], d: int, layer: int, mlp: int, tokens: 
     out = {
         "layer": layer - mlp + d * h if tiled else layer,
         "inside_fixed": 0,
-        "device_inputs": 1,
+        "device_inputs": 0 if offload else 1,
         "reloaded": d * h if offload else 0,
         "grads_at_peak": (n_layers - 1) / n_layers if offload else 0.0,
         "frozen_on_host": table,

@@ -60,6 +60,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from lora_gui.memory.batch_trace import batch_structure, kernel_watch
 from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
 from lora_gui.memory.tracker import StorageTracker
+from lora_gui.models.checkpointing import enable_checkpointing
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         if setup is not None:
             setup(model, make)
         if gradient_checkpointing:
-            _enable_checkpointing(model)
+            enable_checkpointing(model)
         if long_context:
             from lora_gui.models.long_context import apply_long_context
 
@@ -381,15 +382,6 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
     result.info["sdpa_kernels"] = sorted(kernels)
     return result
-
-
-def _enable_checkpointing(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing: transformers' or diffusers' own switch."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if hasattr(base, "gradient_checkpointing_enable"):  # transformers
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:  # diffusers (non-reentrant by default)
-        base.enable_gradient_checkpointing()
 
 
 def _random_like(t: torch.Tensor) -> torch.Tensor:

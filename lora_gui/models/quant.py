@@ -142,7 +142,8 @@ def prepare_for_training(model: nn.Module) -> None:
       before training would silently cut the gradient. Repacking is switched off here.
     - nothing is upcast (peft's helper casts embeddings, norms and the head to float32), and the
       embedding output is not made to require grad: the run's checkpointing is non-reentrant,
-      which needs no input that requires grad (peft's helper adds a hook for the reentrant kind).
+      which needs no input that requires grad (:mod:`lora_gui.models.checkpointing` removes the
+      hook that peft's helper and transformers add for the reentrant kind).
     """
     import bitsandbytes as bnb
 

@@ -138,3 +138,34 @@ def test_switches_on_an_nf4_base_keep_loss_and_gradients(tmp_path):
     loss1, grads1 = run(SWITCHES["all"])
     assert torch.allclose(loss0, loss1, rtol=1e-5) and grads0.keys() == grads1.keys() and grads0
     assert all(torch.allclose(g, grads1[n], rtol=1e-4, atol=1e-6) for n, g in grads0.items())
+
+
+def test_checkpointing_keeps_no_embedding_output_on_the_device():
+    """transformers' switch makes the embedding output require grad (needed by reentrant
+    checkpointing only); autograd then holds it on the device to the end of the backward.
+    enable_checkpointing removes that hook: with offloaded checkpoints the device peak drops by
+    that one hidden state, and loss and gradients do not change."""
+    from lora_gui.models.checkpointing import enable_checkpointing
+
+    def run(ours: bool):
+        model = _model("llama")
+        model.train()
+        if ours:
+            enable_checkpointing(model)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        apply_long_context(model, offload_checkpoints=True)
+        ids = torch.randint(0, 97, (2, 37), generator=torch.Generator().manual_seed(1))
+        with StorageTracker() as t:
+            loss = model(input_ids=ids, labels=ids).loss
+            embedded_requires_grad = model.get_input_embeddings()(ids).requires_grad
+            loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, t.peak_bytes, embedded_requires_grad
+
+    loss0, grads0, peak0, hooked = run(ours=False)
+    loss1, grads1, peak1, ours_hooked = run(ours=True)
+    assert hooked and not ours_hooked
+    assert torch.equal(loss0, loss1) and grads0.keys() == grads1.keys() and len(grads1) == 2 * 7 * 2
+    assert all(torch.equal(g, grads1[n]) for n, g in grads0.items())
+    assert peak0 - peak1 >= 2 * 37 * 32 * 4  # at least the float32 embedding output (batch x seq x hidden)

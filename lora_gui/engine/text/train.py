@@ -68,6 +68,7 @@ from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.meter import GB, PeakMeter
 from lora_gui.memory.parallel import Parallel
 from lora_gui.models import text as text_models
+from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
@@ -275,7 +276,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         dist.on_main(lambda: save_run_config(out, cfg))
     accelerator = new_accelerator(device, mixed)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
                        embeddings_on_host=cfg.embeddings_on_host)  # after checkpointing, before .to()
     per_epoch = steps_per_epoch(cfg, len(data.train))
