@@ -71,11 +71,13 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
 
 def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list[tuple[int, int]],
                       text_seq_len: int, resident_bytes: int, budget: int | None, device: str,
-                      weights_dtype: torch.dtype, world_size: int = 1,
+                      weights_dtype: torch.dtype, world_size: int = 1, source: str | None = None,
                       ) -> tuple[dict[int, int], TraceResult, int, planner.Plan | None]:
     """Image run: caps per bucket (adaptive: the planner under a budget, else batch_table), the
-    trace of the largest micro-batch, its peak plus the VAE / text encoders when they stay on
-    the device (no latent cache), and the plan under a budget.
+    trace of the largest micro-batch, the run's peak (that step plus the VAE / text encoders
+    when they stay on the device (no latent cache), or the encoding pass when it is higher:
+    :func:`unet_encoding_pass`, counted when ``source``, the pipeline folder, is given), and
+    the plan under a budget.
 
     Args:
         buckets: the bucket (width, height) px of every training image, as the run assigns them.
@@ -111,7 +113,43 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
                              target_modules=lora_targets(cfg), lora_alpha=cfg.lora_alpha,
                              attention=cfg.resolved_attn_backend(), text_seq_len=text_seq_len, **step)
     resident = 0 if cfg.resolved_cache_latents() != "off" else resident_bytes
-    return caps, traced, traced.peak_bytes + resident, plan
+    peak = traced.peak_bytes + resident
+    if source is not None:
+        pictures = [*used, (cfg.resolution, cfg.resolution)]  # the held-out set is encoded square
+        try:
+            encoding = unet_encoding_pass(cfg, traced, source, resident_bytes,
+                                          max(pictures, key=lambda b: b[0] * b[1]))
+        except OSError as err:  # the pipeline's VAE config cannot be read (offline hub id)
+            log.warning("the encoding pass is not predicted: %s", err)
+            encoding = 0
+        traced.info["encoding_pass_bytes"] = encoding
+        if encoding > peak:
+            log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
+                     "step (%.0f MiB)", encoding / 2**20, peak / 2**20)
+            peak = encoding
+    return caps, traced, peak, plan
+
+
+def unet_encoding_pass(cfg: RunConfig, step: TraceResult, source: str, encoder_bytes: int,
+                       largest: tuple[int, int]) -> int:
+    """Predicted peak of an SD 1.x / SDXL run's encoding pass (source: predicted), from the
+    pipeline folder's configs (nothing loaded; the form and the run compute the same figure):
+    the VAE and text encoders (``encoder_bytes``), the UNet with its LoRA unless it joins the
+    device after the latent cache (:func:`lora_gui.memory.encode_trace.denoiser_waits_for_cache`),
+    the VAE encoder's activations on the ``largest`` (width, height) px picture (fake-tensor
+    trace) and the CUDA overheads of ``step``."""
+    from diffusers import AutoencoderKL
+
+    from lora_gui.memory.encode_trace import denoiser_waits_for_cache, trace_vae_encode
+    from lora_gui.memory.pipeline_shapes import config_folder
+
+    vae_config = {k: v for k, v in AutoencoderKL.load_config(config_folder(source) / "vae").items()
+                  if not k.startswith("_")}
+    weights = encoder_bytes
+    if not denoiser_waits_for_cache(cfg.resolved_cache_latents(), step.device):
+        weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
+    overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
+    return weights + trace_vae_encode(vae_config, largest[1], largest[0]) + overheads
 
 
 # -- the form ----------------------------------------------------------------------------------
@@ -154,7 +192,7 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
     data = load_image_data(cfg)
     seq_len, resident = pipeline_sizes(source, dtype)
     caps, traced, peak, plan = image_memory_plan(cfg, unet_config_for(cfg), data.buckets, seq_len,
-                                                 resident, budget, device, dtype, processes)
+                                                 resident, budget, device, dtype, processes, source)
     if cfg.train_text_encoder:  # as engine/image/train.py adds it to the run's prediction
         from lora_gui.models.text_encoder_lora import encoders_training_bytes
 

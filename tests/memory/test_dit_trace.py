@@ -115,3 +115,48 @@ def test_a_cached_gpu_run_encodes_without_the_transformer_on_the_card():
     assert uncached - cached == transformer + 2**20  # every step encodes: the transformer is there
     on_cpu = SimpleNamespace(**{**vars(step), "device": "cpu"})  # the host is the device
     assert encoding_pass_bytes(cfg["ram"], "flux", on_cpu, (256, 256), torch.bfloat16) == uncached
+
+
+def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():
+    """SD 1.x / SDXL runs count their encoding pass from the pipeline's configs, as DiT runs do:
+    the VAE term is the tracked peak of a real encode (plus the stacked copy of the picture), a cached GPU run leaves the UNet out,
+    and the run's predicted peak takes the pass where it is above the step."""
+    from types import SimpleNamespace
+
+    from diffusers import AutoencoderKL
+
+    from lora_gui.config import RunConfig
+    from lora_gui.engine import run_prediction
+    from lora_gui.memory.encode_trace import trace_vae_encode
+    from lora_gui.memory.tracker import StorageTracker
+    from lora_gui.models.diffusion import BUILTIN_DIFFUSION_DIR
+
+    vae = AutoencoderKL.from_pretrained(BUILTIN_DIFFUSION_DIR / "vae").eval()
+    with torch.no_grad(), StorageTracker() as t:
+        t.track([*vae.parameters(), *vae.buffers()])
+        start = t.live_bytes
+        vae.encode(torch.zeros(1, 3, 192, 256)).latent_dist.sample()
+    config = {k: v for k, v in AutoencoderKL.load_config(BUILTIN_DIFFUSION_DIR / "vae").items()
+              if not k.startswith("_")}
+    picture = 3 * 192 * 256 * 4  # the trace holds the picture and its stacked batch copy
+    assert trace_vae_encode(config, 192, 256) == t.peak_bytes - start + picture
+
+    unet = 3 * 2**30
+    step = SimpleNamespace(breakdown={"frozen_weights": unet, "lora_params": 2**20},
+                           cuda_overheads={"cuda_context": 500 * 2**20}, device="cuda")
+    cfg = {m: RunConfig(task="image", model="builtin", cache_latents=m) for m in ("ram", "off")}
+    cached, uncached = (run_prediction.unet_encoding_pass(cfg[m], step, str(BUILTIN_DIFFUSION_DIR), 7,
+                                                          (256, 192)) for m in ("ram", "off"))
+    assert uncached - cached == unet + 2**20
+    assert cached == 7 + trace_vae_encode(config, 192, 256) + 500 * 2**20
+
+
+def test_the_unet_run_takes_the_encoding_pass_when_it_is_higher(monkeypatch):
+    from lora_gui.engine import run_prediction
+    from lora_gui.presets import load_config
+
+    cfg = load_config("image-768", {"resolution": 512})
+    plain = run_prediction.predict_run(cfg, device="cpu")
+    assert 0 < plain.step.info["encoding_pass_bytes"] < plain.peak_bytes  # the built-in model: the step
+    monkeypatch.setattr(run_prediction, "unet_encoding_pass", lambda *a: plain.peak_bytes + 12345)
+    assert run_prediction.predict_run(cfg, device="cpu").peak_bytes == plain.peak_bytes + 12345

@@ -108,7 +108,7 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
     try:
         caps.caps, traced, predicted, _ = image_memory_plan(
             cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
-            device.type, weights_dtype, world_size)
+            device.type, weights_dtype, world_size, dm.resolve_pipeline_source(cfg.model))
         predicted += text_encoder_lora.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
                                                       weights_dtype, device.type)
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
