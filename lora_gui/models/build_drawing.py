@@ -9,9 +9,9 @@ white, black or gray, 64 x 64 px) so that "a red circle on a white background" g
   mean: the very colour of a flat picture); trained first on the pictures (MSE plus a small KL
   term), then its latents' mean and standard deviation become the pipeline's ``shift_factor`` /
   ``scaling_factor``.
-- SD3Transformer2DModel: patch 4, so a 64 px picture is (64 / 4 / 4)^2 = 16 image tokens (each
-  a 16 x 16 px square: cheap enough to pretrain on a shared CPU); width 64 (4 heads of 16), 4
-  joint blocks, RMS q/k norm. Trained with the engine's own
+- SD3Transformer2DModel: patch 2, so a 64 px picture is (64 / 4 / 2)^2 = 64 image tokens (each
+  an 8 x 8 px square; with patch 4, 16 tokens of 16 x 16 px, 2,400 steps drew blobs without
+  corners); width 64 (4 heads of 16), 4 joint blocks, RMS q/k norm. Trained with the engine's own
   flow-matching objective (:class:`lora_gui.models.dit.FlowMatching`: logit-normal timesteps,
   SD3's output preconditioning), 10% empty captions so classifier-free guidance works, and an
   exponential moving average of the weights (what is saved).
@@ -60,10 +60,10 @@ CLIP = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
         "max_position_embeddings": CLIP_TOKENS, "projection_dim": 32, "hidden_act": "gelu"}
 T5 = {"d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 1, "num_heads": 4,
       "relative_attention_num_buckets": 8, "feed_forward_proj": "gated-gelu"}
-TRANSFORMER = {"sample_size": PIXELS // 4, "patch_size": 4, "in_channels": 4, "out_channels": 4,
+TRANSFORMER = {"sample_size": PIXELS // 4, "patch_size": 2, "in_channels": 4, "out_channels": 4,
                "num_layers": 4, "attention_head_dim": 16, "num_attention_heads": 4,
                "joint_attention_dim": 64, "caption_projection_dim": 64, "pooled_projection_dim": 64,
-               "pos_embed_max_size": PIXELS // 16, "qk_norm": "rms_norm"}
+               "pos_embed_max_size": PIXELS // 8, "qk_norm": "rms_norm"}
 SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0}  # 64 px: no shift towards high noise
 KL_WEIGHT = 1e-5
 CAPTION_DROPOUT = 0.1
@@ -249,7 +249,7 @@ def draw_pictures(pipe, prompts: list[str], seed: int = 0, steps: int = 20, **kw
 
 
 def build(out: Path = DRAWING_DIR, *, seed: int = 0, images: int = 8192, vae_steps: int = 700,
-          dit_steps: int = 2400, work: Path | None = None) -> Path:
+          dit_steps: int = 10000, work: Path | None = None) -> Path:
     """Pretrains the pipeline and saves it into ``out`` (``save_pretrained``; renamed into place).
 
     ``work`` keeps the checkpoints (kept after the build, so a rerun with the same settings
@@ -281,6 +281,8 @@ def build(out: Path = DRAWING_DIR, *, seed: int = 0, images: int = 8192, vae_ste
             "text_tokens": TEXT_TOKENS, "build_seconds": round(time.time() - t0),
             "dit_seconds": round(time.time() - t1), "torch_threads": torch.get_num_threads()}
     (tmp / "build.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    if (out / "BUILD.md").is_file():  # the folder's hand-written notes survive a rebuild
+        shutil.copy2(out / "BUILD.md", tmp / "BUILD.md")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
@@ -294,7 +296,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=8192)
     parser.add_argument("--vae-steps", type=int, default=700)
-    parser.add_argument("--dit-steps", type=int, default=2400)
+    parser.add_argument("--dit-steps", type=int, default=10000)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest on a shared machine)")
     args = parser.parse_args()
