@@ -26,8 +26,8 @@ PRETRAIN_SHAPES = ("circle", "square", "triangle")
 NEW_SHAPE = "star"  # kept out of pretraining: the LoRA demo teaches it
 SIZE_WORDS = {"small": 0.2, "large": 0.34}  # radius as a share of the picture side
 PIXELS = 64  # the drawing pipeline's native resolution (px per side)
-# shapes sit near the centre: with a random place anywhere, the tiny denoiser's short
-# pretraining (under 2,500 steps) had not learned to draw one coherent shape
+# shapes sit near the centre (share of the picture side): an early, shorter pretraining with
+# shapes placed anywhere drew scattered patches instead of one coherent shape
 JITTER = 0.05
 STAR_DIR = ASSETS / "drawing-stars"
 STAR_COUNT = 24
