@@ -119,8 +119,8 @@ def test_a_cached_gpu_run_encodes_without_the_transformer_on_the_card():
 
 def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():
     """SD 1.x / SDXL runs count their encoding pass from the pipeline's configs, as DiT runs do:
-    the VAE term is the tracked peak of a real encode (plus the stacked copy of the picture), a cached GPU run leaves the UNet out,
-    and the run's predicted peak takes the pass where it is above the step."""
+    the VAE term is the tracked peak of a real encode (plus the stacked copy of the picture), a
+    cached GPU run leaves the UNet out."""
     from types import SimpleNamespace
 
     from diffusers import AutoencoderKL
