@@ -249,9 +249,13 @@ def test_compare_instant_then_measure_one_row(server, page):
     page.locator("#compare-steps input").fill("1")
     page.click("#compare-measure")
     wait_text(page, "compare-progress", "Measuring")
-    wait_text(page, "compare-progress", "1/3 rows", minutes=10)
+    # The page polls every 2 s, and a fast machine can finish all three one-step rows between two
+    # polls, so the first row is awaited as "some rows", and Stop may land after the last row: the
+    # job then reads completed. (A stop between rows is checked without a browser in
+    # tests/engine/test_compare.py.)
+    wait_match(page, "compare-progress", r"([123])/3 rows", minutes=10)
     page.click("#compare-stop")
-    wait_text(page, "compare-progress", "stopped", minutes=10)
+    wait_match(page, "compare-progress", r"(stopped|completed)", minutes=10)
     has_measured = "() => document.querySelector('#compare-table').innerText.includes('tracker')"
     page.wait_for_function(has_measured, timeout=2 * MINUTE)  # measured lines lead the table
     page.screenshot(path=str(ARTIFACTS / "compare-measured.png"), full_page=True)

@@ -95,6 +95,20 @@ def test_rows_are_real_labelled_and_resume_without_recomputing(tmp_path, monkeyp
         run_comparison(tiny(lora_rank=8), settings, out)
 
 
+def test_a_stop_between_rows_keeps_the_rows_done_and_a_rerun_resumes(tmp_path):
+    import threading
+
+    from lora_gui.engine.compare.quick import run_quick
+
+    stop = threading.Event()
+    first = run_quick(tiny(), [64], tmp_path, steps=1, stop=stop, on_row=lambda _row: stop.set())
+    assert [r["mode"] for r in first["rows"]] == ["traditional"]
+    assert len(load_results(tmp_path)["rows"]) == 1  # saved, so the page and a rerun see it
+    again = run_quick(tiny(), [64], tmp_path, steps=1)
+    assert [r["mode"] for r in again["rows"]] == ["traditional", "strong_baseline", "optimized"]
+    assert again["rows"][0] == first["rows"][0]  # resumed, not trained again
+
+
 def test_out_of_budget_row_is_recorded_and_the_comparison_goes_on(tmp_path):
     cfg = tiny(budget_gb=0.045)  # fits the weights and the optimized step, not traditional's batch
     settings = CompareSettings(seq_lens=[192], steps=1, questions=["memory"], data_kinds=["full"],

@@ -105,6 +105,43 @@ def test_measure_runs_as_a_job_and_rows_persist(root, monkeypatch):
     assert message.startswith("1 rows") and "tracker" in message
 
 
+def test_stop_ends_a_measuring_comparison_and_leaves_a_training_run_alone(root, monkeypatch):
+    import threading
+
+    from lora_gui.engine.compare import quick
+
+    def waits_for_stop(base, sizes, out, *, steps, stop, on_row, **kw):  # one row, then stop
+        from lora_gui.engine.compare.results import write_results
+
+        rows = [{"question": "memory", "data": "corpus", "mode": "traditional", "seq_len": sizes[0],
+                 "status": "ok", "peak_bytes": 5 * 2**20, "memory_source": "tracker", "batch_size": 8}]
+        write_results(out, {}, rows)
+        on_row(rows[0])
+        assert stop.wait(30), "Stop never reached the comparison"
+        return {"rows": rows}
+
+    assert handle.stop() == ("No comparison is being measured.", None)
+    monkeypatch.setattr(quick, "run_quick", waits_for_stop)
+    handle.measure("text-demo", "512", 1, "cmp")
+    job = common.MANAGER.job
+    message, seen = handle.stop()
+    assert message == "stopping cmp" and seen is None
+    deadline = time.time() + 30
+    while job.running and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.status == "stopped"
+    status = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")[0]
+    assert "stopped" in status and "1/3 rows" in status
+
+    class Training:  # a run started from the Train tab
+        name, kind, running = "my-training", "training", True
+        control = type("Control", (), {"stop": threading.Event()})()
+
+    common.MANAGER.job = Training()
+    assert handle.stop()[0] == "No comparison is being measured."
+    assert not Training.control.stop.is_set()
+
+
 def test_load_saved_names_a_broken_file(root):
     (root / "bad").mkdir()
     (root / "bad" / "compare.json").write_text("{not json")

@@ -53,10 +53,10 @@ def build() -> dict[str, Any]:
         trigger(handle.instant, [preset, model, sizes], shown, trigger_mode="always_last")
     preset.change(handle.default_out, preset, out)
     measure.click(handle.measure, [preset, measure_sizes, steps, out], progress)
-    stop.click(common.MANAGER.stop, None, progress)
     load.click(handle.load_saved, saved, shown)
     saved.focus(lambda: gr.update(choices=handle.saved_comparisons()), None, saved)
     seen = gr.State(None)  # what this page last drew of the measuring job
     timer = gr.Timer(2.0)
+    stop.click(handle.stop, None, [progress, seen])
     timer.tick(handle.progress, [preset, model, sizes, out, seen], [progress, bars, lines, table, seen])
     return {"preset": preset, "model": model, "sizes": sizes, "shown": shown, "instant": handle.instant}

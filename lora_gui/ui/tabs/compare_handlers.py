@@ -115,6 +115,17 @@ def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
     return f"Measuring **{job.name}** into `{out}` (rows appear below as they finish)"
 
 
+def stop() -> tuple[str, None]:
+    """The Compare tab's Stop: stops a comparison being measured, never a training run started
+    from the Train tab. It also clears the page's record of what it last drew, so the next tick
+    writes the job's status line again over this message (a comparison that had already finished
+    shows "completed" again, not "nothing to stop")."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "compare" or not job.running:
+        return "No comparison is being measured.", None
+    return common.MANAGER.stop(), None
+
+
 def saved_comparisons() -> list[str]:
     root = common.runs_root()
     return sorted(p.parent.name for p in root.glob("*/compare.json")) if root.is_dir() else []
