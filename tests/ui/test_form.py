@@ -153,6 +153,34 @@ def test_prediction_panel_estimate_and_plan_name_their_source():
     assert "waits for valid settings" in text and fig is None
 
 
+def test_a_plan_for_settings_the_page_has_since_changed_is_dropped():
+    from lora_gui.ui.tabs import train
+
+    with gr.Blocks() as blocks:
+        train.build()
+    fns = {f.name: f for f in blocks.fns.values()}
+    estimate, plan = fns["estimate"], fns["plan"]
+    first = {c: c.value for c in plan.inputs}
+    lr = next(c for c in plan.inputs if getattr(c, "elem_id", None) == "field-lr")
+    changed = {**first, lr: 3e-4 if first[lr] != 3e-4 else 2e-4}
+    page, other_page = gr.Request(session_hash="page"), gr.Request(session_hash="other")
+    estimate.fn(first, page)
+    estimate.fn(changed, page)  # the page changed its settings while the first plan ran
+    estimate.fn(first, other_page)
+    assert all(part == gr.update() for part in plan.fn(first, page))  # dropped: not shown
+    assert plan.fn(changed, page)[0].startswith("Predicted peak")  # the page's own settings
+    assert plan.fn(first, other_page)[0].startswith("Predicted peak")  # each page on its own
+
+
+def test_shown_forms_remember_a_bounded_number_of_pages():
+    shown = handle.ShownForms(keep=2)
+    for page in ("a", "b", "c"):
+        shown.mark(page, {"lr": 1.0}, 1)
+    assert not shown.is_current("b", {"lr": 2.0}, 1) and shown.is_current("b", {"lr": 1.0}, 1)
+    assert shown.is_current("a", {"lr": 2.0}, 1)  # forgotten: its plan is shown, as before
+    assert shown.is_current(None, {"lr": 2.0}, 1)  # a call without a page (the API)
+
+
 def test_engine_never_imports_gradio():
     import subprocess
     import sys

@@ -75,15 +75,20 @@ def build() -> dict[str, Any]:
     inputs = {processes, *form.components}
     panel_out = [panel["text"], panel["chart"], panel["table"]]
 
-    def estimate(data: dict) -> dict:
+    def estimate(data: dict, request: gr.Request) -> dict:
         cfg_values = form.named(data)
+        handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, data[processes])
         _, errors = handle.config_from_form(cfg_values)
         text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
                 panel["table"]: rows}
 
-    def plan(data: dict) -> tuple:
-        return handle.prediction_view(form.named(data), data[processes], exact=True)
+    def plan(data: dict, request: gr.Request) -> tuple:
+        values = form.named(data)
+        view = handle.prediction_view(values, data[processes], exact=True)
+        if not handle.SHOWN_FORMS.is_current(request.session_hash, values, data[processes]):
+            return (gr.update(),) * len(view)  # the page's settings changed while this planned
+        return view
 
     def fill(name: str) -> dict:
         filled = handle.form_values(name)

@@ -3,6 +3,7 @@ shows. The prediction is the engine's own plan function (engine/run_prediction.p
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,37 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
     rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
             for bucket, batch in pred.bucket_batches]
     return text, figure, rows
+
+
+class ShownForms:
+    """The settings each open page last asked an estimate for, by page (Gradio's session hash).
+
+    A plan takes seconds; if the page's settings changed meanwhile, its plan belongs to settings
+    the page no longer shows. It is then dropped: the newer settings' estimate stays until their
+    own plan arrives, so "the run's own plan" never stands beside an older plan's figure."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._latest: dict[str, str] = {}  # page -> settings key, oldest page first
+        self._keep = keep  # pages remembered; an older page's plan is simply shown
+
+    @staticmethod
+    def _key(values: dict[str, Any], processes: Any) -> str:
+        return json.dumps([values, processes], sort_keys=True, default=str)
+
+    def mark(self, page: str | None, values: dict[str, Any], processes: Any) -> None:
+        if page is None:
+            return
+        self._latest.pop(page, None)
+        self._latest[page] = self._key(values, processes)
+        while len(self._latest) > self._keep:
+            self._latest.pop(next(iter(self._latest)))
+
+    def is_current(self, page: str | None, values: dict[str, Any], processes: Any) -> bool:
+        latest = self._latest.get(page) if page is not None else None
+        return latest is None or latest == self._key(values, processes)
+
+
+SHOWN_FORMS = ShownForms()
 
 
 # -- live charts -------------------------------------------------------------------------------
