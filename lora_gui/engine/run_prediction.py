@@ -140,16 +140,14 @@ def unet_encoding_pass(cfg: RunConfig, step: TraceResult, source: str, encoder_b
     trace) and the CUDA overheads of ``step``."""
     from diffusers import AutoencoderKL
 
-    from lora_gui.memory.encode_trace import denoiser_waits_for_cache, trace_vae_encode
+    from lora_gui.memory.encode_trace import planned_encoding_pass
     from lora_gui.memory.pipeline_shapes import config_folder
 
     vae_config = {k: v for k, v in AutoencoderKL.load_config(config_folder(source) / "vae").items()
                   if not k.startswith("_")}
-    weights = encoder_bytes
-    if not denoiser_waits_for_cache(cfg.resolved_cache_latents(), step.device):
-        weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
-    overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
-    return weights + trace_vae_encode(vae_config, largest[1], largest[0]) + overheads
+    width, height = largest
+    return planned_encoding_pass(cfg.resolved_cache_latents(), step, encoder_bytes, vae_config,
+                                 height, width)
 
 
 # -- the form ----------------------------------------------------------------------------------

@@ -192,20 +192,15 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
 
 def encoding_pass_bytes(cfg: RunConfig, kind: str, step: TraceResult, largest_hw: tuple[int, int],
                         dtype: torch.dtype) -> int:
-    """Peak of the run's encoding pass (source: predicted): the transformer's weights and LoRA
-    (from ``step``'s breakdown) unless it joins after the cache, the VAE (float32) and the text
-    encoders in ``dtype`` (the pipeline folder's own, or SD3.5 / Flux.1's for a bundled name),
-    the VAE encoder's activations on the largest picture (fake-tensor trace), and ``step``'s
-    CUDA overheads. Text-encoder activations (one caption's forward) are left out: small beside
-    the weights."""
-    from lora_gui.memory.encode_trace import denoiser_waits_for_cache, trace_vae_encode
+    """Peak of the run's encoding pass (source: predicted; the rule is
+    :func:`lora_gui.memory.encode_trace.planned_encoding_pass`), with the VAE (float32) and the
+    text encoders in ``dtype`` of the run's pipeline (the folder's own, or SD3.5 / Flux.1's for
+    a bundled name); the transformer joins after a GPU run's caching pass
+    (engine.image.encode_peak)."""
+    from lora_gui.memory.encode_trace import planned_encoding_pass
 
     vae_config, encoders = pipeline_encoders(cfg, kind, dtype)
-    weights = encoders  # the transformer joins after a GPU run's caching pass (engine.image.encode_peak)
-    if not denoiser_waits_for_cache(cfg.resolved_cache_latents(), step.device):
-        weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
-    overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
-    return weights + trace_vae_encode(vae_config, *largest_hw) + overheads
+    return planned_encoding_pass(cfg.resolved_cache_latents(), step, encoders, vae_config, *largest_hw)
 
 
 def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[dict[str, Any], int]:

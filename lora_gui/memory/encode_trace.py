@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,6 +29,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from lora_gui.memory.tracker import StorageTracker
+
+if TYPE_CHECKING:
+    from lora_gui.memory.trace import TraceResult
 
 CACHE_BYTES_PER_VALUE = 4  # cached latents and embeddings are kept as float32 (engine/image/inputs.py)
 
@@ -129,3 +133,18 @@ def trace_vae_encode(vae_config: dict, height: int, width: int) -> int:
             latents = vae.encode(torch.stack(pixels)).latent_dist.sample()
             del latents, pixels
     return tracker.peak_bytes - start
+
+
+def planned_encoding_pass(cache_mode: str, step: TraceResult, encoder_bytes: int, vae_config: dict,
+                          height: int, width: int) -> int:
+    """Predicted peak of an image run's encoding pass, UNet or DiT alike (source: predicted):
+    the VAE and text encoders (``encoder_bytes``), the denoiser's weights and LoRA from
+    ``step``'s breakdown unless it joins the device after the cache
+    (:func:`denoiser_waits_for_cache`), the VAE encoder's activations on the largest
+    ``height x width`` picture, and ``step``'s CUDA context and cuBLAS workspace. Text-encoder
+    activations (one caption's forward) are left out: small beside the weights."""
+    weights = encoder_bytes
+    if not denoiser_waits_for_cache(cache_mode, step.device):
+        weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
+    overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
+    return weights + trace_vae_encode(vae_config, height, width) + overheads
