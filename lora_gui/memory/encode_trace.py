@@ -142,9 +142,13 @@ def planned_encoding_pass(cache_mode: str, step: TraceResult, encoder_bytes: int
     ``step``'s breakdown unless it joins the device after the cache
     (:func:`denoiser_waits_for_cache`), the VAE encoder's activations on the largest
     ``height x width`` picture, and ``step``'s CUDA context and cuBLAS workspace. Text-encoder
-    activations (one caption's forward) are left out: small beside the weights."""
+    activations (one caption's forward) are left out: small beside the weights. With
+    ``cache_mode="off"`` every step encodes its batch, and from the second step on the optimizer
+    state is alive beside it: that is counted too."""
     weights = encoder_bytes
     if not denoiser_waits_for_cache(cache_mode, step.device):
         weights += step.breakdown["frozen_weights"] + step.breakdown["lora_params"]
+    if cache_mode == "off":
+        weights += step.breakdown.get("optimizer_state", 0)
     overheads = step.cuda_overheads.get("cuda_context", 0) + step.cuda_overheads.get("cublas_workspace", 0)
     return weights + trace_vae_encode(vae_config, height, width) + overheads

@@ -121,12 +121,17 @@ def test_run_prediction_is_within_the_bound_of_the_measured_peak(runs, kind):
 
 @pytest.mark.slow
 def test_run_without_a_cache_is_predicted_within_the_bound(pipelines, folder, tmp_path):
-    out = tmp_path / "run"  # VAE and three text encoders resident, encoding every step
+    """VAE and three text encoders resident, encoding every step. From the second step on the
+    optimizer state is alive while the batch encodes; a large LoRA rank makes it count (the
+    prediction without it read -2.2% on this run)."""
+    out = tmp_path / "run"
     assert main(["train", "--preset", "image-512", "--quiet", "--out", str(out),
-                 *_sets(pipelines["sd3"], folder, max_steps=1, cache_latents="off")]) == 0
+                 *_sets(pipelines["sd3"], folder, max_steps=3, batch_size=1, lora_rank=128,
+                        cache_latents="off")]) == 0
     summary = json.loads((out / "run.json").read_text())
     assert summary["switches"]["cache_latents"] == "off"
     _check_report(summary)
+    assert summary["memory_report"]["predicted_vs_measured"] >= 0, summary["memory_report"]
 
 
 def test_unsupported_pipeline_class_lists_the_supported_ones(tmp_path):

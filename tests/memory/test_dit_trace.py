@@ -106,15 +106,19 @@ def test_a_cached_gpu_run_encodes_without_the_transformer_on_the_card():
     from lora_gui.memory.dit_plan import encoding_pass_bytes
 
     transformer = 23 * 2**30  # Flux.1-dev's 12B in bf16, as a step's breakdown would say
-    step = SimpleNamespace(breakdown={"frozen_weights": transformer, "lora_params": 2**20},
+    adam = 4 * 2**20  # the LoRA's optimizer state
+    step = SimpleNamespace(breakdown={"frozen_weights": transformer, "lora_params": 2**20,
+                                      "optimizer_state": adam},
                            cuda_overheads={"cuda_context": 500 * 2**20}, device="cuda")
     cfg = {mode: RunConfig(task="image", model="flux.1-dev", resolution=256, cache_latents=mode)
            for mode in ("ram", "off")}
     cached, uncached = (encoding_pass_bytes(cfg[m], "flux", step, (256, 256), torch.bfloat16)
                         for m in ("ram", "off"))
-    assert uncached - cached == transformer + 2**20  # every step encodes: the transformer is there
+    # every step encodes: the transformer is there, and from the second step on its optimizer state
+    assert uncached - cached == transformer + 2**20 + adam
     on_cpu = SimpleNamespace(**{**vars(step), "device": "cpu"})  # the host is the device
-    assert encoding_pass_bytes(cfg["ram"], "flux", on_cpu, (256, 256), torch.bfloat16) == uncached
+    # the caching pass comes before the first step: no optimizer state yet
+    assert encoding_pass_bytes(cfg["ram"], "flux", on_cpu, (256, 256), torch.bfloat16) == uncached - adam
 
 
 def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():

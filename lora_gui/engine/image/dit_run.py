@@ -103,13 +103,15 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
                                      lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
                                      weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
                       for b in sorted(worst)), key=lambda t: t.peak_bytes)
-        predicted = run_peak(cfg, model, data, device, traced.peak_bytes + resident)
+        predicted = run_peak(cfg, model, data, device, traced.peak_bytes + resident,
+                             traced.breakdown.get("optimizer_state", 0))
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return caps, predicted
 
 
-def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) -> int:
+def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int,
+             optimizer_bytes: int = 0) -> int:
     """The run's predicted peak (source: predicted) from its training step's (``step_peak``:
     the traced step plus the VAE / text encoders when they stay resident): the larger of
 
@@ -118,7 +120,8 @@ def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) 
     - the encoding pass (caching pass, or each step's encoding with ``cache_latents=off``):
       the weights on the device then (VAE and text encoders, and the transformer with LoRA
       unless it joins after the cache: :mod:`lora_gui.engine.image.encode_peak`) plus the held
-      inputs plus the traced transient of encoding the largest picture.
+      inputs plus the traced transient of encoding the largest picture, plus the optimizer
+      state (``optimizer_bytes``) when every step encodes (``cache_latents=off``).
     """
     from lora_gui.engine.image.encode_peak import encoding_pass_bytes
     from lora_gui.memory.encode_trace import held_bytes
@@ -132,7 +135,7 @@ def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int) 
         vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
         text_width=int(conf.get("joint_attention_dim", 4096)),
         pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache)
-    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held)
+    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held, optimizer_bytes)
     if encoding > step_peak + held:
         log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
                  "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)

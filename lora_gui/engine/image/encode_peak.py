@@ -16,11 +16,12 @@ from lora_gui.memory.encode_trace import denoiser_waits_for_cache
 
 
 def encoding_pass_bytes(cfg: RunConfig, model, buckets: list[tuple[int, int]], device: torch.device,
-                        held: int = 0) -> int:
+                        held: int = 0, optimizer_bytes: int = 0) -> int:
     """Predicted peak of the encoding pass (source: predicted): the weights on the device at that
     time, ``held`` bytes the run keeps there (a CPU run's cached inputs), the traced transient of
     encoding the largest picture of ``buckets`` ((width, height) px) or the held-out square, and
-    the CUDA overheads the step's trace also adds."""
+    the CUDA overheads the step's trace also adds. With ``cache_latents=off`` every step encodes
+    its batch while the optimizer state (``optimizer_bytes``, from the step's trace) is alive."""
     from lora_gui.memory.encode_trace import module_bytes, trace_encode_peak
     from lora_gui.memory.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 
@@ -29,6 +30,8 @@ def encoding_pass_bytes(cfg: RunConfig, model, buckets: list[tuple[int, int]], d
         modules.insert(0, model.unet)
     pictures = [*set(buckets), (cfg.resolution, cfg.resolution)]
     encoding = module_bytes(modules) + held + trace_encode_peak(model, pictures, device)
+    if cfg.resolved_cache_latents() == "off":
+        encoding += optimizer_bytes
     if device.type == "cuda":
         encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
     return encoding
