@@ -4,6 +4,7 @@ shows. The prediction is the engine's own plan function (engine/run_prediction.p
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,7 @@ class ShownForms:
     def __init__(self, keep: int = 256) -> None:
         self._latest: dict[str, str] = {}  # page -> settings key, oldest page first
         self._keep = keep  # pages remembered; an older page's plan is simply shown
+        self._lock = threading.Lock()  # Gradio runs handlers of several pages on worker threads
 
     @staticmethod
     def _key(values: dict[str, Any], processes: Any) -> str:
@@ -167,13 +169,16 @@ class ShownForms:
     def mark(self, page: str | None, values: dict[str, Any], processes: Any) -> None:
         if page is None:
             return
-        self._latest.pop(page, None)
-        self._latest[page] = self._key(values, processes)
-        while len(self._latest) > self._keep:
-            self._latest.pop(next(iter(self._latest)))
+        key = self._key(values, processes)
+        with self._lock:
+            self._latest.pop(page, None)
+            self._latest[page] = key
+            while len(self._latest) > self._keep:
+                self._latest.pop(next(iter(self._latest)))
 
     def is_current(self, page: str | None, values: dict[str, Any], processes: Any) -> bool:
-        latest = self._latest.get(page) if page is not None else None
+        with self._lock:
+            latest = self._latest.get(page) if page is not None else None
         return latest is None or latest == self._key(values, processes)
 
 
