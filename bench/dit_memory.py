@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from lora_gui.memory.dit_plan import resident_bytes, what_fits_where_dit
-from lora_gui.memory.dit_trace import default_text_tokens, estimate_dit_step, trace_dit_step
+from lora_gui.memory.predict.dit_plan import resident_bytes, what_fits_where_dit
+from lora_gui.memory.predict.dit_trace import default_text_tokens, estimate_dit_step, trace_dit_step
 from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
 
 COMMAND = "OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/dit_memory.py"

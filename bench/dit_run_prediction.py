@@ -27,11 +27,11 @@ def bundled_caching_pass() -> None:
     import torch
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
-    from lora_gui.memory.dit_plan import VAE_CONFIG, vae_params
-    from lora_gui.memory.dit_trace import text_encoder_bytes
-    from lora_gui.memory.encode_trace import trace_vae_encode
-    from lora_gui.memory.model_configs import load_model_config
-    from lora_gui.memory.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+    from lora_gui.memory.predict.dit_plan import VAE_CONFIG, vae_params
+    from lora_gui.memory.predict.dit_trace import text_encoder_bytes
+    from lora_gui.memory.predict.encode_trace import trace_vae_encode
+    from lora_gui.memory.predict.model_configs import load_model_config
+    from lora_gui.memory.predict.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 
     gib = 2**30
     print("\n| model | transformer GiB | VAE + text encoders GiB | VAE encode at 1024 px GiB | "

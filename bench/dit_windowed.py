@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from lora_gui.attention.image_window import ImageLayout, dense_image_window_attention, image_window_attention
-from lora_gui.memory.dit_trace import trace_dit_step
+from lora_gui.memory.predict.dit_trace import trace_dit_step
 from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
 
 COMMAND = "OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/dit_windowed.py"

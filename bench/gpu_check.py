@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from lora_gui.memory import trace as tr
-from lora_gui.memory.model_configs import load_model_config
+from lora_gui.memory.predict import trace as tr
+from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models.checkpointing import enable_checkpointing
 
 LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
@@ -175,7 +175,7 @@ def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str,
     from bench.quant_measure import save_random_model
     from lora_gui.config import RunConfig, apply_overrides
     from lora_gui.engine.core.optim import make_optimizer
-    from lora_gui.memory.longest import longest_text
+    from lora_gui.memory.predict.longest import longest_text
     from lora_gui.models import text as text_models
     from lora_gui.models.long_context import apply_long_context
 
@@ -239,7 +239,7 @@ def _unet_extra(c: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
 
 def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[str, Any]]:
     """UNet LoRA step (r16 on to_q/k/v/out, batch 1): measured peak, trace and planner estimate."""
-    from lora_gui.memory.estimate import estimate_unet_step
+    from lora_gui.memory.predict.estimate import estimate_unet_step
 
     rows = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -285,7 +285,7 @@ def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpo
 
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from lora_gui.memory import dit_trace as dt
+    from lora_gui.memory.predict import dit_trace as dt
     from lora_gui.models.dit import FlowMatching, lora_targets
 
     rows = []

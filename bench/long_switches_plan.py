@@ -19,8 +19,8 @@ import argparse
 import time
 import warnings
 
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.trace import trace_text_step
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.trace import trace_text_step
 
 GB = 1e9
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.text.train import train_text
-from lora_gui.memory.longest import longest_text
-from lora_gui.memory.run_predict import predict_run
+from lora_gui.memory.predict.longest import longest_text
+from lora_gui.memory.predict.run_predict import predict_run
 
 
 def long_corpus(folder: Path) -> Path:

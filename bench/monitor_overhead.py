@@ -19,8 +19,8 @@ from accelerate import Accelerator
 
 from lora_gui.data.batching import MicroBatch, Step
 from lora_gui.engine.text.train import load_text_data, run_step
-from lora_gui.memory.monitor import MemoryMonitor
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.monitor import MemoryMonitor
+from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models import text as text_models
 from lora_gui.presets import load_config
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from lora_gui.config import BUILTIN_MODEL_DIR
 from lora_gui.engine.core.records import read_records
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.model_configs import load_model_config
-from lora_gui.memory.parallel import Parallel, per_gpu
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.model_configs import load_model_config
+from lora_gui.memory.predict.parallel import Parallel, per_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20

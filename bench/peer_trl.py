@@ -12,7 +12,7 @@ all-linear; 8 samples per optimizer step; one epoch; the same learning rate; CPU
 number of torch threads.
 
 Measured the same way for both:
-- peak: live tensor-storage bytes counted by ``lora_gui.memory.tracker`` (source ``tracker``).
+- peak: live tensor-storage bytes counted by ``lora_gui.memory.runtime.tracker`` (source ``tracker``).
   TRL: one StorageTracker around ``trainer.train()``, with the model's weights and buffers
   counted first. lora_gui: its engine's own per-step tracker peak (weights, buffers and optimizer
   state counted first), the figure its run.json reports;
@@ -41,7 +41,7 @@ import torch
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.text import load_documents, split_documents, tokenize_documents
 from lora_gui.engine.text.train import TrainControl, train_text
-from lora_gui.memory.tracker import MEMORY_SOURCE, StorageTracker
+from lora_gui.memory.runtime.tracker import MEMORY_SOURCE, StorageTracker
 from lora_gui.presets import load_config
 
 MiB = 2**20

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lora_gui.config import RunConfig, apply_overrides
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 
 def save_random_model(config: Any, folder: str) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.trace import trace_text_step, trace_unet_step
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.trace import trace_text_step, trace_unet_step
 
 COMMAND = "PYTHONPATH=. .venv/bin/python bench/trace_accuracy.py"
 MIB = 2**20
@@ -163,7 +163,7 @@ def quantized_7b_8b_table() -> list[str]:
 def kbit_prepare_cost() -> list[str]:
     """peft's prepare_model_for_kbit_training (upcasts to fp32) vs the engine's preparation."""
     from bench.quant_measure import engine_step_peak
-    from lora_gui.memory.model_configs import load_model_config
+    from lora_gui.memory.predict.model_configs import load_model_config
 
     cfg = QUANT_MODELS["tiny Llama"]
     kw = dict(quantization="nf4", batch_size=2, seq_len=256, gradient_checkpointing=True,

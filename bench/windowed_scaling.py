@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from lora_gui.attention.windowed import WindowSpec, default_block_size, windowed_attention
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 HEADS, HEAD_DIM, WINDOW, GLOBALS = 4, 64, 256, 4
 BYTES_F32 = 4

@@ -29,7 +29,7 @@ def _stop_on_signals(stop) -> None:
     """First Ctrl-C / SIGTERM asks the loop to checkpoint and stop; a second one kills. Under a
     launcher (several processes) every rank gets the terminal's Ctrl-C and the launcher's forwarded
     signal at once, so the handler stays: the launcher's own kill timeout is the hard stop."""
-    from lora_gui.engine.parallel.distributed import launched_world_size
+    from lora_gui.engine.core.distributed import launched_world_size
 
     launched = launched_world_size() > 1
 
@@ -49,9 +49,9 @@ def _stop_on_signals(stop) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from lora_gui.engine import train
     from lora_gui.engine.core.control import TrainControl
+    from lora_gui.engine.core.distributed import Dist
     from lora_gui.engine.core.rundir import load_run_config
     from lora_gui.engine.core.runstate import storage_error_message
-    from lora_gui.engine.parallel.distributed import Dist
 
     overrides = parse_set_args(args.set)
     if args.resume:
@@ -101,8 +101,8 @@ def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lora_gui.memory import planner, run_plan, run_predict
-    from lora_gui.memory.parallel import Parallel
+    from lora_gui.memory.predict import planner, run_plan, run_predict
+    from lora_gui.memory.predict.parallel import Parallel
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget_gb, budget_from = _plan_budget_gb(args, cfg)
@@ -152,7 +152,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _check_host(step, args: argparse.Namespace) -> None:
     """Refuses a plan whose offloaded tensors need more host memory than there is (both figures)."""
-    from lora_gui.memory.host import check_host_memory, host_available_bytes
+    from lora_gui.memory.runtime.host import check_host_memory, host_available_bytes
 
     host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
     check_host_memory(int(step.info.get("host_bytes", 0) or 0), host,
@@ -162,12 +162,12 @@ def _check_host(step, args: argparse.Namespace) -> None:
 def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
     """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
     batch (image), with the switches it needs (source: predicted)."""
-    from lora_gui.memory.host import host_available_bytes
+    from lora_gui.memory.runtime.host import host_available_bytes
 
     budget = budget_gb * 1e9
     try:
         if cfg.task == "image":
-            from lora_gui.memory.longest_image import longest_image
+            from lora_gui.memory.predict.longest_image import longest_image
 
             result = longest_image(cfg, budget, args.device)
             if args.json:
@@ -178,7 +178,7 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
             return 0
-        from lora_gui.memory.longest import describe, longest_text
+        from lora_gui.memory.predict.longest import describe, longest_text
 
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
         result = longest_text(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
@@ -197,7 +197,7 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
 
 
 def _print_fits(cfg, device: str) -> None:
-    from lora_gui.memory import planner, run_plan
+    from lora_gui.memory.predict import planner, run_plan
 
     rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                    **run_plan.step_kwargs(cfg, device))
@@ -277,15 +277,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
     """`plan` for an image run: per-bucket micro-batch and the trace of the largest (predicted)."""
-    from lora_gui.memory import planner
-    from lora_gui.memory.image_run_plan import plan_image_run
+    from lora_gui.memory.predict import planner
+    from lora_gui.memory.predict.image_run_plan import plan_image_run
 
     try:
         plan, step, _ = plan_image_run(cfg, planner.check_budget(budget_gb * 1e9), args.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
-        from lora_gui.memory.run_plan import plan_to_json
+        from lora_gui.memory.predict.run_plan import plan_to_json
 
         print(json.dumps(plan_to_json(plan, step), indent=1, default=str))
         return 0

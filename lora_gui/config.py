@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,6 +258,20 @@ class RunConfig:
             return self.image_batch
         return "fixed" if self.mode == "traditional" else "adaptive"
 
+    def resolved_optimizer(self, device_type: str) -> str:
+        """The optimizer once 'auto' is resolved: adamw for text; for images, adamw8bit in
+        optimized mode on a GPU when bitsandbytes is installed.
+
+        Args:
+            device_type: where the run trains ('cuda' or 'cpu').
+        """
+        if self.optimizer != "auto":
+            return self.optimizer
+        if self.task == "image" and self.mode == "optimized" and device_type == "cuda" \
+                and bitsandbytes_present():
+            return "adamw8bit"
+        return "adamw"
+
     def batch_by_resolution(self) -> dict[int, int]:
         """batch_table parsed: {resolution px: micro-batch}."""
         try:
@@ -321,6 +336,11 @@ def _check_value(f: dataclasses.Field, kind: type, value: Any) -> None:
         raise ConfigError(f"{f.name}: expected text, got {value!r}")
     if meta["choices"] and value not in meta["choices"]:
         raise ConfigError(f"{f.name}: {value!r} is not one of {', '.join(meta['choices'])}")
+
+
+def bitsandbytes_present() -> bool:
+    """True when the bitsandbytes package can be imported (8-bit optimizers, nf4 / int8 weights)."""
+    return importlib.util.find_spec("bitsandbytes") is not None
 
 
 def field_names() -> list[str]:

@@ -170,7 +170,7 @@ class JobManager:
             job.phases.append(("done", time.time()))
 
     def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
-        from lora_gui.engine.parallel.launch import run_launched
+        from lora_gui.engine.launch import run_launched
 
         try:
             run_launched(job, processes, resume, overwrite, job.out.parent / ".launch")

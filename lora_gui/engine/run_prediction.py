@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from lora_gui.config import RunConfig
-from lora_gui.memory import planner
-from lora_gui.memory.parallel import Parallel
-from lora_gui.memory.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
-from lora_gui.memory.trace import TraceResult
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.predict.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
+from lora_gui.memory.predict.trace import TraceResult
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
                      ) -> tuple[dict[int, int], TraceResult, planner.Plan | None, dict[str, Any]]:
     """Text run: caps per length bucket under the budget (bucketed batching only), the trace of
     the worst micro-batch the run will execute on its real data (:func:`predict_run` of
-    :mod:`lora_gui.memory.run_predict`), the plan (None without a budget or with fixed/packed
+    :mod:`lora_gui.memory.predict.run_predict`), the plan (None without a budget or with fixed/packed
     batches) and the prediction's figures (peak, device, kernel, micro-batch).
 
     Args:
@@ -56,9 +56,9 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         added_tokens: embedding rows the run added for a chat template's tokens (the run passes
             them with ``lengths``; the form lets the planner read them from the data).
     """
-    from lora_gui.memory import run_plan
-    from lora_gui.memory.guard import BatchCaps
-    from lora_gui.memory.run_predict import predict_run as predict_text_run
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.run_predict import predict_run as predict_text_run
+    from lora_gui.memory.runtime.guard import BatchCaps
 
     caps, plan = BatchCaps(), None
     if budget and cfg.resolved_batching() == "bucketed":
@@ -85,8 +85,8 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
         resident_bytes: parameter bytes of the VAE and text encoders on the device.
         world_size: processes; each trains at most ceil(batch_size / world_size) images a step.
     """
-    from lora_gui.engine.image.data import latent_tokens, table_batch
-    from lora_gui.memory.trace import trace_unet_step
+    from lora_gui.data.image_batches import latent_tokens, table_batch
+    from lora_gui.memory.predict.trace import trace_unet_step
     from lora_gui.models.diffusion import lora_targets
 
     used = sorted(set(buckets), key=lambda b: b[0] * b[1])
@@ -135,13 +135,13 @@ def unet_encoding_pass(cfg: RunConfig, step: TraceResult, source: str, encoder_b
     """Predicted peak of an SD 1.x / SDXL run's encoding pass (source: predicted), from the
     pipeline folder's configs (nothing loaded; the form and the run compute the same figure):
     the VAE and text encoders (``encoder_bytes``), the UNet with its LoRA unless it joins the
-    device after the latent cache (:func:`lora_gui.memory.encode_trace.denoiser_waits_for_cache`),
+    device after the latent cache (:func:`lora_gui.memory.predict.encode_trace.denoiser_waits_for_cache`),
     the VAE encoder's activations on the ``largest`` (width, height) px picture (fake-tensor
     trace) and the CUDA overheads of ``step``."""
     from diffusers import AutoencoderKL
 
-    from lora_gui.memory.encode_trace import planned_encoding_pass
-    from lora_gui.memory.pipeline_shapes import config_folder
+    from lora_gui.memory.predict.encode_trace import planned_encoding_pass
+    from lora_gui.memory.predict.pipeline_shapes import config_folder
 
     vae_config = {k: v for k, v in AutoencoderKL.load_config(config_folder(source) / "vae").items()
                   if not k.startswith("_")}
@@ -164,7 +164,7 @@ def predict_run(cfg: RunConfig, processes: int = 1, device: str | None = None) -
         ValueError / NotImplementedError: the planner cannot trace this model.
     """
     device = device or run_device()
-    from lora_gui.memory.meter import GB
+    from lora_gui.memory.runtime.meter import GB
 
     budget = int(cfg.budget_gb * GB) or None  # as the engines read budget_gb
     if cfg.task == "image":
@@ -178,25 +178,23 @@ def predict_run(cfg: RunConfig, processes: int = 1, device: str | None = None) -
 
 
 def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: int) -> RunPrediction:
-    from lora_gui.engine.core.precision import choose_precision
-    from lora_gui.engine.image.data import load_image_data
-    from lora_gui.memory.image_run_plan import unet_config_for
+    from lora_gui.data.image_batches import load_image_data
+    from lora_gui.memory.predict.image_run_plan import unet_config_for
     from lora_gui.models.diffusion import resolve_pipeline_source
+    from lora_gui.models.precision import planned_weights_dtype
 
     source = resolve_pipeline_source(cfg.model)
-    mixed = choose_precision(cfg.precision, torch.device(device))  # as engine/image/train.py
-    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed) if device == "cuda" else None
-    dtype = weights or torch.float32
+    dtype = planned_weights_dtype(cfg.precision, device)
     data = load_image_data(cfg)
     seq_len, resident = pipeline_sizes(source, dtype)
     caps, traced, peak, plan = image_memory_plan(cfg, unet_config_for(cfg), data.buckets, seq_len,
                                                  resident, budget, device, dtype, processes, source)
     if cfg.train_text_encoder:  # as engine/image/train.py adds it to the run's prediction
-        from lora_gui.models.text_encoder_lora import encoders_training_bytes
+        from lora_gui.memory.predict.text_encoder_step import encoders_training_bytes
 
         peak += encoders_training_bytes(pipeline_text_encoders(source), cfg,
                                         traced.info.get("batch_size") or 1, dtype, device)
-    from lora_gui.engine.image.data import latent_tokens
+    from lora_gui.data.image_batches import latent_tokens
 
     used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     rows = [(f"{w}x{h}", caps.get(latent_tokens((w, h)), min(cfg.batch_size, data.buckets.count((w, h)))))
@@ -207,8 +205,8 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
 def estimate_run(cfg: RunConfig, device: str | None = None) -> RunPrediction:
     """Instant closed-form estimate of the run's largest micro-batch (the form shows it while
     :func:`predict_run` computes the plan)."""
-    from lora_gui.memory import run_plan
-    from lora_gui.memory.image_run_plan import estimated_image_step
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.image_run_plan import estimated_image_step
 
     device = device or run_device()
     step = estimated_image_step(cfg, device) if cfg.task == "image" else run_plan.estimated_step(cfg, device)

@@ -236,6 +236,40 @@ def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
     return torch.cat(states, dim=-1), pooled
 
 
+@dataclass
+class Encoded:
+    """The UNet's inputs for a batch of images (all in one bucket)."""
+
+    latents: torch.Tensor  # (B, C, H/8, W/8), shifted and scaled by the VAE's factors
+    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states (SD3: 77 + T5 tokens; Flux: T5)
+    pooled: torch.Tensor | None  # (B, 1280) SDXL / SD3 / Flux pooled text embedding
+    time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
+
+    def to(self, device: torch.device) -> Encoded:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Encoded(move(self.latents), move(self.hidden), move(self.pooled), move(self.time_ids))
+
+
+@torch.no_grad()
+def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[str], time_ids: list,
+                  device: torch.device, *, sample: bool,
+                  generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
+    """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
+    this on fake tensors: :mod:`lora_gui.memory.predict.encode_trace`)."""
+    batch = torch.stack(pixels).to(device, model.vae.dtype)
+    dist = model.vae.encode(batch).latent_dist
+    if sample and isinstance(generator, list):
+        draws = torch.stack([torch.randn(dist.mean.shape[1:], generator=g) for g in generator])
+        latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
+    else:
+        latents = dist.sample(generator) if sample else dist.mode()
+    # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
+    latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
+    hidden, pooled = encode_prompts(model, captions, device)
+    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
+    return Encoded(latents, hidden, pooled, ids)
+
+
 def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],
                   target_hw: tuple[int, int]) -> list[int]:
     """SDXL micro-conditioning: original size, crop top-left and target size, (h, w) each."""

@@ -17,7 +17,7 @@ the result (same loss and gradients up to float summation order).
   gathers the rows of the batch's ids on the host and moves only those rows (tokens x hidden) to
   the device. The table must be frozen and not shared with the output head.
 
-Host storages are created inside :func:`lora_gui.memory.tracker.on_host`, so the tracker (and
+Host storages are created inside :func:`lora_gui.memory.runtime.tracker.on_host`, so the tracker (and
 with it the planner's trace, which runs this same code on fake tensors) counts them as host
 memory, apart from the device peak. On a CPU run the "device" copies are real copies in the
 same RAM: the split is what a CUDA run keeps off the card.
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lora_gui.memory.tracker import mark_host, on_host
+from lora_gui.memory.runtime.tracker import mark_host, on_host
 from lora_gui.models.errors import ModelError
 
 log = logging.getLogger(__name__)

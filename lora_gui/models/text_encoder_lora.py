@@ -9,7 +9,8 @@ rank and alpha, captions encoded every step with gradients (so the embeddings ca
 
 Costs: the text encoders stay on the device (their weights), their LoRA weights, gradients and
 AdamW state, and their activations kept for backward (a 77-token CLIP forward per image). The
-memory plan adds :func:`training_bytes` (a fake-tensor trace of the encoders' own LoRA step),
+memory plan adds :func:`lora_gui.memory.predict.text_encoder_step.training_bytes` (a fake-tensor
+trace of the encoders' own LoRA step),
 which over-counts slightly (the two peaks do not coincide): err high. Checkpoints keep the
 encoders' LoRA in ``text_encoder_lora.safetensors`` next to the UNet's.
 """
@@ -119,39 +120,3 @@ def load_checkpoint_part(folder: Path | None, model) -> None:
     for prefix, encoder in zip(PREFIXES, model.text_encoders, strict=False):
         own = {k[len(prefix) + 1:]: v for k, v in flat.items() if k.split(".", 1)[0] == prefix}
         set_peft_model_state_dict(encoder, own)
-
-
-def training_bytes(model, cfg: RunConfig, batch_size: int, dtype: torch.dtype, device: str) -> int:
-    """Extra peak bytes of training the encoders' LoRA (0 when off): a fake-tensor trace of each
-    encoder's LoRA step (77 tokens x ``batch_size``) less its frozen weights, which the plan
-    already counts as resident."""
-    if not trains(model):
-        return 0
-    return encoders_training_bytes(model.text_encoders, cfg, batch_size, dtype, device)
-
-
-def encoders_training_bytes(encoders: list, cfg: RunConfig, batch_size: int, dtype: torch.dtype,
-                            device: str) -> int:
-    """:func:`training_bytes` of CLIP text encoders given as modules (loaded, or built on the
-    meta device from their configs: only ``type(encoder)`` and ``encoder.config`` are read)."""
-    from lora_gui.memory.trace import _attach_lora, _trace
-
-    total = 0
-    for encoder in encoders:
-        with torch.device("meta"):
-            meta = type(encoder)(encoder.config)
-        torch.nn.Module.to(meta, dtype)
-        peft = _attach_lora(meta, cfg.lora_rank, cfg.lora_alpha, TEXT_ENCODER_LORA_TARGETS, cfg.lora_dropout)
-        vocab = encoder.config.vocab_size
-
-        def make_inputs(vocab=vocab) -> dict:
-            return {"input_ids": torch.randint(0, vocab, (batch_size, 77))}
-
-        def loss_fn(m, batch, _tracker) -> torch.Tensor:
-            out = m(input_ids=batch["input_ids"], output_hidden_states=True)
-            return out.hidden_states[-2].float().mean()
-
-        res = _trace(peft, fake=True, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                     gradient_checkpointing=False, warm_steps=0)
-        total += res.traced_peak_bytes - res.breakdown["frozen_weights"]
-    return total

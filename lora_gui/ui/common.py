@@ -9,7 +9,7 @@ import torch
 
 from lora_gui.engine.jobs import JobManager
 from lora_gui.errors import UserError
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import list_presets
 
 RUNS_ROOT = Path("runs")

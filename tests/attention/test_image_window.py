@@ -68,7 +68,7 @@ def test_the_switch_inside_tiny_dit_transformers(kind):
 
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from lora_gui.memory.dit_trace import build_dit, trace_dit_step
+    from lora_gui.memory.predict.dit_trace import build_dit, trace_dit_step
     from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
     from lora_gui.models.dit import FlowMatching, set_dit_attention
 

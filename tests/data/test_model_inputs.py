@@ -12,7 +12,7 @@ from lora_gui.data.model_inputs import (
     training_batch,
 )
 from lora_gui.data.text import TokenizedSample
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 CFG = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

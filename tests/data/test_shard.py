@@ -6,7 +6,7 @@ import pytest
 
 from lora_gui.data.batching import plan_epoch
 from lora_gui.data.shard import deal, split_step, step_targets
-from lora_gui.memory.guard import BatchCaps
+from lora_gui.memory.runtime.guard import BatchCaps
 
 
 def test_deal_is_snake_order():

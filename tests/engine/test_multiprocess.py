@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
+from lora_gui.engine.core import distributed, fsdp
 from lora_gui.engine.core.records import read_records
-from lora_gui.engine.parallel import distributed, fsdp
 from lora_gui.engine.text.train import train_text
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.model_configs import load_model_config
-from lora_gui.memory.parallel import Parallel, per_gpu
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.model_configs import load_model_config
+from lora_gui.memory.predict.parallel import Parallel, per_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # starts accelerate launches
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 
 from lora_gui.config import ConfigError
 from lora_gui.data.build_images import build
+from lora_gui.engine.core import distributed
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.image.train import epoch_plan, load_image_data, train_image
-from lora_gui.engine.parallel import distributed
 from lora_gui.presets import load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # starts accelerate launches

@@ -2,7 +2,7 @@ import time
 
 import torch
 
-from lora_gui.engine.core.precision import choose_precision
+from lora_gui.models.precision import choose_precision
 
 CPU = torch.device("cpu")
 

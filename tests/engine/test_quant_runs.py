@@ -33,7 +33,7 @@ def test_nf4_run_with_8bit_optimizer_trains_and_adapter_loads_on_full_base(tmp_p
     from transformers import AutoModelForCausalLM
 
     from lora_gui.config import BUILTIN_MODEL_DIR
-    from lora_gui.engine.parallel.distributed import INJECT_OOM_ENV
+    from lora_gui.engine.core.distributed import INJECT_OOM_ENV
 
     monkeypatch.setenv(INJECT_OOM_ENV, "0:2")  # step 2 runs out of memory once: the guard splits it
     cfg = _cfg(quantization="nf4", optimizer="adamw8bit", token_budget=128)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lora_gui.engine.run_prediction import estimate_run, predict_run
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
 
 

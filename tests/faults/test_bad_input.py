@@ -188,7 +188,7 @@ def test_caption_files_are_read_as_utf8_with_or_without_bom(tmp_path):
 
 
 def test_offload_beyond_free_host_memory_is_refused_with_both_figures(good_run, corpus, cli, monkeypatch):
-    from lora_gui.memory import host
+    from lora_gui.memory.runtime import host
 
     monkeypatch.setattr(host, "host_available_bytes", lambda: 1000)  # 1 kB free
     switches = tiny_sets(corpus, max_steps=2, gradient_checkpointing="true", offload_checkpoints="true")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lora_gui.__main__ import main
-from lora_gui.memory.dit_plan import plan_dit, resident_bytes, what_fits_where_dit
-from lora_gui.memory.dit_trace import estimate_dit_step, text_encoder_params, trace_dit_step
-from lora_gui.memory.model_configs import load_model_config
+from lora_gui.memory.predict.dit_plan import plan_dit, resident_bytes, what_fits_where_dit
+from lora_gui.memory.predict.dit_trace import estimate_dit_step, text_encoder_params, trace_dit_step
+from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
 
 TINY = {
@@ -103,7 +103,7 @@ def test_a_cached_gpu_run_encodes_without_the_transformer_on_the_card():
     from types import SimpleNamespace
 
     from lora_gui.config import RunConfig
-    from lora_gui.memory.dit_plan import encoding_pass_bytes
+    from lora_gui.memory.predict.dit_plan import encoding_pass_bytes
 
     transformer = 23 * 2**30  # Flux.1-dev's 12B in bf16, as a step's breakdown would say
     adam = 4 * 2**20  # the LoRA's optimizer state
@@ -131,8 +131,8 @@ def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():
 
     from lora_gui.config import RunConfig
     from lora_gui.engine import run_prediction
-    from lora_gui.memory.encode_trace import trace_vae_encode
-    from lora_gui.memory.tracker import StorageTracker
+    from lora_gui.memory.predict.encode_trace import trace_vae_encode
+    from lora_gui.memory.runtime.tracker import StorageTracker
     from lora_gui.models.diffusion import BUILTIN_DIFFUSION_DIR
 
     vae = AutoencoderKL.from_pretrained(BUILTIN_DIFFUSION_DIR / "vae").eval()

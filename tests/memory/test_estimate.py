@@ -7,8 +7,8 @@ import itertools
 import pytest
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.trace import CATEGORIES, trace_text_step
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.trace import CATEGORIES, trace_text_step
 
 GRID_MODELS = {
     "llama-gqa": LlamaConfig(vocab_size=4000, hidden_size=256, intermediate_size=688, num_hidden_layers=3,

@@ -5,8 +5,8 @@ from accelerate import Accelerator
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step
 from lora_gui.engine.text.train import load_text_data, run_step
-from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory, RunOutOfMemoryError, run_guarded
+from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models import text as text_models
 
 

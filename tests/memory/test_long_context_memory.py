@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.trace import trace_text_step
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.trace import trace_text_step
 from tests.memory.conftest import tiny_llama
 
 LOW, HIGH = -0.01, 0.03  # predicted / measured - 1, the project's bound

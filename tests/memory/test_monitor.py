@@ -2,8 +2,8 @@ import time
 
 import torch
 
-from lora_gui.memory.monitor import MemoryMonitor, rss_bytes
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.monitor import MemoryMonitor, rss_bytes
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 
 def test_samples_name_their_source_and_follow_the_tracker():

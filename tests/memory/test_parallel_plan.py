@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lora_gui.memory import planner
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.model_configs import load_model_config
-from lora_gui.memory.parallel import Parallel, frozen_units, per_gpu
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.model_configs import load_model_config
+from lora_gui.memory.predict.parallel import Parallel, frozen_units, per_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lora_gui.memory.estimate import estimate_text_step
-from lora_gui.memory.planner import GB, check_budget, plan_image, plan_text, what_fits_where
-from lora_gui.memory.trace import trace_text_step
+from lora_gui.memory.predict.estimate import estimate_text_step
+from lora_gui.memory.predict.planner import GB, check_budget, plan_image, plan_text, what_fits_where
+from lora_gui.memory.predict.trace import trace_text_step
 
 from .conftest import TINY_UNET, tiny_llama
 

@@ -9,10 +9,10 @@ import torch
 pytest.importorskip("bitsandbytes")
 
 from bench.quant_measure import engine_step_peak, save_random_model  # noqa: E402
-from lora_gui.memory import planner  # noqa: E402
-from lora_gui.memory.estimate import estimate_text_step  # noqa: E402
-from lora_gui.memory.quant import optimizer_state_bytes, quantized_linear_bytes  # noqa: E402
-from lora_gui.memory.trace import trace_text_step  # noqa: E402
+from lora_gui.memory.predict import planner  # noqa: E402
+from lora_gui.memory.predict.estimate import estimate_text_step  # noqa: E402
+from lora_gui.memory.predict.quant import optimizer_state_bytes, quantized_linear_bytes  # noqa: E402
+from lora_gui.memory.predict.trace import trace_text_step  # noqa: E402
 from tests.memory.conftest import TEXT_CONFIGS  # noqa: E402
 
 CPU = dict(batch_size=2, seq_len=128, dtype="float32", device="cpu", lora_rank=8)

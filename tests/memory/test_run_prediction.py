@@ -11,9 +11,9 @@ import pytest
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch
 from lora_gui.engine.text.train import train_text
-from lora_gui.memory.guard import BatchCaps
-from lora_gui.memory.run_predict import MicroShape, _mask_of, dominant, micro_shapes
-from lora_gui.memory.trace import trace_text_step
+from lora_gui.memory.predict.run_predict import MicroShape, _mask_of, dominant, micro_shapes
+from lora_gui.memory.predict.trace import trace_text_step
+from lora_gui.memory.runtime.guard import BatchCaps
 
 LOW, HIGH = -0.01, 0.03  # predicted / measured - 1: never more than 1% low, at most 3% high
 

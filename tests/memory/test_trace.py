@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from lora_gui.memory.model_configs import bundled_models, is_dit_config, is_unet_config, load_model_config
-from lora_gui.memory.trace import CATEGORIES, CUDA_ALLOC_ROUNDING, trace_text_step, trace_unet_step
+from lora_gui.memory.predict.model_configs import (
+    bundled_models,
+    is_dit_config,
+    is_unet_config,
+    load_model_config,
+)
+from lora_gui.memory.predict.trace import CATEGORIES, CUDA_ALLOC_ROUNDING, trace_text_step, trace_unet_step
 
 from .conftest import TEXT_CONFIGS, TINY_UNET, TINY_UNET_XL
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 
 def test_counts_new_storages_once_and_frees_them():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lora_gui.memory.trace import trace_text_step
+from lora_gui.memory.predict.trace import trace_text_step
 from lora_gui.models.chunked_loss import chunked_cross_entropy, enable_chunked_loss
 
 CFG = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

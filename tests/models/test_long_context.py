@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models.errors import ModelError
 from lora_gui.models.long_context import apply_long_context
 

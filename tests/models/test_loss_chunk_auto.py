@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lora_gui.config import AUTO_LOSS_CHUNK, RunConfig, apply_overrides
-from lora_gui.memory.run_plan import step_kwargs
+from lora_gui.memory.predict.run_plan import step_kwargs
 from lora_gui.models.text import ModelError, load_model_for
 
 

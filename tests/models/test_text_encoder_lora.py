@@ -94,9 +94,9 @@ def test_refused_with_cached_embeddings_and_for_dit_models():
 def test_plan_counts_the_text_encoder_lora_and_the_resident_encoders():
     """`plan` for an image run: the encoders' LoRA step (as the run's own prediction adds it)
     and, without a latent cache, the VAE and text encoders that stay on the device."""
-    from lora_gui.memory.estimate import estimate_unet_step
-    from lora_gui.memory.image_run_plan import plan_image_run, unet_config_for
-    from lora_gui.memory.pipeline_shapes import pipeline_sizes
+    from lora_gui.memory.predict.estimate import estimate_unet_step
+    from lora_gui.memory.predict.image_run_plan import plan_image_run, unet_config_for
+    from lora_gui.memory.predict.pipeline_shapes import pipeline_sizes
 
     cfg = load_config("image-512", {"cache_latents": "off", "batch_size": 2, "precision": "fp32",
                                     "train_text_encoder": True})

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from lora_gui.config import RunConfig, apply_overrides
-from lora_gui.memory import generation
+from lora_gui.memory.predict import generation
 from lora_gui.ui.tabs import try_handlers
 
 MIB = 2**20

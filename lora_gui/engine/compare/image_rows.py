@@ -25,7 +25,7 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.compare.results import Comparison, resume_rows, write_results
 from lora_gui.engine.compare.spec import CompareSettings, budget_gb
 from lora_gui.engine.core.lock import holds_run_folder
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 
 SPEED_HEADROOM = 1.05  # default speed budget: traditional's measured peak at batch_size + 5%
 _OFF = {"cache_latents": "off", "aspect_buckets": "off", "attn_backend": "eager", "image_batch": "fixed",

@@ -29,7 +29,7 @@ def _row(mode: str, size_key: str, size: int, cfg: RunConfig) -> dict[str, Any]:
 
 
 def _text_rows(base: RunConfig, lengths: tuple[int, ...]) -> list[dict[str, Any]]:
-    from lora_gui.memory import run_plan
+    from lora_gui.memory.predict import run_plan
 
     rows = []
     for seq_len in lengths:
@@ -64,7 +64,7 @@ def _unet_step_key(cfg: RunConfig) -> tuple:
 
 def _image_rows(base: RunConfig, resolutions: tuple[int, ...]) -> list[dict[str, Any]]:
     from lora_gui.engine.compare.image_rows import image_modes, image_overrides
-    from lora_gui.memory.image_run_plan import estimated_image_step
+    from lora_gui.memory.predict.image_run_plan import estimated_image_step
 
     rows = []
     for res in resolutions:
@@ -92,7 +92,7 @@ def instant_rows(base: RunConfig, model: str | None = None,
     Raises:
         ConfigError: the model does not suit the preset's task (a UNet config for a text preset).
     """
-    from lora_gui.memory.model_configs import bundled_models, is_unet_config, load_model_config
+    from lora_gui.memory.predict.model_configs import bundled_models, is_unet_config, load_model_config
 
     if model:
         base = apply_overrides(base, {"model": model})

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 
 log = logging.getLogger(__name__)
 

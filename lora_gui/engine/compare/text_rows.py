@@ -28,7 +28,7 @@ from lora_gui.engine.compare.spec import (
     modes_for,
 )
 from lora_gui.engine.core.lock import holds_run_folder
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.models.text import ModelError
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _device() -> str:
 
 
 def _predicted_peak(cfg: RunConfig, device: str, batch: int, seq_len: int) -> int:
-    from lora_gui.memory import run_plan
+    from lora_gui.memory.predict import run_plan
 
     return run_plan.predicted_step(cfg, device, batch_size=batch, seq_len=seq_len).peak_bytes
 
@@ -74,7 +74,7 @@ def _optimized_speed(base: RunConfig, device: str, seq_len: int, budget: int, me
                      most: int) -> tuple[dict[str, Any], int]:
     """Optimized under the budget: checkpointing only if needed; batch = the planner's at the
     bucket of the median sample."""
-    from lora_gui.memory import run_plan
+    from lora_gui.memory.predict import run_plan
 
     over = {**mode_overrides("optimized", seq_len, most, base), "gradient_checkpointing": False}
     cfg = apply_overrides(base, {"max_seq_len": seq_len, "batch_size": most, **over})
@@ -227,7 +227,7 @@ def measured_rows(cmp: Comparison) -> None:
 
 def predicted_rows(cmp: Comparison) -> None:
     """The memory question from the planner alone (full-length samples), labelled predicted."""
-    from lora_gui.memory import run_plan
+    from lora_gui.memory.predict import run_plan
 
     settings, base = cmp.settings, cmp.base
     device = _device() if settings.device == "auto" else settings.device

@@ -13,11 +13,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lora_gui.data.batching import Step
+from lora_gui.engine.core.distributed import SampleRelay, agree_on_oom, stop_agreed, zero_missing_grads
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.session import RunSession
-from lora_gui.engine.parallel.distributed import SampleRelay, agree_on_oom, stop_agreed, zero_missing_grads
-from lora_gui.memory.guard import RunOutOfMemoryError, run_guarded
-from lora_gui.memory.monitor import MemoryMonitor
+from lora_gui.memory.runtime.guard import RunOutOfMemoryError, run_guarded
+from lora_gui.memory.runtime.monitor import MemoryMonitor
 
 PlanEpoch = Callable[[int], list[Step]]
 OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's metric record

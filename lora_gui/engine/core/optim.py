@@ -9,31 +9,15 @@ can move them to CPU RAM under memory pressure; on a CPU it behaves like adamw8b
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import torch
 
-from lora_gui.config import ConfigError, RunConfig
+from lora_gui.config import ConfigError, RunConfig, bitsandbytes_present
 
 log = logging.getLogger(__name__)
 BNB_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
 INSTALL_HINT = "pip install bitsandbytes==0.50.2"
-
-
-def bitsandbytes_present() -> bool:
-    """True when the bitsandbytes package can be imported."""
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
-def resolved_optimizer(cfg: RunConfig, device: torch.device) -> str:
-    """The optimizer a run uses once ``auto`` is resolved: adamw for text; for images, adamw8bit
-    in optimized mode on a GPU when bitsandbytes is installed (as before)."""
-    if cfg.optimizer != "auto":
-        return cfg.optimizer
-    if cfg.task == "image" and cfg.mode == "optimized" and device.type == "cuda" and bitsandbytes_present():
-        return "adamw8bit"
-    return "adamw"
 
 
 def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter],
@@ -46,7 +30,7 @@ def make_optimizer(cfg: RunConfig, params: list[torch.nn.Parameter],
     Raises:
         ConfigError: an 8-bit optimizer without bitsandbytes (says what to install).
     """
-    choice = resolved_optimizer(cfg, device)
+    choice = cfg.resolved_optimizer(device.type)
     if choice in BNB_OPTIMIZERS:
         if not bitsandbytes_present():
             raise ConfigError(f"optimizer: {choice} needs bitsandbytes ({INSTALL_HINT}); or use "

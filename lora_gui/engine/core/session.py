@@ -20,11 +20,11 @@ from accelerate import Accelerator
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.checkpoint import save_checkpoint
 from lora_gui.engine.core.control import TrainControl
+from lora_gui.engine.core.distributed import Dist
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.state import TrainState
-from lora_gui.engine.parallel.distributed import Dist
-from lora_gui.memory.guard import BatchCaps
-from lora_gui.memory.meter import PeakMeter
+from lora_gui.memory.runtime.guard import BatchCaps
+from lora_gui.memory.runtime.meter import PeakMeter
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from transformers import get_cosine_schedule_with_warmup
 
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.checkpoint import restore_training_state
+from lora_gui.engine.core.distributed import Dist
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.state import TrainState
-from lora_gui.engine.parallel.distributed import Dist
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,6 @@ def run_device(dist: Dist) -> torch.device:
     if dist.active:
         return dist.device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def weights_dtype(mixed: str, device: torch.device) -> torch.dtype:
-    """Frozen weights in the compute dtype on GPUs (half the bytes; LoRA weights stay fp32 in
-    peft); fp32 on a CPU, where autocast does the low-precision maths."""
-    if device.type == "cuda":
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed, torch.float32)
-    return torch.float32
 
 
 def new_accelerator(device: torch.device, mixed: str) -> Accelerator:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.memory.guard import BatchCaps
+from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.models import dit
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ def dit_memory_plan(cfg: RunConfig, model, data, budget: int | None, device: tor
         ConfigError: the text embeddings do not fit the RAM budget with ``cache_latents=ram``;
             ``export_kohya`` (a UNet key format).
     """
-    from lora_gui.engine.image.data import latent_tokens, table_batch
-    from lora_gui.memory.dit_plan import check_text_cache, plan_dit
-    from lora_gui.memory.dit_trace import trace_dit_step
+    from lora_gui.data.image_batches import latent_tokens, table_batch
+    from lora_gui.memory.predict.dit_plan import check_text_cache, plan_dit
+    from lora_gui.memory.predict.dit_trace import trace_dit_step
 
     if cfg.export_kohya:
         raise ConfigError("export_kohya: the kohya / A1111 key format is written for SD 1.x / SDXL UNets; "
@@ -124,7 +124,7 @@ def run_peak(cfg: RunConfig, model, data, device: torch.device, step_peak: int,
       state (``optimizer_bytes``) when every step encodes (``cache_latents=off``).
     """
     from lora_gui.engine.image.encode_peak import encoding_pass_bytes
-    from lora_gui.memory.encode_trace import held_bytes
+    from lora_gui.memory.predict.encode_trace import held_bytes
 
     cache = cfg.resolved_cache_latents()
     conf = dict(model.unet.config)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from lora_gui.config import RunConfig
-from lora_gui.memory.encode_trace import denoiser_waits_for_cache
+from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache
 
 
 def encoding_pass_bytes(cfg: RunConfig, model, buckets: list[tuple[int, int]], device: torch.device,
@@ -22,8 +22,8 @@ def encoding_pass_bytes(cfg: RunConfig, model, buckets: list[tuple[int, int]], d
     encoding the largest picture of ``buckets`` ((width, height) px) or the held-out square, and
     the CUDA overheads the step's trace also adds. With ``cache_latents=off`` every step encodes
     its batch while the optimizer state (``optimizer_bytes``, from the step's trace) is alive."""
-    from lora_gui.memory.encode_trace import module_bytes, trace_encode_peak
-    from lora_gui.memory.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+    from lora_gui.memory.predict.encode_trace import module_bytes, trace_encode_peak
+    from lora_gui.memory.predict.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 
     modules = [model.vae, *model.text_encoders]
     if not denoiser_waits_for_cache(cfg.resolved_cache_latents(), device.type):

@@ -18,7 +18,6 @@ so that eval_loss is the same computation in every mode.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +26,22 @@ from safetensors.torch import load_file, save_file
 
 from lora_gui.config import RunConfig
 from lora_gui.data.images import ImageItem, load_pixels
-from lora_gui.engine.parallel.distributed import Dist
-from lora_gui.memory.guard import free_memory
-from lora_gui.memory.meter import PeakMeter
-from lora_gui.models.diffusion import ImageModel, encode_prompts, encode_prompts_with_grad, sdxl_time_ids
+from lora_gui.engine.core.distributed import Dist
+from lora_gui.memory.runtime.guard import free_memory
+from lora_gui.memory.runtime.meter import PeakMeter
+from lora_gui.models.diffusion import (
+    Encoded,
+    ImageModel,
+    encode_pixels,
+    encode_prompts,
+    encode_prompts_with_grad,
+    sdxl_time_ids,
+)
 from lora_gui.models.dit import FlowMatching
 
 CACHE_SEED = 1234  # the latent sample drawn once per image when caching
 EVAL_SEED = 4321  # fixed noise of the held-out loss
 EVAL_TIMESTEPS = (100, 500, 900)  # fixed timesteps of the held-out loss, per image (low, mid, high noise)
-
-
-@dataclass
-class Encoded:
-    """The UNet's inputs for a batch of images (all in one bucket)."""
-
-    latents: torch.Tensor  # (B, C, H/8, W/8), shifted and scaled by the VAE's factors
-    hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states (SD3: 77 + T5 tokens; Flux: T5)
-    pooled: torch.Tensor | None  # (B, 1280) SDXL / SD3 / Flux pooled text embedding
-    time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
-
-    def to(self, device: torch.device) -> Encoded:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Encoded(move(self.latents), move(self.hidden), move(self.pooled), move(self.time_ids))
 
 
 @torch.no_grad()
@@ -65,26 +57,6 @@ def encode_images(model: ImageModel, items: list[ImageItem], buckets: list[tuple
         time_ids.append(sdxl_time_ids(item.size[::-1], corner, bucket[::-1]))
     return encode_pixels(model, pixels, [i.caption for i in items], time_ids, device, sample=sample,
                          generator=generator)
-
-
-@torch.no_grad()
-def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[str], time_ids: list,
-                  device: torch.device, *, sample: bool,
-                  generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
-    """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
-    this on fake tensors: :mod:`lora_gui.memory.encode_trace`)."""
-    batch = torch.stack(pixels).to(device, model.vae.dtype)
-    dist = model.vae.encode(batch).latent_dist
-    if sample and isinstance(generator, list):
-        draws = torch.stack([torch.randn(dist.mean.shape[1:], generator=g) for g in generator])
-        latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
-    else:
-        latents = dist.sample(generator) if sample else dist.mode()
-    # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
-    latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
-    hidden, pooled = encode_prompts(model, captions, device)
-    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
-    return Encoded(latents, hidden, pooled, ids)
 
 
 class InputSource:

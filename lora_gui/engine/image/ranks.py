@@ -1,5 +1,5 @@
 """Several processes for image runs: what the image loop (engine/image/train.py) adds to the rank
-helpers of :mod:`lora_gui.engine.parallel.distributed`.
+helpers of :mod:`lora_gui.engine.core.distributed`.
 
 - **the data order is global**: every global step of ``batch_size`` images of one bucket is dealt
   to the ranks (:func:`rank_share`, the same snake deal and micro-batch cut as text runs, via
@@ -28,9 +28,9 @@ from accelerate.utils import DistributedType
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step
 from lora_gui.data.shard import split_step
+from lora_gui.engine.core import fsdp
+from lora_gui.engine.core.distributed import Dist, enable_autocast
 from lora_gui.engine.core.resume import sampler_state
-from lora_gui.engine.parallel import fsdp
-from lora_gui.engine.parallel.distributed import Dist, enable_autocast
 
 FSDP_MESSAGE = ("fsdp: image runs (task=image) do not support FSDP yet; launch them with the "
                 "data-parallel config (presets/accelerate/multi-gpu.yaml): the UNet's frozen weights "
@@ -77,7 +77,7 @@ def image_noise(seed: int, step: int, indices: tuple[int, ...], latent_shape: to
 
 def prepare_image(accelerator: Accelerator, dist: Dist, unet, optimizer, scheduler):
     """One process: accelerate as before. Several: LoRA weights broadcast from the main process,
-    no DDP wrapper (the loop all-reduces once a step, see engine/parallel/distributed.py), the scheduler
+    no DDP wrapper (the loop all-reduces once a step, see engine/core/distributed.py), the scheduler
     left unprepared (accelerate would step it once per process; the global batch is one step)."""
     refuse_fsdp(accelerator.distributed_type)
     if not dist.active:

@@ -11,7 +11,7 @@ import torch
 
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.checkpoint import write_atomic
-from lora_gui.memory.guard import free_memory
+from lora_gui.memory.runtime.guard import free_memory
 from lora_gui.models import diffusion as dm
 
 

@@ -32,11 +32,27 @@ from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step
+from lora_gui.data.image_batches import (  # noqa: F401  (re-exported)
+    Bucket,
+    ImageData,
+    epoch_plan,
+    latent_tokens,
+    load_image_data,
+    table_batch,
+)
 from lora_gui.engine.core.checkpoint import latest_checkpoint, save_checkpoint, write_atomic
 from lora_gui.engine.core.control import TrainControl
+from lora_gui.engine.core.distributed import (
+    DEBUG_SAMPLES_ENV,
+    INJECT_OOM_ENV,
+    STOP_FILE,
+    Dist,
+    check_world_size,
+    combine_step_stats,
+    injected_oom,
+)
 from lora_gui.engine.core.loop import optimizer_step, run_loop
 from lora_gui.engine.core.optim import make_optimizer
-from lora_gui.engine.core.precision import choose_precision
 from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
@@ -47,17 +63,8 @@ from lora_gui.engine.core.setup import (
     open_logs,
     run_device,
     start_state,
-    weights_dtype,
 )
 from lora_gui.engine.core.state import TrainState
-from lora_gui.engine.image.data import (  # noqa: F401  (re-exported)
-    Bucket,
-    ImageData,
-    epoch_plan,
-    latent_tokens,
-    load_image_data,
-    table_batch,
-)
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -68,20 +75,13 @@ from lora_gui.engine.image.ranks import (
 )
 from lora_gui.engine.image.samples import generate_samples, sample_prompts
 from lora_gui.engine.image.summary import image_summary
-from lora_gui.engine.parallel.distributed import (
-    DEBUG_SAMPLES_ENV,
-    INJECT_OOM_ENV,
-    STOP_FILE,
-    Dist,
-    check_world_size,
-    combine_step_stats,
-    injected_oom,
-)
-from lora_gui.memory.encode_trace import denoiser_waits_for_cache
-from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
-from lora_gui.memory.meter import GB, PeakMeter
+from lora_gui.memory.predict import text_encoder_step
+from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache
+from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
+from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
 from lora_gui.models import text_encoder_lora
+from lora_gui.models.precision import choose_precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: 
         caps.caps, traced, predicted, _ = image_memory_plan(
             cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
             device.type, weights_dtype, world_size, dm.resolve_pipeline_source(cfg.model))
-        predicted += text_encoder_lora.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
+        predicted += text_encoder_step.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
                                                       weights_dtype, device.type)
         prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
                       "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
@@ -160,7 +160,7 @@ def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, st
     """The pipeline parts on the device with LoRA on the UNet and the run's attention kernel."""
     source = dm.resolve_pipeline_source(cfg.model)
     mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
-    dtype = weights_dtype(mixed, device)
+    dtype = weights_dtype(mixed, device.type)
     model = dm.load_image_model(source, dtype, cfg)
     torch.manual_seed(cfg.seed)  # LoRA init
     dm.attach_unet_lora(model.unet, cfg)

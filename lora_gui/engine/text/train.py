@@ -31,27 +31,10 @@ from lora_gui.data.model_inputs import training_batch
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample
 from lora_gui.data.training_data import load_samples
+from lora_gui.engine.core import fsdp
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
-from lora_gui.engine.core.loop import optimizer_step, run_loop
-from lora_gui.engine.core.optim import make_optimizer, resolved_optimizer
-from lora_gui.engine.core.precision import choose_precision
-from lora_gui.engine.core.preflight import writes_run_folder
-from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
-from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
-from lora_gui.engine.core.session import RunSession
-from lora_gui.engine.core.setup import (
-    cosine_scheduler,
-    new_accelerator,
-    open_logs,
-    run_device,
-    start_state,
-    weights_dtype,
-)
-from lora_gui.engine.core.state import TrainState
-from lora_gui.engine.core.summary import memory_report, run_summary
-from lora_gui.engine.parallel import fsdp
-from lora_gui.engine.parallel.distributed import (
+from lora_gui.engine.core.distributed import (
     DEBUG_SAMPLES_ENV,
     INJECT_OOM_ENV,
     STOP_FILE,
@@ -63,13 +46,29 @@ from lora_gui.engine.parallel.distributed import (
     local_tensors,
     rank_peaks,
 )
-from lora_gui.engine.parallel.fsdp import FsdpOutOfMemoryError
-from lora_gui.memory.guard import BatchCaps, MicroBatchOutOfMemory
-from lora_gui.memory.meter import GB, PeakMeter
-from lora_gui.memory.parallel import Parallel
+from lora_gui.engine.core.fsdp import FsdpOutOfMemoryError
+from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.optim import make_optimizer
+from lora_gui.engine.core.preflight import writes_run_folder
+from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
+from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
+from lora_gui.engine.core.session import RunSession
+from lora_gui.engine.core.setup import (
+    cosine_scheduler,
+    new_accelerator,
+    open_logs,
+    run_device,
+    start_state,
+)
+from lora_gui.engine.core.state import TrainState
+from lora_gui.engine.core.summary import memory_report, run_summary
+from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
+from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.long_context import apply_long_context
+from lora_gui.models.precision import choose_precision, weights_dtype
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
 __all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
@@ -260,13 +259,13 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
-    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device), device)
+    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type), device)
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
     model = text_models.attach_lora(base, cfg, data.tokenizer if data.is_chat else None)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
-        check_resume(ckpt["trainer"], cfg, resolved_optimizer(cfg, device), out)
+        check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
@@ -381,8 +380,8 @@ def check_text_inputs(cfg: RunConfig) -> None:
 def _check_host_memory(cfg: RunConfig, source: str) -> None:
     """Refuses host-side switches that need more host memory than is free (the estimate's host
     bytes equal the trace's), before the first step rather than swapping the machine to a halt."""
-    from lora_gui.memory.host import check_host_memory, host_available_bytes
-    from lora_gui.memory.run_plan import estimated_step
+    from lora_gui.memory.predict.run_plan import estimated_step
+    from lora_gui.memory.runtime.host import check_host_memory, host_available_bytes
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     need = int(estimated_step(cfg, device, source).info.get("host_bytes") or 0)

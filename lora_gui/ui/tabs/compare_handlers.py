@@ -17,7 +17,7 @@ PRESET_MODEL = "the preset's model"
 
 
 def model_choices() -> list[str]:
-    from lora_gui.memory.model_configs import bundled_models
+    from lora_gui.memory.predict.model_configs import bundled_models
 
     return [PRESET_MODEL, "builtin", *bundled_models()]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.ui import common, forms
 
 # settings the answer fills in the Train tab's form
@@ -19,9 +19,9 @@ def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
     batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
-    from lora_gui.memory.host import host_available_bytes
-    from lora_gui.memory.longest import describe, longest_text
-    from lora_gui.memory.longest_image import longest_image
+    from lora_gui.memory.predict.longest import describe, longest_text
+    from lora_gui.memory.predict.longest_image import longest_image
+    from lora_gui.memory.runtime.host import host_available_bytes
 
     if not budget_gb:
         return {}, "Set a VRAM budget first: the longest length depends on it."
@@ -55,7 +55,12 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
              quantization: str = "none", optimizer: str = "auto") -> str:
     """The Plan tab's button: the preset with the tab's model and settings."""
     from lora_gui.config import ConfigError
-    from lora_gui.memory.model_configs import bundled_models, is_dit_config, is_unet_config, load_model_config
+    from lora_gui.memory.predict.model_configs import (
+        bundled_models,
+        is_dit_config,
+        is_unet_config,
+        load_model_config,
+    )
     from lora_gui.presets import load_config
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lora_gui.config import ConfigError
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
 from lora_gui.ui import charts, common
 
@@ -14,7 +14,7 @@ IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
 
 
 def bundled_model_names() -> list[str]:
-    from lora_gui.memory.model_configs import bundled_models
+    from lora_gui.memory.predict.model_configs import bundled_models
 
     return bundled_models()
 
@@ -23,9 +23,9 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
     """A UNet config: trace at the resolution, batch per resolution, card table."""
     import torch
 
-    from lora_gui.memory import planner
-    from lora_gui.memory.model_configs import load_model_config
-    from lora_gui.memory.trace import trace_unet_step
+    from lora_gui.memory.predict import planner
+    from lora_gui.memory.predict.model_configs import load_model_config
+    from lora_gui.memory.predict.trace import trace_unet_step
 
     if resolution % 64 or not 512 <= resolution <= 1536:
         raise ConfigError(f"resolution: {resolution} must be 512-1536 in steps of 64")
@@ -42,8 +42,8 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
          checkpointing: bool, resolution: float = 1024, quantization: str = "none",
          optimizer: str = "auto") -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Breakdown figure, verdict, bucket table and card table (source: predicted)."""
-    from lora_gui.memory import planner, run_plan, run_predict
-    from lora_gui.memory.model_configs import is_unet_config, load_model_config
+    from lora_gui.memory.predict import planner, run_plan, run_predict
+    from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
 
     empty: list[list[Any]] = []
     try:

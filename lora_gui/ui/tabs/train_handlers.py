@@ -11,7 +11,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
 from lora_gui.ui import charts, common, forms
 

@@ -12,7 +12,7 @@ from typing import Any
 from lora_gui.engine.export import export_run
 from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
 from lora_gui.errors import UserError
-from lora_gui.memory import generation
+from lora_gui.memory.predict import generation
 
 log = logging.getLogger(__name__)
 RUNS_ROOT = Path("runs")
@@ -52,7 +52,7 @@ def _running_job():
 
 
 def needed_bytes(run: RunInfo, max_new_tokens: int, prompt_tokens: int = 512) -> int:
-    """Predicted bytes generation needs for this run (see lora_gui.memory.generation)."""
+    """Predicted bytes generation needs for this run (see lora_gui.memory.predict.generation)."""
     if run.cfg.task == "image":
         from lora_gui.models import diffusion as dm
 

@@ -1,6 +1,6 @@
 """Quantized base weights and 8-bit optimizer states in the trace (source: predicted).
 
-The trace (:mod:`lora_gui.memory.trace`) builds the model on the meta device and gives every
+The trace (:mod:`lora_gui.memory.predict.trace`) builds the model on the meta device and gives every
 weight a fake tensor. For ``quantization`` nf4 / int8 this module then does what transformers'
 bitsandbytes loader does to a real model: every Linear layer of the decoder (not the output
 head) becomes bitsandbytes' ``Linear4bit`` / ``Linear8bitLt`` and its weight is quantized by
@@ -140,7 +140,7 @@ def quantize_model(model: nn.Module, quantization: str, double_quant: bool,
 
 def materialize_quant_states(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Gives the quantization state of every quantized layer of a meta model ``make(meta)``
-    (fake or random tensors), as :func:`lora_gui.memory.trace._materialize` does for parameters;
+    (fake or random tensors), as :func:`lora_gui.memory.predict.trace._materialize` does for parameters;
     shared tensors (the nested code book) stay shared."""
     import bitsandbytes as bnb
 
@@ -279,7 +279,7 @@ def dequant_temporary_bytes(dims: list[tuple[int, int]], quantization: str, comp
 def estimate_terms(dims: dict[str, tuple[int, int]], layers: int, d: int, quantization: str,
                    double_quant: bool, optimizer: str, lora_numels: list[int], attn: str,
                    targets: tuple[str, ...]) -> dict[str, int]:
-    """Closed-form corrections of :func:`lora_gui.memory.estimate.estimate_text_step` for a
+    """Closed-form corrections of :func:`lora_gui.memory.predict.estimate.estimate_text_step` for a
     quantized base and the optimizer (bytes; per token where named so).
 
     Returns:

@@ -1,12 +1,12 @@
 """The predicted peak of a text run: the trace of the micro-batches the run will really execute.
 
 The run's micro-batches are computed from its real data with the engine's own batch builders
-(``plan_epoch``, the budget caps of :class:`~lora_gui.memory.guard.BatchCaps`, the per-rank
+(``plan_epoch``, the budget caps of :class:`~lora_gui.memory.runtime.guard.BatchCaps`, the per-rank
 split of :func:`~lora_gui.data.shard.split_step`): their sizes, padded lengths, whether a row
 has padding (a 2D attention mask reaches the model and a (B, 1, S, S) mask is built) or holds
 several packed documents (a block-diagonal mask from the position ids), and whether LoRA
 gradients already exist (every micro-batch after the first of an accumulated step). Every
-shape that no other shape dominates is traced (:func:`~lora_gui.memory.trace.trace_text_step`)
+shape that no other shape dominates is traced (:func:`~lora_gui.memory.predict.trace.trace_text_step`)
 and the largest peak is the prediction. Without the data (a bundled architecture without a
 tokenizer) the worst case is taken: the largest micro-batch at ``max_seq_len`` with a mask.
 
@@ -25,11 +25,11 @@ from lora_gui.config import RunConfig
 from lora_gui.data.batching import MicroBatch, Step, plan_epoch
 from lora_gui.data.model_inputs import CAUSAL_KERNEL_BACKENDS
 from lora_gui.data.shard import split_step
-from lora_gui.memory import planner
-from lora_gui.memory.guard import BatchCaps
-from lora_gui.memory.parallel import Parallel, per_gpu
-from lora_gui.memory.run_plan import model_config_for, plan_run, step_kwargs
-from lora_gui.memory.trace import TraceResult, trace_text_step
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.parallel import Parallel, per_gpu
+from lora_gui.memory.predict.run_plan import model_config_for, plan_run, step_kwargs
+from lora_gui.memory.predict.trace import TraceResult, trace_text_step
+from lora_gui.memory.runtime.guard import BatchCaps
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def added_rows(config: Any, tokenizer_len: int, is_chat: bool) -> int:
 
 def _source_for(cfg: RunConfig, source: str | None) -> str | None:
     """The model's tokenizer source, or None for a bundled architecture (shapes only)."""
-    from lora_gui.memory.model_configs import bundled_models
+    from lora_gui.memory.predict.model_configs import bundled_models
 
     if cfg.model in bundled_models():
         return None
@@ -255,7 +255,7 @@ def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", so
     (:func:`predict_run`, the function the training run calls);
     ``step.info["prediction"]`` holds its figures (device, kernel, micro-batch).
     """
-    from lora_gui.memory.guard import BatchCaps
+    from lora_gui.memory.runtime.guard import BatchCaps
     plan = plan_run(cfg, budget_bytes, device, source, confirm, parallel)
     caps = BatchCaps()
     if cfg.resolved_batching() == "bucketed":

@@ -1,6 +1,6 @@
 """Trace-calibrated estimates of image steps (UNet and DiT), shared by
-:func:`lora_gui.memory.estimate.estimate_unet_step` and
-:func:`lora_gui.memory.dit_trace.estimate_dit_step`.
+:func:`lora_gui.memory.predict.estimate.estimate_unet_step` and
+:func:`lora_gui.memory.predict.dit_trace.estimate_dit_step`.
 
 With SDPA (no S x S term) every activation of a UNet or DiT step is linear in the pixel count
 and the batch, so two fake traces at batch 1 give the whole surface: fixed bytes (frozen
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lora_gui.memory.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
+from lora_gui.memory.predict.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
 
 FIXED = ("frozen_weights", "lora_params", "optimizer_state")  # do not grow with the batch
 PER_IMAGE = ("activations", "temporaries", "gradients")

@@ -4,7 +4,7 @@ The real architecture is built from its config on the meta device, LoRA is attac
 and every parameter and buffer is then given a fake CPU tensor (shape, dtype and storage size,
 no data) under ``FakeTensorMode``. One real training step (forward, loss, backward, AdamW step,
 ``zero_grad``) runs through autograd exactly as it would on a GPU, and a
-:class:`~lora_gui.memory.tracker.StorageTracker` counts every live storage. The same code with
+:class:`~lora_gui.memory.runtime.tracker.StorageTracker` counts every live storage. The same code with
 ``fake=False`` runs the step on real CPU tensors (random weights): that is how the trace is
 checked (tests/memory, bench/trace_accuracy.py).
 
@@ -57,9 +57,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lora_gui.memory.batch_trace import batch_structure, kernel_watch
-from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.predict.batch_trace import batch_structure, kernel_watch
+from lora_gui.memory.predict.model_configs import ModelConfig, is_unet_config, load_model_config
+from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models.checkpointing import enable_checkpointing
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
                      new_token_ids: list[int] | None = None) -> nn.Module:
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
     ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
-    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.quant`)."""
+    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.predict.quant`)."""
     from transformers import AutoModelForCausalLM
 
     if attn_implementation not in ("eager", "sdpa", "windowed"):
@@ -330,15 +330,15 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
     ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
-    state: :func:`lora_gui.memory.quant.materialize_quant_states`). ``optimizer``: adamw or
-    bitsandbytes' 8-bit (:mod:`lora_gui.memory.quant`).
+    state: :func:`lora_gui.memory.predict.quant.materialize_quant_states`). ``optimizer``: adamw or
+    bitsandbytes' 8-bit (:mod:`lora_gui.memory.predict.quant`).
     ``packed_rows``: the batch's rows hold several documents (``batch_trace.batch_structure``).
     ``grads_before``: the LoRA gradients exist before the forward, as for every micro-batch but
     the first of an optimizer step (gradient accumulation adds into them).
     ``long_context``: :func:`lora_gui.models.long_context.apply_long_context` switches; their host
     copies are counted apart (``info["host_bytes"]``), not in the device peak.
     """
-    from lora_gui.memory import quant
+    from lora_gui.memory.predict import quant
     t0 = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
@@ -458,7 +458,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             The fused chunked loss does not call the head module, so its logits count as
             ``activations`` in the breakdown (the peak itself is exact).
         quantization: ``"nf4"`` / ``"int8"``: the decoder's Linear layers quantized by
-            bitsandbytes with ``dtype`` as compute dtype (:mod:`lora_gui.memory.quant`).
+            bitsandbytes with ``dtype`` as compute dtype (:mod:`lora_gui.memory.predict.quant`).
         double_quant: nf4: quantize the block scales too.
         optimizer: ``"adamw"``, ``"adamw8bit"`` or ``"paged_adamw8bit"`` (bitsandbytes).
         mask: what the real batch tells attention, as the engine collates it: ``"none"`` (no
@@ -484,7 +484,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     cfg = load_model_config(config)
     if is_unet_config(cfg):
         raise ValueError("this is a UNet config: use trace_unet_step")
-    from lora_gui.memory import quant
+    from lora_gui.memory.predict import quant
 
     quant.check_quantization(quantization, optimizer)
     new_ids = None

@@ -1,7 +1,7 @@
 """Per-GPU memory of a data-parallel run (source: predicted), from a one-GPU prediction.
 
 Data parallel across N processes (``accelerate launch --num_processes N``), as the engine runs it
-(:mod:`lora_gui.engine.parallel.distributed`, :mod:`lora_gui.engine.parallel.fsdp`):
+(:mod:`lora_gui.engine.core.distributed`, :mod:`lora_gui.engine.core.fsdp`):
 
 - **DDP** (replicated): every GPU holds the whole model, so the per-GPU peak of a micro-batch is
   the one-GPU peak. N GPUs give N times the global batch at the same micro-batch. The LoRA
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lora_gui.memory.trace import TraceResult
+from lora_gui.memory.predict.trace import TraceResult
 
 BUCKET_BYTES = 25 * 2**20  # the engine's all-reduce bucket (DDP's bucket_cap_mb default)
 GPU_COUNTS = (2, 4, 8)  # columns of the "what fits where" table

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lora_gui.memory.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
-from lora_gui.memory.model_configs import load_model_config, max_positions
-from lora_gui.memory.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
-from lora_gui.memory.trace import TraceResult, trace_text_step
+from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
+from lora_gui.memory.predict.model_configs import load_model_config, max_positions
+from lora_gui.memory.predict.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
+from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 
 GB = 1e9  # bytes; cards are sold in decimal GB
 MAX_BUDGET_BYTES = 2 * 10**12  # 2 TB: anything above is not a GPU budget

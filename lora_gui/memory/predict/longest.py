@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.memory import planner
-from lora_gui.memory.estimate import LLAMA_LIKE, estimate_text_step
-from lora_gui.memory.guard import BatchCaps
-from lora_gui.memory.host import check_host_memory, size_text
-from lora_gui.memory.model_configs import max_positions
-from lora_gui.memory.run_plan import model_config_for, step_kwargs
-from lora_gui.memory.run_predict import worst_case_shapes
-from lora_gui.memory.trace import TraceResult, trace_text_step
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step
+from lora_gui.memory.predict.model_configs import max_positions
+from lora_gui.memory.predict.run_plan import model_config_for, step_kwargs
+from lora_gui.memory.predict.run_predict import worst_case_shapes
+from lora_gui.memory.predict.trace import TraceResult, trace_text_step
+from lora_gui.memory.runtime.guard import BatchCaps
+from lora_gui.memory.runtime.host import check_host_memory, size_text
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ GRANULE = 64  # tokens: answers are multiples of the bucketed builder's default 
 MAX_LEN = 1 << 20  # tokens: the max_seq_len setting's upper bound
 CLOSE_ENOUGH = 0.05  # stop refining once the traced headroom is worth under 5% more tokens
 MAX_TRACES = 5  # fake-tensor traces of the answer at most (an 8B step takes ~10-40 s on a CPU)
-COSTS_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "long_switches.json"
+COSTS_FILE = Path(__file__).resolve().parents[3] / "bench" / "results" / "long_switches.json"
 # Order in which switches are tried when their speed cost is not measured (cheapest first); the
 # weights rank them only and are never shown as a cost: the answer says "not measured".
 DEFAULT_ORDER = {"loss_chunk": 1.01, "optimizer": 1.02, "embeddings_on_host": 1.03,
@@ -142,9 +142,8 @@ def measured_costs(path: Path | None = None) -> dict[str, float]:
 def switch_choices(cfg: RunConfig, device: str) -> dict[str, list[Any]]:
     """Per setting, the values the search may use: the user's own value first, then the ones
     that save memory (a switch the user turned on stays on)."""
-    import torch
 
-    from lora_gui.engine.core.optim import bitsandbytes_present, resolved_optimizer
+    from lora_gui.config import bitsandbytes_present
 
     choices: dict[str, list[Any]] = {}
     chunk = cfg.resolved_loss_chunk()
@@ -155,7 +154,7 @@ def switch_choices(cfg: RunConfig, device: str) -> dict[str, list[Any]]:
     tied = getattr(model_config_for(cfg), "tie_word_embeddings", False)  # the head shares the table
     host_table = [] if cfg.embeddings_on_host or tied else [True]
     choices["embeddings_on_host"] = [cfg.embeddings_on_host, *host_table]
-    optimizer = resolved_optimizer(cfg, torch.device(device))
+    optimizer = cfg.resolved_optimizer(device)
     eight_bit = device == "cuda" and optimizer == "adamw" and bitsandbytes_present()
     choices["optimizer"] = [cfg.optimizer, "adamw8bit"] if eight_bit else [cfg.optimizer]
     return choices

@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import torch
-
 from lora_gui.config import RunConfig
 from lora_gui.data.batching import round_up
-from lora_gui.memory import planner
-from lora_gui.memory.model_configs import bundled_models, load_model_config
-from lora_gui.memory.parallel import Parallel, per_gpu
-from lora_gui.memory.trace import TraceResult, trace_text_step
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.model_configs import bundled_models, load_model_config
+from lora_gui.memory.predict.parallel import Parallel, per_gpu
+from lora_gui.memory.predict.trace import TraceResult, trace_text_step
+from lora_gui.models.precision import planned_weights_dtype
 
 
 def model_config_for(cfg: RunConfig, source: str | None = None) -> Any:
@@ -48,15 +47,11 @@ def text_buckets(cfg: RunConfig) -> list[int]:
 def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
     attn = "windowed" if cfg.attention == "windowed" else cfg.resolved_attn_backend()
-    # Frozen weights as the engine loads them: the GPU's compute dtype (auto = bf16), fp32 on CPU.
-    dtype = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-    if device != "cuda" or dtype is None:
-        dtype = torch.float32
-    from lora_gui.engine.core.optim import resolved_optimizer
+    dtype = planned_weights_dtype(cfg.precision, device)  # frozen weights as the engine loads them
 
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
-            "optimizer": resolved_optimizer(cfg, torch.device(device)),
+            "optimizer": cfg.resolved_optimizer(device),
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
             "offload_checkpoints": cfg.offload_checkpoints, "mlp_chunk": cfg.mlp_chunk,
             "embeddings_on_host": cfg.embeddings_on_host,
@@ -98,7 +93,7 @@ def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
 
 def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = None) -> TraceResult:
     """Closed-form estimate of the same shape as :func:`predicted_step`: instant, for the UI."""
-    from lora_gui.memory.estimate import estimate_text_step
+    from lora_gui.memory.predict.estimate import estimate_text_step
 
     config = model_config_for(cfg, source)
     kwargs = step_kwargs(cfg, device)

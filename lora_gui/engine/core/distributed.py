@@ -261,7 +261,7 @@ def stop_agreed(dist: Dist, asked: bool, run_dir: Any) -> bool:
 
 def agree_on_oom(dist: Dist):
     """The guard's ``agree`` for several ranks: every rank's failure of this try, by rank."""
-    from lora_gui.memory.guard import OomReport
+    from lora_gui.memory.runtime.guard import OomReport
 
     def agree(failure) -> list[OomReport]:
         mine = [0.0, 0.0, 0.0] if failure is None else [

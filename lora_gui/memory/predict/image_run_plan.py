@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from lora_gui.config import RunConfig
-from lora_gui.memory import planner
-from lora_gui.memory.model_configs import bundled_models, load_model_config
-from lora_gui.memory.trace import TraceResult, trace_unet_step
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.model_configs import bundled_models, load_model_config
+from lora_gui.memory.predict.trace import TraceResult, trace_unet_step
+from lora_gui.models.precision import planned_weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,13 @@ def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
     """Micro-batch per bucket under the budget (trace-calibrated estimate), the trace of the
     largest bucket at its planned micro-batch, and the buckets as (height, width)."""
     from lora_gui.data.images import make_buckets
-    from lora_gui.memory.dit_plan import dit_config_for, plan_dit_run
+    from lora_gui.memory.predict.dit_plan import dit_config_for, plan_dit_run
 
     dit_config = dit_config_for(cfg)
     if dit_config is not None:  # SD3 / Flux: the DiT planner
         return plan_dit_run(cfg, dit_config, budget_bytes, device)
     unet = unet_config_for(cfg)
-    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
-        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    dtype = planned_weights_dtype(cfg.precision, device)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": dtype, "device": device}
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
@@ -76,6 +76,7 @@ def unet_run_extras(cfg: RunConfig, dtype: torch.dtype, device: str) -> tuple[in
     Raises:
         ConfigError: ``train_text_encoder`` with cached embeddings (as the run refuses it).
     """
+    from lora_gui.memory.predict.text_encoder_step import encoders_training_bytes
     from lora_gui.models import text_encoder_lora
 
     info = {"resident_encoder_bytes": 0, "text_encoder_lora_bytes": 0}
@@ -85,14 +86,14 @@ def unet_run_extras(cfg: RunConfig, dtype: torch.dtype, device: str) -> tuple[in
                         cfg.model)
         return 0, info
     text_encoder_lora.check(cfg, "sd")
-    from lora_gui.memory.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
+    from lora_gui.memory.predict.pipeline_shapes import pipeline_sizes, pipeline_text_encoders
     from lora_gui.models.diffusion import resolve_pipeline_source
 
     source = resolve_pipeline_source(cfg.model)
     if cfg.resolved_cache_latents() == "off":
         info["resident_encoder_bytes"] = pipeline_sizes(source, dtype)[1]
     if cfg.train_text_encoder:
-        info["text_encoder_lora_bytes"] = text_encoder_lora.encoders_training_bytes(
+        info["text_encoder_lora_bytes"] = encoders_training_bytes(
             pipeline_text_encoders(source), cfg, cfg.batch_size, dtype, device)
     return sum(info.values()), info
 
@@ -101,11 +102,10 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
     """Peak of the run's largest UNet micro-batch (square at ``resolution``) for the UI: the
     trace-calibrated estimate with SDPA (instant after two cached traces), the fake-tensor trace
     with eager attention (its S x S scores are not linear in pixels)."""
-    from lora_gui.memory.dit_plan import dit_config_for
-    from lora_gui.memory.estimate import estimate_unet_step
+    from lora_gui.memory.predict.dit_plan import dit_config_for
+    from lora_gui.memory.predict.estimate import estimate_unet_step
 
-    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
-        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    dtype = planned_weights_dtype(cfg.precision, device)
     dit_config = dit_config_for(cfg)
     if dit_config is not None:
         return _estimated_dit_step(cfg, dit_config, dtype, device)
@@ -125,8 +125,13 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
 def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dtype,
                         device: str) -> TraceResult:
     """The DiT counterpart of :func:`estimated_image_step` (plus VAE / text encoders when resident)."""
-    from lora_gui.memory.dit_plan import resident_bytes
-    from lora_gui.memory.dit_trace import default_text_tokens, dit_kind, estimate_dit_step, trace_dit_step
+    from lora_gui.memory.predict.dit_plan import resident_bytes
+    from lora_gui.memory.predict.dit_trace import (
+        default_text_tokens,
+        dit_kind,
+        estimate_dit_step,
+        trace_dit_step,
+    )
 
     kind = dit_kind(config)
     step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,

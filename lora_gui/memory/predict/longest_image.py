@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from lora_gui.config import IMAGE_GRID, ConfigError, RunConfig
-from lora_gui.memory import planner
+from lora_gui.memory.predict import planner
 
 RESOLUTIONS = tuple(range(512, 1537, IMAGE_GRID))  # px: the resolution setting's range
 MAX_BATCH = 64
@@ -27,7 +27,7 @@ def longest_image(cfg: RunConfig, budget_bytes: int, device: str = "cuda") -> di
     Raises:
         ConfigError: nothing fits even at 512 px and batch 1 (with the figure).
     """
-    from lora_gui.memory.image_run_plan import estimated_image_step
+    from lora_gui.memory.predict.image_run_plan import estimated_image_step
 
     budget = planner.check_budget(budget_bytes)
     fixed = replace(cfg, image_batch="fixed")  # the batch asked for, not a batch table's

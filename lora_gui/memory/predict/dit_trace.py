@@ -1,10 +1,10 @@
 """Peak memory of one DiT (SD3 / Flux) LoRA training step: a fake-tensor trace and a
-trace-calibrated estimate, beside :func:`lora_gui.memory.trace.trace_unet_step`.
+trace-calibrated estimate, beside :func:`lora_gui.memory.predict.trace.trace_unet_step`.
 
 The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` (noisy
 latents from cached latents and noise, Flux's 2 x 2 packing and position ids, the transformer,
 the weighted flow-matching MSE), then backward, AdamW step and ``zero_grad`` through the shared
-:func:`lora_gui.memory.trace._trace`. Latents and text embeddings are assumed cached (the VAE
+:func:`lora_gui.memory.predict.trace._trace`. Latents and text embeddings are assumed cached (the VAE
 and text encoders are not part of the step; see :func:`text_encoder_bytes` for their weights).
 
 A DiT's sequence is ``text tokens + (H / f) * (W / f)`` image tokens, ``f`` = patch size x VAE
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lora_gui.memory.calibrated import calibrated_step, fit_pixel_line
-from lora_gui.memory.model_configs import is_dit_config, load_model_config
-from lora_gui.memory.trace import (
+from lora_gui.memory.predict.calibrated import calibrated_step, fit_pixel_line
+from lora_gui.memory.predict.model_configs import is_dit_config, load_model_config
+from lora_gui.memory.predict.trace import (
     TraceResult,
     _attach_lora,
     _check_common,
@@ -97,7 +97,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         image_window: windowed attention over image tokens (radius in tokens; 0 = full).
 
     Returns:
-        A :class:`~lora_gui.memory.trace.TraceResult`.
+        A :class:`~lora_gui.memory.predict.trace.TraceResult`.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import torch
 
-from lora_gui.memory.tracker import MEMORY_SOURCE as TRACKER_SOURCE
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import MEMORY_SOURCE as TRACKER_SOURCE
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 GB = 1e9  # budgets are given in decimal GB, as GPU vendors label cards
 

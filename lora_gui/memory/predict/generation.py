@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lora_gui.memory.meter import GB
+from lora_gui.memory.runtime.meter import GB
 
 MIB = 2**20
 TEXT_MARGIN = 1.25

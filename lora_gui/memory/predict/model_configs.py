@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from transformers import AutoConfig, PretrainedConfig
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "presets" / "models"
+PRESET_DIR = Path(__file__).resolve().parents[3] / "presets" / "models"
 UNET_CLASS = "UNet2DConditionModel"
 DIT_CLASSES = ("SD3Transformer2DModel", "FluxTransformer2DModel")  # flow-matching DiT denoisers
 ModelConfig = Union[PretrainedConfig, dict]  # noqa: UP007 (readable alias)

@@ -5,7 +5,7 @@ would (``accelerate launch --multi_gpu --num_processes N -m lora_gui train ...``
 the run folder the main process writes: metrics.jsonl, events.jsonl and memory.jsonl (one
 sample a second per rank, labelled ``rank``) feed the job's records, and run.json ends it. A
 stop request writes ``RUN/STOP``, which the main process reads after each step and every rank
-obeys at the same step (:func:`lora_gui.engine.parallel.distributed.stop_agreed`).
+obeys at the same step (:func:`lora_gui.engine.core.distributed.stop_agreed`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import yaml
 
 from lora_gui.config import diff_from_defaults
 from lora_gui.engine import check_inputs
+from lora_gui.engine.core.distributed import STOP_FILE
 from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folder
 from lora_gui.engine.core.preflight import check_before_replacing
 from lora_gui.engine.core.rundir import prepare_run_dir
 from lora_gui.engine.core.runstate import died_message
-from lora_gui.engine.parallel.distributed import STOP_FILE
 
 POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from

@@ -8,10 +8,10 @@ device beside the transformer / UNet, and the VAE encoder's activations at full 
 resolution are alive (a 1024 px picture through a 128-channel first block is 512 MiB per
 float32 tensor): for a small denoiser this pass, not the training step, is the run's peak.
 
-:func:`trace_encode_peak` runs :func:`lora_gui.engine.image.inputs.encode_pixels` (the code
+:func:`trace_encode_peak` runs :func:`lora_gui.models.diffusion.encode_pixels` (the code
 the run calls) with every weight of the loaded modules swapped for a fake tensor of the same
 shape and dtype (``torch.nn.utils.stateless``), so nothing is computed or allocated, and counts
-the storages it creates with a :class:`~lora_gui.memory.tracker.StorageTracker` (source:
+the storages it creates with a :class:`~lora_gui.memory.runtime.tracker.StorageTracker` (source:
 predicted). :func:`held_bytes` gives what the run keeps on the host between steps (cached
 latents and embeddings, the encoded held-out set), which is device memory when the run trains
 on the CPU.
@@ -28,10 +28,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
-from lora_gui.memory.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker
 
 if TYPE_CHECKING:
-    from lora_gui.memory.trace import TraceResult
+    from lora_gui.memory.predict.trace import TraceResult
 
 CACHE_BYTES_PER_VALUE = 4  # cached latents and embeddings are kept as float32 (engine/image/inputs.py)
 
@@ -77,7 +77,7 @@ def trace_encode_peak(model, buckets: Sequence[tuple[int, int]], device: torch.d
         buckets: picture sizes the pass encodes (training buckets and the held-out square).
         device: the run's device.
     """
-    from lora_gui.engine.image.inputs import encode_pixels
+    from lora_gui.models.diffusion import encode_pixels
 
     peak = 0
     modules = [model.vae, *model.text_encoders]
@@ -118,7 +118,7 @@ def trace_vae_encode(vae_config: dict, height: int, width: int) -> int:
     planner, which has no loaded VAE."""
     from diffusers import AutoencoderKL
 
-    from lora_gui.memory.trace import _materialize
+    from lora_gui.memory.predict.trace import _materialize
 
     with torch.device("meta"):
         vae = AutoencoderKL(**vae_config)

@@ -1,7 +1,7 @@
 """The planner for DiT (SD3 / Flux) runs: micro-batch per resolution bucket under a budget, what
 fits where, and whether the text embeddings fit (source: predicted).
 
-Peaks come from :func:`lora_gui.memory.dit_trace.estimate_dit_step` (trace-calibrated, linear
+Peaks come from :func:`lora_gui.memory.predict.dit_trace.estimate_dit_step` (trace-calibrated, linear
 in pixels with SDPA) plus the weights of whatever stays resident besides the transformer: with
 ``cache_latents=off`` the VAE and the text encoders (T5-XXL alone is 9.5 GB in bf16). Cached
 text embeddings live in host RAM (``ram``) or on disk (``disk``): a Flux caption is 512 T5
@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.memory import planner
-from lora_gui.memory.dit_trace import dit_kind, estimate_dit_step, text_encoder_bytes, trace_dit_step
-from lora_gui.memory.model_configs import bundled_models, is_dit_config, load_model_config
-from lora_gui.memory.trace import TraceResult
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.dit_trace import dit_kind, estimate_dit_step, text_encoder_bytes, trace_dit_step
+from lora_gui.memory.predict.model_configs import bundled_models, is_dit_config, load_model_config
+from lora_gui.memory.predict.trace import TraceResult
+from lora_gui.models.precision import planned_weights_dtype
 
 CACHE_BYTES_PER_VALUE = 4  # cached embeddings are stored as float32 (engine/image/inputs.py)
 # the SD3 / Flux AutoencoderKL (16 latent channels), kept in float32 by the engine
@@ -81,7 +82,7 @@ def plan_dit(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple
         **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len.
 
     Returns:
-        A :class:`~lora_gui.memory.planner.Plan`; when it does not fit, the suggestions include
+        A :class:`~lora_gui.memory.predict.planner.Plan`; when it does not fit, the suggestions include
         caching the embeddings (frees the text encoders) and gradient checkpointing.
     """
     budget = planner.check_budget(budget_bytes)
@@ -159,10 +160,9 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
     """``plan`` for a DiT run: per-bucket micro-batch, the trace of the largest bucket at its
     micro-batch, and the buckets as (height, width)."""
     from lora_gui.data.images import make_buckets
-    from lora_gui.memory.dit_trace import default_text_tokens
+    from lora_gui.memory.predict.dit_trace import default_text_tokens
 
-    dtype = torch.float32 if device != "cuda" or cfg.precision == "fp32" else (
-        torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+    dtype = planned_weights_dtype(cfg.precision, device)
     kind = dit_kind(config)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype,
             "device": device, "text_seq_len": default_text_tokens(kind, cfg.text_max_length),
@@ -193,11 +193,11 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
 def encoding_pass_bytes(cfg: RunConfig, kind: str, step: TraceResult, largest_hw: tuple[int, int],
                         dtype: torch.dtype) -> int:
     """Peak of the run's encoding pass (source: predicted; the rule is
-    :func:`lora_gui.memory.encode_trace.planned_encoding_pass`), with the VAE (float32) and the
+    :func:`lora_gui.memory.predict.encode_trace.planned_encoding_pass`), with the VAE (float32) and the
     text encoders in ``dtype`` of the run's pipeline (the folder's own, or SD3.5 / Flux.1's for
     a bundled name); the transformer joins after a GPU run's caching pass
     (engine.image.encode_peak)."""
-    from lora_gui.memory.encode_trace import planned_encoding_pass
+    from lora_gui.memory.predict.encode_trace import planned_encoding_pass
 
     vae_config, encoders = pipeline_encoders(cfg, kind, dtype)
     return planned_encoding_pass(cfg.resolved_cache_latents(), step, encoders, vae_config, *largest_hw)
@@ -213,7 +213,7 @@ def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[di
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL
 
-    from lora_gui.memory.pipeline_shapes import config_folder
+    from lora_gui.memory.predict.pipeline_shapes import config_folder
     from lora_gui.models.diffusion import _model_index, resolve_pipeline_source
 
     root = config_folder(resolve_pipeline_source(cfg.model))

@@ -4,7 +4,7 @@ In the style of Korthikanti et al. 2022 ("Reducing Activation Recomputation in L
 Transformer Models"): activations are counted per token per layer from what autograd saves,
 but for the step this project really runs (frozen base in ``dtype``, peft LoRA adapters in
 float32, no autocast), not for full fine-tuning. The rules that follow from it (checked
-against :mod:`lora_gui.memory.trace`, exact on the Llama family):
+against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
 
 - a frozen ``Linear`` saves no input (its weight gradient is never needed); only the LoRA
   branch saves its input, cast to float32 (one copy per adapted module when ``dtype`` is not
@@ -30,9 +30,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from lora_gui.memory.long_estimate import long_context_terms
-from lora_gui.memory.model_configs import ModelConfig, is_unet_config, load_model_config
-from lora_gui.memory.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
+from lora_gui.memory.predict.long_estimate import long_context_terms
+from lora_gui.memory.predict.model_configs import ModelConfig, is_unet_config, load_model_config
+from lora_gui.memory.predict.trace import CATEGORIES, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
 
 LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo2", "granite", "cohere"}
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -130,7 +130,7 @@ def _attention_peak_terms(s: dict[str, int], d: int, targets: tuple[str, ...], r
     """At a peak in a layer's attention backward: the largest attention weight a quantized base
     dequantizes (bytes), and the share of all LoRA weights that the layer's MLP adapters hold
     (their gradients exist by then: the MLP's backward ran first)."""
-    from lora_gui.memory.quant import dequant_temporary_bytes
+    from lora_gui.memory.predict.quant import dequant_temporary_bytes
 
     dims = _linear_dims(s)
     attention = [dims[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
@@ -147,7 +147,7 @@ def _generic_layer_bytes(s: dict[str, int], d: int, attn: str, seq: int) -> int:
 
 def _quant_terms(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
                  quantization: str, double_quant: bool, optimizer: str) -> dict[str, int]:
-    from lora_gui.memory.quant import check_quantization, estimate_terms
+    from lora_gui.memory.predict.quant import check_quantization, estimate_terms
 
     check_quantization(quantization, optimizer)
     dims = _linear_dims(s)
@@ -167,13 +167,13 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        embeddings_on_host: bool = False) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
-    Args: as :func:`lora_gui.memory.trace.trace_text_step` (no dropout, no fake run), plus
+    Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
         attention_window: keys per query of a windowed attention (sliding window / blocked
             kernel): the S x S terms of eager attention shrink to S x window. No effect on SDPA,
             which keeps no S x S term.
         loss_chunk: chunked loss (lora_gui.models.chunked_loss): the logits terms cover at most
             ``loss_chunk`` positions, plus the hidden-state gradient the fused loss keeps.
-        quantization, double_quant, optimizer: as the trace (:mod:`lora_gui.memory.quant`):
+        quantization, double_quant, optimizer: as the trace (:mod:`lora_gui.memory.predict.quant`):
             quantized storage of the decoder's Linear weights, the dequantized weight of one
             layer in the backward, int8's kept layer inputs, and 8-bit optimizer states.
         offload_checkpoints, mlp_chunk, embeddings_on_host: the long-context switches
@@ -276,8 +276,8 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
     """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
     import json
 
-    from lora_gui.memory.calibrated import fit_pixel_line
-    from lora_gui.memory.trace import trace_unet_step
+    from lora_gui.memory.predict.calibrated import fit_pixel_line
+    from lora_gui.memory.predict.trace import trace_unet_step
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
@@ -298,7 +298,7 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
     Returns:
         A :class:`TraceResult` (``info["source"] = "predicted (trace-calibrated)"``).
     """
-    from lora_gui.memory.calibrated import calibrated_step
+    from lora_gui.memory.predict.calibrated import calibrated_step
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -1,4 +1,5 @@
-"""Closed-form terms of the long-context switches for :func:`lora_gui.memory.estimate.estimate_text_step`.
+"""Closed-form terms of the long-context switches for the closed-form estimate
+(:func:`lora_gui.memory.predict.estimate.estimate_text_step`).
 
 What each switch changes (bytes; ``h`` hidden size, ``d`` weight dtype bytes, ``T`` tokens of
 the micro-batch, ``L`` layers), as :mod:`lora_gui.models.long_context` runs it and the trace

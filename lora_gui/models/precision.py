@@ -1,4 +1,5 @@
-"""Mixed precision chosen by measured capability, not by habit.
+"""Mixed precision chosen by measured capability, not by habit, and the dtype the frozen weights
+get from it (one rule for the run and its plan).
 
 - CUDA: bf16 where the GPU supports it (``torch.cuda.is_bf16_supported``), else fp16.
 - CPU: it depends on the instruction set and the model's shapes, so 'auto' times a real
@@ -62,3 +63,24 @@ def cpu_may_run_bf16_fast() -> bool:
     products, so bf16 is emulated and never twice as fast; timing it would cost the run ~5 s of
     CPU for nothing. Elsewhere (AVX-512, ARM) only a timing can tell."""
     return torch.backends.cpu.get_cpu_capability() != "AVX2"
+
+
+def weights_dtype(mixed: str, device_type: str) -> torch.dtype:
+    """Frozen weights in the compute dtype on GPUs (half the bytes; LoRA weights stay fp32 in
+    peft); fp32 on a CPU, where autocast does the low-precision maths.
+
+    Args:
+        mixed: accelerate's mixed_precision ('no', 'bf16', 'fp16'), see :func:`choose_precision`.
+        device_type: 'cuda' or 'cpu'.
+    """
+    if device_type == "cuda":
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed, torch.float32)
+    return torch.float32
+
+
+def planned_weights_dtype(precision: str, device_type: str) -> torch.dtype:
+    """The frozen weights' dtype a run with this ``precision`` setting gets on ``device_type``,
+    without asking the device: 'auto' on CUDA plans bf16 (a card without bf16 runs fp16, the
+    same 2 bytes a value), so a plan for a GPU can be made on a machine without one."""
+    mixed = {"fp32": "no", "fp16": "fp16"}.get(precision, "bf16")
+    return weights_dtype(mixed, device_type)
