@@ -19,7 +19,7 @@ from pathlib import Path
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.text.train import train_text
 from lora_gui.memory.predict.longest import longest_text
-from lora_gui.memory.predict.run_predict import predict_run
+from lora_gui.memory.predict.run_predict import predict_text_run
 
 
 def long_corpus(folder: Path) -> Path:
@@ -40,7 +40,7 @@ def check(budget_gb: float, folder: Path) -> str:
     run = replace(cfg, **result.switches, max_seq_len=result.seq_len, budget_gb=budget_gb)
     report = train_text(run, folder / f"run-{budget_gb}", progress=False)["memory_report"]
     longer = int(result.seq_len * 1.1)
-    over = predict_run(replace(run, max_seq_len=longer), "cpu", lengths=[longer] * 4).peak_bytes
+    over = predict_text_run(replace(run, max_seq_len=longer), "cpu", lengths=[longer] * 4).peak_bytes
     switches = ", ".join(f"{k}={v}" for k, v in result.switches.items()) or "-"
     return (f"| {budget_gb:g} | {result.seq_len:,} | {switches} | {report['peak_bytes']:,} | "
             f"{'yes' if report['peak_bytes'] <= budget else 'NO'} | {report['predicted_vs_measured']:+.3%} | "

@@ -16,11 +16,9 @@ from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.engine.core.lock import RunDirError
-from lora_gui.errors import UserError
+from lora_gui.errors import USER_ERRORS
 from lora_gui.presets import load_config
 
-MAX_BUDGET_GB = 2000.0  # the planner's range (2 TB)
-USER_ERRORS = (UserError,)  # ConfigError, DataError, ImageDataError, ModelError, RunDirError...
 # The engine (torch, transformers, peft: seconds to import) is imported inside each command, so
 # --help and a bad setting answer at once.
 
@@ -82,70 +80,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["status"] == "completed" else 130
 
 
-DEFAULT_PLAN_BUDGET_GB = 24.0  # without --budget-gb, a budget_gb setting or a GPU: a common card
-
-
-def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
+def _plan_budget(args: argparse.Namespace, cfg):
+    """The budget a plan is judged against (see memory.predict.report.resolve_budget)."""
     import torch
 
-    if args.budget_gb is not None:
-        if not 0 < args.budget_gb <= MAX_BUDGET_GB:  # also catches nan
-            raise ConfigError(f"--budget-gb {args.budget_gb:g}: the budget must be more than 0 and at "
-                              f"most {MAX_BUDGET_GB:g} GB")
-        return args.budget_gb, "--budget-gb"
-    if cfg.budget_gb:
-        return cfg.budget_gb, "budget_gb setting"
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / 1e9, "this GPU"
-    return DEFAULT_PLAN_BUDGET_GB, "default (no GPU here)"
+    from lora_gui.memory.predict.report import resolve_budget
+
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    return resolve_budget(cfg, args.budget_gb, getattr(args, "card", None), gpu, budget_from="--budget-gb")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from lora_gui.memory.predict import planner, run_plan, run_predict
+    from lora_gui.memory.predict import predict, report
     from lora_gui.memory.predict.parallel import Parallel
 
     cfg = load_config(args.preset, parse_set_args(args.set))
-    budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    budget = _plan_budget(args, cfg)
     if args.longest:
-        return _plan_longest(cfg, budget_gb, budget_from, args)
-    if cfg.task == "image":
-        return _plan_image(cfg, budget_gb, budget_from, args)
+        return _plan_longest(cfg, budget.bytes / 1e9, budget.source, args)
+    if cfg.task == "image" and _bundled_shapes_only(cfg):
+        return _plan_image_shapes(cfg, budget, args)
     try:
         parallel = Parallel(args.world_size, args.fsdp)
-        budget = planner.check_budget(budget_gb * 1e9)
-        plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
+        pred = predict(cfg, budget.bytes, args.device, processes=args.world_size, fsdp=args.fsdp)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    _check_host(step, args)
-    result = run_plan.plan_to_json(plan, step)
+    _check_host(pred.step, args)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(report.plan_json(pred), indent=1, default=str))
         return 0
-    mib = 2**20
-    print(f"Predicted peak of one training step on {args.device}, per GPU with {parallel.label()} "
-          f"(source: predicted, fake-tensor trace of {cfg.model}): {step.peak_bytes / mib:,.0f} MiB")
-    pred = step.info.get("prediction") or {}
-    if pred:
-        data = "the run's real data" if pred["from_data"] else "worst case, no data to read"
-        print(f"  peak micro-batch: {pred['batch_size']} x {pred['seq_len']} tokens, mask {pred['mask']}, "
-              f"attention kernel on {args.device}: {pred['kernel']} ({data})")
-    for name, nbytes in step.breakdown.items():
-        print(f"  {name:<18} {nbytes / mib:>10,.1f} MiB")
-    for name, nbytes in step.cuda_overheads.items():
-        if not nbytes:  # planning for a CPU: no CUDA context, workspace or rounding
-            continue
-        print(f"  + {name:<16} {nbytes / mib:>10,.1f} MiB  (CUDA-only overhead, not in the trace)")
-    if parallel.world_size > 1:
-        bucket = step.info["allreduce_bucket_bytes"] / mib
-        print(f"  (noted, not in the peak: LoRA gradient all-reduce bucket {bucket:,.1f} MiB after "
-              "backward; DDP-style buckets of 25 MB)")
-    print(f"\nBudget {budget_gb:g} GB per GPU ({budget_from}): {plan.message}")
-    print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
-    for b in plan.buckets:
-        print(f"  {b.bucket!s:>15}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
-    for sug in plan.suggestions:
-        print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB (saves {sug.saving_bytes / mib:,.0f} "
-              f"MiB){' -> fits' if sug.fits else ''}")
+    if cfg.task == "image":
+        print("\n".join(report.image_plan_lines(cfg, pred, budget)))
+        return 0
+    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label())))
     _print_fits(cfg, args.device)
     return 0
 
@@ -275,13 +242,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 130 if stop.is_set() else 0
 
 
-def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
-    """`plan` for an image run: per-bucket micro-batch and the trace of the largest (predicted)."""
+def _bundled_shapes_only(cfg) -> bool:
+    """A bundled UNet / DiT config name: shapes without a pipeline or data to read."""
+    from lora_gui.memory.predict.model_configs import bundled_models
+
+    return cfg.model in bundled_models()
+
+
+def _plan_image_shapes(cfg, budget, args: argparse.Namespace) -> int:
+    """`plan` for a bundled UNet / DiT config (no pipeline, no data): per-bucket micro-batch
+    over the resolution's aspect buckets and the trace of the largest (source: predicted)."""
     from lora_gui.memory.predict import planner
     from lora_gui.memory.predict.image_run_plan import plan_image_run
 
     try:
-        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget_gb * 1e9), args.device)
+        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget.bytes), args.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -291,12 +266,9 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
         return 0
     mib = 2**20
     print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
-          f"fake-tensor trace of {cfg.model} at {cfg.resolution} px): {step.peak_bytes / mib:,.0f} MiB")
-    if step.info.get("encoding_pass_bytes"):
-        print("  (the larger of the training step and the caching pass, which holds the VAE and text "
-              "encoders on the device, and the transformer too unless latents are cached: "
-              f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
-    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+          f"fake-tensor trace of {cfg.model} at {cfg.resolution} px; shapes only, no pipeline or data "
+          f"read): {step.peak_bytes / mib:,.0f} MiB")
+    print(f"\nBudget {budget.label()}: {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
         print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
@@ -346,6 +318,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return app_main(args.ui_args)
 
 
+def _card_names() -> list[str]:
+    from lora_gui.cards import card_names
+
+    return card_names()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lora_gui", description="LoRA training that fits.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -362,7 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="predict peak memory and batch sizes before a run (CPU only)")
     plan.add_argument("--preset", help="presets/NAME.yaml or a path")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--budget-gb", type=float, help="VRAM budget in GB (default: budget_gb, the GPU, 24)")
+    plan.add_argument("--budget-gb", type=float,
+                      help="VRAM budget in decimal GB, 1 GB = 10^9 bytes (default: the run's budget_gb, "
+                           "this GPU, else a 24 GB card)")
+    plan.add_argument("--card", help="plan for a card by name (its whole memory, the CUDA context "
+                                     "counted inside it): " + ", ".join(_card_names()))
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="plan for a CUDA GPU (adds its overheads) or for this CPU")
     plan.add_argument("--json", action="store_true", help="print one JSON object")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 2**20  # bytes
+from lora_gui.units import MIB
 
 
 @dataclass(frozen=True)

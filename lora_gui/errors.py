@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Something the user can fix; the message names the file, field or value."""
+
+
+# What every front end catches and shows as one line (the CLI prints "error: ...", the dashboard
+# shows the message): bad settings, data, model, run folder, export, a busy job.
+USER_ERRORS: tuple[type[Exception], ...] = (UserError,)

@@ -8,6 +8,7 @@ in the kohya / A1111 / ComfyUI key format.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import shutil
@@ -123,22 +124,62 @@ def resolve_pipeline_source(name: str) -> str:
 
 
 def load_image_model(source: str, weights_dtype: torch.dtype = torch.float32,
-                     cfg: RunConfig | None = None) -> ImageModel:
+                     cfg: RunConfig | None = None, *, weights: bool = True) -> ImageModel:
     """The pipeline's parts (see :func:`_load_parts`); a folder that lacks one of them, or holds
     one that cannot be read, is refused with a message naming the folder.
+
+    Args:
+        weights: False builds every module from its config on the meta device (shapes and dtypes,
+            no weights read): what the memory plan needs before a run, with the run's own code.
 
     Raises:
         ModelError: naming the pipeline folder and what is missing.
     """
     try:
-        return _load_parts(source, weights_dtype, cfg)
+        return _load_parts(source, weights_dtype, cfg, weights)
     except (OSError, ValueError) as err:
         if isinstance(err, ModelError):
             raise
         raise ModelError(f"model: {source}: the pipeline cannot be loaded ({err})") from None
 
 
-def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None) -> ImageModel:
+def meta_pipeline(source: str, weights_dtype: torch.dtype) -> Any:
+    """The diffusers pipeline of ``source`` with every model built from its config on the meta
+    device (shapes and dtypes, no weights read; the VAE in float32 as the run keeps it) and its
+    tokenizers and scheduler loaded (small files): what the memory plan needs before a run, so
+    that it runs the run's own code. A 12B transformer costs its config, not 24 GB."""
+    import diffusers
+    import transformers
+    from accelerate import init_empty_weights
+
+    index = _model_index(source)
+    parts: dict[str, Any] = {}
+    for name, entry in index.items():
+        if name.startswith("_") or not isinstance(entry, list):
+            continue
+        library, class_name = entry
+        if class_name is None or library not in ("diffusers", "transformers"):
+            parts[name] = None  # absent, or the SD safety checker (the run never loads it)
+            continue
+        cls = getattr(diffusers if library == "diffusers" else transformers, class_name)
+        if not issubclass(cls, torch.nn.Module):
+            parts[name] = cls.from_pretrained(source, subfolder=name)  # tokenizer, scheduler
+            continue
+        with init_empty_weights():
+            if library == "diffusers":
+                module = cls.from_config(cls.load_config(source, subfolder=name))
+            else:
+                module = cls._from_config(transformers.AutoConfig.from_pretrained(source, subfolder=name))
+        torch.nn.Module.to(module, torch.float32 if name == "vae" else weights_dtype)
+        parts[name] = module.requires_grad_(False).eval()
+    pipeline = getattr(diffusers, index["_class_name"])
+    if "requires_safety_checker" in inspect.signature(pipeline.__init__).parameters:
+        parts["requires_safety_checker"] = False
+    return pipeline(**parts)
+
+
+def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None,
+                weights: bool = True) -> ImageModel:
     """Loads UNet, VAE (fp32: the SD VAEs overflow in fp16), text encoder(s), tokenizer(s) and
     the DDPM training scheduler of a supported pipeline; for SD3 / Flux the transformer and the
     flow-matching objective built from ``cfg``'s timestep settings (see :mod:`lora_gui.models.dit`)."""
@@ -147,9 +188,16 @@ def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None) 
 
     kind = pipeline_kind(source)
     if dit.is_dit_kind(kind):
-        parts = dit.load_dit_parts(source, PIPELINE_CLASSES[kind], weights_dtype, cfg or RunConfig())
+        pipe = None if weights else meta_pipeline(source, weights_dtype)
+        parts = dit.load_dit_parts(source, PIPELINE_CLASSES[kind], weights_dtype, cfg or RunConfig(), pipe)
         return ImageModel(kind, source, parts["transformer"], parts["vae"], parts["text_encoders"],
                           parts["tokenizers"], parts["objective"], parts["info"], parts["pipe"])
+    if not weights:
+        pipe = meta_pipeline(source, weights_dtype)
+        encoders = [e for e in (pipe.text_encoder, getattr(pipe, "text_encoder_2", None)) if e is not None]
+        tokenizers = [t for t in (pipe.tokenizer, getattr(pipe, "tokenizer_2", None)) if t is not None]
+        scheduler = DDPMScheduler.from_pretrained(source, subfolder="scheduler")
+        return ImageModel(kind, source, pipe.unet, pipe.vae, encoders, tokenizers, scheduler)
     unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", torch_dtype=weights_dtype)
     vae = AutoencoderKL.from_pretrained(source, subfolder="vae", torch_dtype=torch.float32)
     encoders = [CLIPTextModel.from_pretrained(source, subfolder="text_encoder", dtype=weights_dtype)]
@@ -163,6 +211,24 @@ def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None) 
         module.eval()
     scheduler = DDPMScheduler.from_pretrained(source, subfolder="scheduler")
     return ImageModel(kind, source, unet, vae, encoders, tokenizers, scheduler)
+
+
+def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: bool = True) -> ImageModel:
+    """The model a run trains: the pipeline's parts with LoRA on the denoiser (and on the text
+    encoders with ``train_text_encoder``), the run's attention kernel and checkpointing; with
+    ``weights=False`` the same modules on the meta device, for the memory plan before a run.
+    Nothing is moved to a device here (the run decides when each part joins it)."""
+    from lora_gui.models import text_encoder_lora
+
+    model = load_image_model(resolve_pipeline_source(cfg.model), weights_dtype, cfg, weights=weights)
+    if weights:
+        torch.manual_seed(cfg.seed)  # LoRA init (the plan's meta weights have no values)
+    attach_unet_lora(model.unet, cfg)
+    text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
+    set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
+    if cfg.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+    return model
 
 
 def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:

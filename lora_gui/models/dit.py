@@ -216,8 +216,10 @@ def text_length_for(kind: str, setting: int) -> int:
     return setting or DEFAULT_TEXT_LENGTH[kind]
 
 
-def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg: Any) -> dict[str, Any]:
-    """Loads a supported DiT pipeline; returns the parts of a :class:`~lora_gui.models.diffusion.ImageModel`.
+def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg: Any,
+                   pipe: Any = None) -> dict[str, Any]:
+    """Loads a supported DiT pipeline (or takes ``pipe``, e.g. one built on the meta device);
+    returns the parts of a :class:`~lora_gui.models.diffusion.ImageModel`.
 
     The VAE is kept in float32 (SD3's script does; it encodes once when caching). The pipeline
     object is kept for its ``encode_prompt`` (CLIP + T5 exactly as the pipeline encodes at
@@ -233,7 +235,8 @@ def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg
     raw = transformer_class.load_config(source, subfolder="transformer")  # as written, no defaults
     if kind == "flux":
         check_flux_guidance(raw, f"{source}/transformer/config.json")
-    pipe = getattr(diffusers, class_name).from_pretrained(source, torch_dtype=weights_dtype)
+    if pipe is None:
+        pipe = getattr(diffusers, class_name).from_pretrained(source, torch_dtype=weights_dtype)
     torch.nn.Module.to(pipe.vae, torch.float32)  # plain cast (diffusers' .to() warns)
     encoders = [e for e in (pipe.text_encoder, pipe.text_encoder_2, getattr(pipe, "text_encoder_3", None))
                 if e is not None]

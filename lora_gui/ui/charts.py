@@ -17,8 +17,7 @@ from plotly.io.json import to_json_plotly
 
 from lora_gui.ui.history import HISTORY, SmoothedSeries, column
 from lora_gui.ui.series import downsample
-
-MIB = 2**20
+from lora_gui.units import MIB
 
 
 class _Figure(go.Figure):

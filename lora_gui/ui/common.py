@@ -8,12 +8,11 @@ from pathlib import Path
 import torch
 
 from lora_gui.engine.jobs import JobManager
-from lora_gui.errors import UserError
+from lora_gui.errors import USER_ERRORS  # noqa: F401  (re-exported for the tabs)
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import list_presets
 
 RUNS_ROOT = Path("runs")
-USER_ERRORS = (UserError,)  # ConfigError, DataError, ImageDataError, ModelError, RunDirError, JobBusyError
 MANAGER = JobManager()  # one job per server process, shared by every page that attaches
 SIMULATED_BUDGET_GB = 2.0  # default simulated VRAM budget on a machine without a GPU
 

@@ -49,12 +49,14 @@ def range_text(f: dataclasses.Field) -> str:
     return f" Range: {low:g} to {high:g}." if high is not None else f" At least {low:g}."
 
 
-def widget_for(f: dataclasses.Field, value: Any, visible: bool = True) -> gr.components.Component:
+def widget_for(f: dataclasses.Field, value: Any, visible: bool = True,
+               elem_prefix: str = "field") -> gr.components.Component:
     """The widget of one setting: choices -> dropdown, bool -> checkbox, numbers with their range
-    in the help (the message next to the field names a bad value), text -> textbox."""
+    in the help (the message next to the field names a bad value), text -> textbox. Its element
+    id is ``{elem_prefix}-{name}`` (each tab its own prefix)."""
     meta, kind = f.metadata, field_kind(f)
     common = {"label": label_for(f), "info": meta.get("help", "") + range_text(f),
-              "elem_id": f"field-{f.name}", "visible": visible}
+              "elem_id": f"{elem_prefix}-{f.name}", "visible": visible}
     if meta.get("choices"):
         return gr.Dropdown(list(meta["choices"]), value=value, **common)
     if kind is bool:

@@ -75,7 +75,7 @@ def test_builtin_chat_run_trains_the_added_tokens_and_generates_and_exports(tmp_
     # the trained token rows are in the prediction (peft trainable tokens: a full-table copy a pass)
     report = summary["memory_report"]
     assert -0.01 <= report["predicted_vs_measured"] <= 0.03, report
-    from lora_gui.engine.run_prediction import text_memory_plan
+    from lora_gui.memory.predict.run import text_memory_plan
     from lora_gui.models.text import resolve_model_source
 
     form = text_memory_plan(cfg, resolve_model_source(cfg.model), None, "cpu")[3]  # reads the data itself

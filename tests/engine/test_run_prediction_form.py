@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lora_gui.engine.run_prediction import estimate_run, predict_run
+from lora_gui.memory.predict import estimate, predict
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
 
@@ -11,15 +11,17 @@ from lora_gui.presets import load_config
 @pytest.mark.slow
 def test_image_form_prediction_equals_the_engines_plan():
     from lora_gui.engine.image import train as image_train
+    from lora_gui.memory.predict.image_run import image_run_prediction
 
     cfg = load_config("image-768", {"budget_gb": 2.0})
     device = torch.device("cpu")
     model, _, dtype = image_train._load_model(cfg, device)
     data = image_train.load_image_data(cfg)
-    caps, predicted, _ = image_train._memory_plan(cfg, model, data, int(cfg.budget_gb * GB), device, dtype, 1)
-    form = predict_run(cfg, device="cpu")
-    assert form.peak_bytes == predicted and form.caps == caps.caps
-    assert form.peak_bytes > estimate_run(cfg, "cpu").peak_bytes  # the plan's batch, not the table's
+    run = image_run_prediction(cfg, model, data, int(cfg.budget_gb * GB), device, dtype, 1)
+    form = predict(cfg, device="cpu")
+    assert form.peak_bytes == run.peak_bytes and form.caps == run.caps.caps
+    assert form.train_peak_bytes == run.train_peak_bytes
+    assert form.peak_bytes > estimate(cfg, "cpu").peak_bytes  # the plan's batch, not the table's
 
 
 @pytest.mark.slow
@@ -30,9 +32,9 @@ def test_text_form_prediction_equals_the_engines_plan():
     cfg = load_config("text-demo", {"budget_gb": 2.0, "max_seq_len": 256})
     caps, predicted, _ = text_train._memory_plan(cfg, resolve_model_source(cfg.model),
                                               int(cfg.budget_gb * GB), torch.device("cpu"))
-    form = predict_run(cfg, device="cpu")
+    form = predict(cfg, device="cpu")
     assert form.peak_bytes == predicted and form.caps == caps.caps and form.caps
     no_budget = load_config("text-demo", {"max_seq_len": 256})
     caps, predicted, _ = text_train._memory_plan(no_budget, resolve_model_source(no_budget.model), None,
                                               torch.device("cpu"))
-    assert predict_run(no_budget, device="cpu").peak_bytes == predicted and not caps.caps
+    assert predict(no_budget, device="cpu").peak_bytes == predicted and not caps.caps

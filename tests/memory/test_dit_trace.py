@@ -130,7 +130,7 @@ def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():
     from diffusers import AutoencoderKL
 
     from lora_gui.config import RunConfig
-    from lora_gui.engine import run_prediction
+    from lora_gui.memory.predict import image_run
     from lora_gui.memory.predict.encode_trace import trace_vae_encode
     from lora_gui.memory.runtime.tracker import StorageTracker
     from lora_gui.models.diffusion import BUILTIN_DIFFUSION_DIR
@@ -149,18 +149,18 @@ def test_the_unet_encoding_pass_is_the_vae_trace_plus_what_is_on_the_device():
     step = SimpleNamespace(breakdown={"frozen_weights": unet, "lora_params": 2**20},
                            cuda_overheads={"cuda_context": 500 * 2**20}, device="cuda")
     cfg = {m: RunConfig(task="image", model="builtin", cache_latents=m) for m in ("ram", "off")}
-    cached, uncached = (run_prediction.unet_encoding_pass(cfg[m], step, str(BUILTIN_DIFFUSION_DIR), 7,
+    cached, uncached = (image_run.unet_encoding_pass(cfg[m], step, str(BUILTIN_DIFFUSION_DIR), 7,
                                                           (256, 192)) for m in ("ram", "off"))
     assert uncached - cached == unet + 2**20
     assert cached == 7 + trace_vae_encode(config, 192, 256) + 500 * 2**20
 
 
 def test_the_unet_run_takes_the_encoding_pass_when_it_is_higher(monkeypatch):
-    from lora_gui.engine import run_prediction
+    from lora_gui.memory.predict import image_run, predict
     from lora_gui.presets import load_config
 
     cfg = load_config("image-768", {"resolution": 512})
-    plain = run_prediction.predict_run(cfg, device="cpu")
+    plain = predict(cfg, device="cpu")
     assert 0 < plain.step.info["encoding_pass_bytes"] < plain.peak_bytes  # the built-in model: the step
-    monkeypatch.setattr(run_prediction, "unet_encoding_pass", lambda *a: plain.peak_bytes + 12345)
-    assert run_prediction.predict_run(cfg, device="cpu").peak_bytes == plain.peak_bytes + 12345
+    monkeypatch.setattr(image_run, "unet_encoding_pass", lambda *a: plain.peak_bytes + 12345)
+    assert predict(cfg, device="cpu").peak_bytes == plain.peak_bytes + 12345

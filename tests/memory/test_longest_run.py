@@ -14,7 +14,7 @@ import pytest
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.text.train import train_text
 from lora_gui.memory.predict.longest import longest_text
-from lora_gui.memory.predict.run_predict import predict_run
+from lora_gui.memory.predict.run_predict import predict_text_run
 
 BUDGET = 0.06e9  # bytes: L lands well below the 2,048-token context
 LOW, HIGH = -0.01, 0.03
@@ -45,5 +45,5 @@ def test_a_run_at_the_longest_length_stays_within_the_budget(long_docs, tmp_path
     assert LOW <= report["predicted_vs_measured"] <= HIGH, report
     assert summary["prediction"]["seq_len"] == result.seq_len  # the run really reached L
     longer = int(result.seq_len * 1.1)
-    over = predict_run(replace(run, max_seq_len=longer), "cpu", lengths=[longer] * 4)
+    over = predict_text_run(replace(run, max_seq_len=longer), "cpu", lengths=[longer] * 4)
     assert over.peak_bytes > BUDGET, (over.peak_bytes, result.to_json())

@@ -1,4 +1,4 @@
-"""The run's predicted peak (predict_run, the function the engine, the plan CLI and the dashboard
+"""The run's predicted peak (predict_text_run, the function the engine, the plan CLI and the dashboard
 call) against the peak the run measures (run.json memory_report, source: tracker on this CPU),
 on a grid of modes: tiny real runs of the built-in model on variable-length documents."""
 

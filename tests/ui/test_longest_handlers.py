@@ -8,7 +8,7 @@ from lora_gui.ui.tabs import longest_handlers
 
 
 def test_train_tab_fills_the_length_and_switches(monkeypatch):
-    monkeypatch.setattr("lora_gui.engine.run_prediction.run_device", lambda: "cpu")
+    monkeypatch.setattr("lora_gui.memory.predict.run_device", lambda: "cpu")
     values = {**RunConfig().to_dict(), "batch_size": 1, "precision": "fp32", "budget_gb": 0.05,
               "gradient_checkpointing": False}
     filled, text = longest_handlers.fill_form(values)

@@ -29,7 +29,7 @@ def _row(mode: str, size_key: str, size: int, cfg: RunConfig) -> dict[str, Any]:
 
 
 def _text_rows(base: RunConfig, lengths: tuple[int, ...]) -> list[dict[str, Any]]:
-    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict import estimate
 
     rows = []
     for seq_len in lengths:
@@ -39,7 +39,7 @@ def _text_rows(base: RunConfig, lengths: tuple[int, ...]) -> list[dict[str, Any]
             row = _row(mode, "seq_len", seq_len, base)
             try:
                 cfg = apply_overrides(base, over)
-                step = run_plan.estimated_step(cfg, DEVICE)
+                step = estimate(cfg, DEVICE).step
             except (ValueError, NotImplementedError, RuntimeError) as err:
                 rows.append({**row, "status": "error", "message": f"no prediction: {err}"})
                 continue
@@ -52,7 +52,7 @@ _UNET_STEPS: dict[tuple, Any] = {}  # eager rows are fake-tensor traces (seconds
 
 
 def _unet_step_key(cfg: RunConfig) -> tuple:
-    """What estimated_image_step reads: model, batch, resolution, rank, checkpointing, kernel."""
+    """What the image estimate reads: model, batch, resolution, rank, checkpointing, kernel."""
     batch = cfg.batch_size
     if cfg.resolved_image_batch() == "adaptive":
         table = cfg.batch_by_resolution()
@@ -64,7 +64,7 @@ def _unet_step_key(cfg: RunConfig) -> tuple:
 
 def _image_rows(base: RunConfig, resolutions: tuple[int, ...]) -> list[dict[str, Any]]:
     from lora_gui.engine.compare.image_rows import image_modes, image_overrides
-    from lora_gui.memory.predict.image_run_plan import estimated_image_step
+    from lora_gui.memory.predict import estimate
 
     rows = []
     for res in resolutions:
@@ -75,7 +75,7 @@ def _image_rows(base: RunConfig, resolutions: tuple[int, ...]) -> list[dict[str,
                                              **image_overrides(mode, "memory")})
                 key = _unet_step_key(cfg)
                 if key not in _UNET_STEPS:  # the switches the UNet step does not see share it
-                    _UNET_STEPS[key] = estimated_image_step(cfg, DEVICE)
+                    _UNET_STEPS[key] = estimate(cfg, DEVICE).step
                 step = _UNET_STEPS[key]
             except (ValueError, NotImplementedError, RuntimeError) as err:
                 rows.append({**row, "status": "error", "message": f"no prediction: {err}"})

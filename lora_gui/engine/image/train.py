@@ -75,48 +75,15 @@ from lora_gui.engine.image.ranks import (
 )
 from lora_gui.engine.image.samples import generate_samples, sample_prompts
 from lora_gui.engine.image.summary import image_summary
-from lora_gui.memory.predict import text_encoder_step
 from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache
-from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory, free_memory
+from lora_gui.memory.predict.image_run import image_run_prediction
+from lora_gui.memory.runtime.guard import MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
 from lora_gui.models import text_encoder_lora
 from lora_gui.models.precision import choose_precision, weights_dtype
 
 log = logging.getLogger(__name__)
-
-
-def _memory_plan(cfg: RunConfig, model: dm.ImageModel, data: ImageData, budget: int | None,
-                 device: torch.device, weights_dtype: torch.dtype,
-                 world_size: int = 1) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
-    """Micro-batch caps per bucket (adaptive: the planner under a budget, else batch_table) and
-    the predicted peak of the run's largest micro-batch (source: predicted; fake-tensor trace
-    of the UNet step plus the VAE / text encoders when they stay resident), per process: with
-    several, a process trains at most ceil(batch_size / world_size) images of a step."""
-    from lora_gui.engine.run_prediction import image_memory_plan  # the form calls it too
-
-    if dm.dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
-        from lora_gui.engine.image.dit_run import dit_memory_plan
-
-        caps, predicted = dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
-        return caps, predicted, {"peak_bytes": predicted, "source": "predicted", "device": device.type}
-    caps = BatchCaps()
-    unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
-    resident = sum(p.numel() * p.element_size()
-                   for m in (model.vae, *model.text_encoders) for p in m.parameters())
-    predicted = None
-    try:
-        caps.caps, traced, predicted, _ = image_memory_plan(
-            cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
-            device.type, weights_dtype, world_size, dm.resolve_pipeline_source(cfg.model))
-        predicted += text_encoder_step.training_bytes(model, cfg, traced.info.get("batch_size") or 1,
-                                                      weights_dtype, device.type)
-        prediction = {"peak_bytes": predicted, "source": "predicted", "device": traced.device,
-                      "kernel": traced.info.get("kernel"), "batch_size": traced.info.get("batch_size")}
-    except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
-        log.warning("no memory prediction for %s: %s", cfg.model, err)
-        prediction = None
-    return caps, predicted, prediction
 
 
 @dataclass(kw_only=True)
@@ -158,19 +125,12 @@ class ImageSession(RunSession):
 
 def _load_model(cfg: RunConfig, device: torch.device) -> tuple[dm.ImageModel, str, torch.dtype]:
     """The pipeline parts on the device with LoRA on the UNet and the run's attention kernel."""
-    source = dm.resolve_pipeline_source(cfg.model)
     mixed = choose_precision(cfg.precision, device)  # CPU 'auto': fp32 (no probe for images)
     dtype = weights_dtype(mixed, device.type)
-    model = dm.load_image_model(source, dtype, cfg)
-    torch.manual_seed(cfg.seed)  # LoRA init
-    dm.attach_unet_lora(model.unet, cfg)
-    text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
-    dm.set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
-    if cfg.gradient_checkpointing:
-        model.unet.enable_gradient_checkpointing()
+    model = dm.image_model_for_run(cfg, dtype)
     waits = denoiser_waits_for_cache(cfg.resolved_cache_latents(), device.type)
     for module in (model.vae, *model.text_encoders, *([] if waits else [model.unet])):
-        module.to(device)  # a waiting denoiser joins after the caching pass (see encode_peak)
+        module.to(device)  # a waiting denoiser joins after the caching pass (see image_run)
     model.unet.train()
     return model, mixed, dtype
 
@@ -208,8 +168,11 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted, prediction = dist.on_main(lambda: _memory_plan(cfg, model, data, budget, device,
-                                                                    dtype, dist.world_size))
+    def plan() -> tuple:  # the form and `plan` call the same function on the same modules
+        planned = image_run_prediction(cfg, model, data, budget, device, dtype, dist.world_size)
+        return planned.caps, planned.peak_bytes, planned.figures(device.type)
+
+    caps, predicted, prediction = dist.on_main(plan)
     meter = PeakMeter(device, budget)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))

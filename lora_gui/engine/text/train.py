@@ -177,7 +177,7 @@ def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.
                  added_tokens: int = 0) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
     the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
-    from lora_gui.engine.run_prediction import text_memory_plan  # the form calls it too
+    from lora_gui.memory.predict.run import text_memory_plan  # the form calls it too
 
     caps = BatchCaps()
     try:

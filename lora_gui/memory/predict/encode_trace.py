@@ -52,15 +52,24 @@ def module_bytes(modules: Iterable[nn.Module]) -> int:
 
 
 @contextlib.contextmanager
-def _fake_weights(modules: Sequence[nn.Module], mode: FakeTensorMode) -> Iterator[list[torch.Tensor]]:
+def _fake_weights(modules: Sequence[nn.Module], mode: FakeTensorMode,
+                  device: torch.device) -> Iterator[list[torch.Tensor]]:
     """Swaps every parameter and buffer of ``modules`` for a fake tensor of the same shape,
-    dtype and device for the duration (the real weights are untouched and not copied)."""
+    dtype and device for the duration (the real weights are untouched and not copied); a
+    module built on the meta device (the plan before a run) gets fakes on ``device``."""
+
+    def fake_of(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            return mode.from_tensor(t)
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
     with contextlib.ExitStack() as stack:
         fakes: list[torch.Tensor] = []
         for module in modules:
             named = {**dict(module.named_parameters(remove_duplicate=False)),
                      **dict(module.named_buffers(remove_duplicate=False))}
-            swap = {name: mode.from_tensor(t) for name, t in named.items()}
+            swap = {name: fake_of(t) for name, t in named.items()}
             stack.enter_context(_reparametrize_module(module, swap, tie_weights=True))
             fakes += swap.values()
         yield fakes
@@ -79,13 +88,15 @@ def trace_encode_peak(model, buckets: Sequence[tuple[int, int]], device: torch.d
     """
     from lora_gui.models.diffusion import encode_pixels
 
+    if device.type == "cuda" and not torch.cuda.is_available():
+        device = torch.device("cpu")  # a plan for a GPU made without one: the same bytes
     peak = 0
     modules = [model.vae, *model.text_encoders]
     largest = max(w * h for w, h in buckets)  # activations scale with the area: trace the largest
     for w, h in sorted(b for b in set(buckets) if b[0] * b[1] == largest):
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker = StorageTracker()
-        with torch.no_grad(), mode, _fake_weights(modules, mode) as fakes:
+        with torch.no_grad(), mode, _fake_weights(modules, mode, device) as fakes:
             tracker.track(fakes)  # weights are counted by the caller
             start = tracker.live_bytes
             with tracker:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from lora_gui.memory.runtime.meter import GB
+from lora_gui.units import MIB
 
-MIB = 2**20
 TEXT_MARGIN = 1.25
 IMAGE_MARGIN = 1.5
 

@@ -18,8 +18,8 @@ from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step, est
 from lora_gui.memory.predict.model_configs import load_model_config, max_positions
 from lora_gui.memory.predict.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
+from lora_gui.units import GB
 
-GB = 1e9  # bytes; cards are sold in decimal GB
 MAX_BUDGET_BYTES = 2 * 10**12  # 2 TB: anything above is not a GPU budget
 CARDS_GB = (8, 12, 16, 24, 40, 48, 80)
 

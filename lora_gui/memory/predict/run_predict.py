@@ -10,7 +10,7 @@ shape that no other shape dominates is traced (:func:`~lora_gui.memory.predict.t
 and the largest peak is the prediction. Without the data (a bundled architecture without a
 tokenizer) the worst case is taken: the largest micro-batch at ``max_seq_len`` with a mask.
 
-The training engine, ``python -m lora_gui plan`` and the dashboard call :func:`predict_run`.
+The training engine, ``python -m lora_gui plan`` and the dashboard call :func:`predict_text_run`.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def budget_caps(cfg: RunConfig, budget_bytes: int | None, device: str, source: s
     return caps
 
 
-def predict_run(cfg: RunConfig, device: str = "cuda", source: str | None = None, *,
+def predict_text_run(cfg: RunConfig, device: str = "cuda", source: str | None = None, *,
                 budget_bytes: int | None = None, lengths: Sequence[int] | None = None,
                 parallel: Parallel | None = None, caps: BatchCaps | None = None,
                 added_tokens: int | None = None) -> RunPrediction:
@@ -252,7 +252,7 @@ def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", so
 
     With a budget the planner's micro-batch per bucket replaces the token budget (adaptive batch,
     bucketed runs), and the peak is the worst micro-batch the run will execute on its real data
-    (:func:`predict_run`, the function the training run calls);
+    (:func:`predict_text_run`, the function the training run calls);
     ``step.info["prediction"]`` holds its figures (device, kernel, micro-batch).
     """
     from lora_gui.memory.runtime.guard import BatchCaps
@@ -260,7 +260,7 @@ def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", so
     caps = BatchCaps()
     if cfg.resolved_batching() == "bucketed":
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
-    prediction = predict_run(cfg, device, source, parallel=parallel, caps=caps)
+    prediction = predict_text_run(cfg, device, source, parallel=parallel, caps=caps)
     step = prediction.step
     step.info["prediction"] = prediction.to_json()
     return plan, step

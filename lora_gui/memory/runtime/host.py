@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lora_gui.config import ConfigError
-
-GB = 1e9  # bytes
+from lora_gui.units import GB
 
 
 def size_text(nbytes: float) -> str:

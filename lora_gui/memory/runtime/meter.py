@@ -14,8 +14,7 @@ import torch
 
 from lora_gui.memory.runtime.tracker import MEMORY_SOURCE as TRACKER_SOURCE
 from lora_gui.memory.runtime.tracker import StorageTracker
-
-GB = 1e9  # budgets are given in decimal GB, as GPU vendors label cards
+from lora_gui.units import GB  # noqa: F401  (budgets in decimal GB, as cards are labelled)
 
 
 class PeakMeter:

@@ -43,7 +43,7 @@ def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any
 
 def fill_form(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The Train tab's button: the form's run at its budget, on the device a run here uses."""
-    from lora_gui.engine.run_prediction import run_device
+    from lora_gui.memory.predict import run_device
 
     cfg, errors = forms.validate(values)
     if cfg is None:

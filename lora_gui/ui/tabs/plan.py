@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lora_gui.ui import common
+from lora_gui.ui import common, forms
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import plan_handlers as handlers
 
@@ -18,16 +18,13 @@ def build() -> dict[str, gr.components.Component]:
         preset = gr.Dropdown(common.preset_names(), value="text-demo", label="Preset")
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
-    with gr.Row():
-        max_seq_len = gr.Number(value=1024, precision=0, label="Max sequence length (text)")
-        resolution = gr.Number(value=1024, precision=0, label="Resolution px (UNet configs)")
-        budget = gr.Number(value=24, label="VRAM budget (GB)", elem_id="plan-budget")
+    fields = {f.name: f for f in forms.settings_fields()}
+    with gr.Row():  # the settings' own widgets (choices, ranges and help from RunConfig)
+        max_seq_len, resolution, budget = (forms.widget_for(fields[name], value, elem_prefix="plan")
+                                           for name, value in handlers.FIELD_DEFAULTS[:3])
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
-        checkpointing = gr.Checkbox(value=False, label="Gradient checkpointing")
-        quantization = gr.Dropdown(["none", "nf4", "int8"], value="none", label="Base weights (text)",
-                                   elem_id="plan-quantization")
-        optimizer = gr.Dropdown(["auto", "adamw", "adamw8bit", "paged_adamw8bit"], value="auto",
-                                label="Optimizer", elem_id="plan-optimizer")
+        checkpointing, quantization, optimizer = (forms.widget_for(fields[name], value, elem_prefix="plan")
+                                                  for name, value in handlers.FIELD_DEFAULTS[3:])
     with gr.Row():
         button = gr.Button("Plan", variant="primary", elem_id="plan-button")
         longest = gr.Button("Longest that fits", elem_id="plan-longest")
@@ -40,7 +37,7 @@ def build() -> dict[str, gr.components.Component]:
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
                                   *(f"1 GPU, {q} base: longest / batch" for q in ("none", "nf4", "int8"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
-    inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution, quantization, optimizer]
+    inputs = [preset, model, max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     longest.click(longest_handlers.plan_tab,
                   [preset, model, budget, device, checkpointing, quantization, optimizer], longest_message)

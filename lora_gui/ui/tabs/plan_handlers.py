@@ -11,6 +11,9 @@ from lora_gui.presets import load_config
 from lora_gui.ui import charts, common
 
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
+# The RunConfig settings the tab shows (in its order) and their values on a fresh page.
+FIELD_DEFAULTS = (("max_seq_len", 1024), ("resolution", 1024), ("budget_gb", 24.0),
+                  ("gradient_checkpointing", False), ("quantization", "none"), ("optimizer", "auto"))
 
 
 def bundled_model_names() -> list[str]:
@@ -38,11 +41,13 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
     return result, step, rows
 
 
-def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: str,
-         checkpointing: bool, resolution: float = 1024, quantization: str = "none",
+def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_gb: float, device: str,
+         checkpointing: bool, quantization: str = "none",
          optimizer: str = "auto") -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
-    """Breakdown figure, verdict, bucket table and card table (source: predicted)."""
-    from lora_gui.memory.predict import planner, run_plan, run_predict
+    """Breakdown figure, verdict, bucket table and card table (source: predicted): the run's own
+    plan (the same call as ``python -m lora_gui plan`` and the Train tab), or for a bundled UNet
+    config (shapes only) the trace at one resolution."""
+    from lora_gui.memory.predict import planner, predict, report, run_plan
     from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
 
     empty: list[list[Any]] = []
@@ -51,24 +56,33 @@ def plan(preset: str, model: str, max_seq_len: float, budget_gb: float, device: 
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
             return _outputs(result, step, rows, budget, device, "batch 1 at this resolution")
-        cfg = load_config(preset, {"model": model, "max_seq_len": int(max_seq_len or 0),
+        sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0)}
+        cfg = load_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
                                    "gradient_checkpointing": bool(checkpointing),
                                    "quantization": quantization, "optimizer": optimizer})
-        result, step = run_predict.plan_and_predict(cfg, budget, device, confirm=False)
+        pred = predict(cfg, budget, device)
+        if cfg.task == "image":
+            return _outputs(pred.plan, pred.step, [], budget, device, "the run's largest micro-batch",
+                            pred.peak_bytes, report.bucket_rows(pred))
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                        **run_plan.step_kwargs(cfg, device))
     except (ValueError, *common.USER_ERRORS) as err:
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
-    return _outputs(result, step, rows, budget, device, "the run's largest micro-batch")
+    return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
+                    pred.peak_bytes, report.bucket_rows(pred))
 
 
-def _outputs(result, step, rows, budget: int, device: str, shape: str):
-    verdict = "Fits" if result.fits else "Does not fit"
-    text = (f"**{verdict}** — {result.message}\n\nPredicted peak at {shape}: "
-            f"**{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {device})")
-    for sug in result.suggestions:
+def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None,
+             table: list[list[Any]] | None = None):
+    peak = step.peak_bytes if peak is None else peak
+    fits = result.fits if result is not None else peak <= budget
+    verdict = "Fits" if fits else "Does not fit"
+    text = (f"**{verdict}** — {result.message if result is not None else 'fixed batch per bucket'}"
+            f"\n\nPredicted peak at {shape}: **{peak / 2**20:,.0f} MiB** (source: predicted, {device})")
+    for sug in result.suggestions if result is not None else []:
         text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
-    table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
+    if table is None:
+        table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
     card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
                   *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values()),
                   *([f"{fit[0] or '-'} / {fit[1]}" for fit in getattr(r, "by_quantization", {}).values()]

@@ -1,5 +1,5 @@
 """Train tab handlers: form values (a dict keyed by setting name) -> engine calls -> what the page
-shows. The prediction is the engine's own plan function (engine/run_prediction.py)."""
+shows. The prediction is the run's own plan (memory/predict: predict)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
 
     exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
     when it starts (same function, same inputs)."""
-    from lora_gui.engine.run_prediction import estimate_run, predict_run
+    from lora_gui.memory.predict import estimate, predict
 
     cfg, errors = config_from_form(values)
     if cfg is None:
@@ -131,7 +131,7 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
     budget = int(cfg.budget_gb * GB) or None
     try:
         n = check_processes(processes, cfg.task)
-        pred = predict_run(cfg, n) if exact else estimate_run(cfg)
+        pred = predict(cfg, processes=n) if exact else estimate(cfg)
     except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
         return f"No prediction for these settings: {err}", None, []
     how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")

@@ -11,12 +11,11 @@ from typing import Any
 
 from lora_gui.engine.export import export_run
 from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
-from lora_gui.errors import UserError
+from lora_gui.errors import USER_ERRORS
 from lora_gui.memory.predict import generation
 
 log = logging.getLogger(__name__)
 RUNS_ROOT = Path("runs")
-USER_ERRORS = (UserError,)  # bad settings, data, model, run folder, export
 _trial: dict[str, Any] = {}  # the loaded run: {"key": (path, adapter mtime), "trial": ...}
 _lock = threading.Lock()  # one generation at a time per server (one model in memory)
 

@@ -1,0 +1,172 @@
+"""A run's predicted peak, one call for every entry point (source: predicted).
+
+:func:`predict` is what ``python -m lora_gui plan``, the dashboard's Plan and Train tabs and the
+Compare tab's predicted rows call; it runs the very functions the run calls when it starts
+(:func:`text_memory_plan` for text, :func:`lora_gui.memory.predict.image_run.image_run_prediction`
+for UNets and DiTs) on the same inputs: the run's real data, and the model's shapes from its
+config files (an image pipeline is built on the meta device; no weights are read). The figure a
+front end shows is therefore the figure the run will log. :func:`estimate` is the instant
+closed-form estimate a form shows while :func:`predict` works.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from lora_gui.config import RunConfig
+from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.predict.trace import TraceResult
+from lora_gui.units import GB
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """What the planner says about a run (source: predicted).
+
+    Attributes:
+        peak_bytes: the run's predicted peak per GPU (CUDA overheads included on 'cuda').
+        device: the device the prediction is for.
+        how: 'plan' (the run's own function) or 'estimate' (closed form, instant).
+        caps: micro-batch cap per bucket (tokens, or latent pixels for images).
+        plan: the per-bucket plan under the budget (None without one, or for fixed batches).
+        step: the trace (or estimate) of the peak micro-batch, with its breakdown.
+        bucket_batches: (bucket, micro-batch) rows for a table.
+        train_peak_bytes: image runs: the training steps alone, the caching pass apart.
+        figures: what run.json's ``prediction`` holds (kernel, micro-batch, ...).
+    """
+
+    peak_bytes: int
+    device: str
+    how: str
+    caps: dict[int, int] = field(default_factory=dict)
+    plan: planner.Plan | None = None
+    step: TraceResult | None = None
+    bucket_batches: list[tuple[str, int]] = field(default_factory=list)
+    train_peak_bytes: int | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the text run's own function ---------------------------------------------------------------
+def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, device: str,
+                     parallel: Parallel | None = None, lengths: list[int] | None = None,
+                     added_tokens: int | None = None,
+                     ) -> tuple[dict[int, int], TraceResult, planner.Plan | None, dict[str, Any]]:
+    """Text run: caps per length bucket under the budget (bucketed batching only), the trace of
+    the worst micro-batch the run will execute on its real data (:func:`predict_text_run` of
+    :mod:`lora_gui.memory.predict.run_predict`), the plan (None without a budget or with fixed/packed
+    batches) and the prediction's figures (peak, device, kernel, micro-batch).
+
+    Args:
+        lengths: token lengths of the training samples (the run passes them; the form lets the
+            planner read and tokenize the data as the run will).
+        added_tokens: embedding rows the run added for a chat template's tokens (the run passes
+            them with ``lengths``; the form lets the planner read them from the data).
+    """
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.run_predict import predict_text_run
+    from lora_gui.memory.runtime.guard import BatchCaps
+
+    caps, plan = BatchCaps(), None
+    if budget and cfg.resolved_batching() == "bucketed":
+        plan = run_plan.plan_run(cfg, budget, device, source, parallel=parallel)
+        caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
+    pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps,
+                            added_tokens=added_tokens)
+    return caps.caps, pred.step, plan, pred.to_json()
+
+
+# -- every entry point --------------------------------------------------------------------------
+def run_device() -> str:
+    """Where a run started here trains: 'cuda' when torch sees a GPU, else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None = None, *,
+            processes: int = 1, fsdp: bool = False) -> Prediction:
+    """The plan the run will make when it starts (same function, same inputs; no weights loaded).
+
+    Args:
+        cfg: the run's settings.
+        budget_bytes: the budget the run would enforce (default: its own ``budget_gb``; None
+            or 0 there: no budget, no caps).
+        device: 'cuda' or 'cpu' (default: where a run started here trains).
+        processes: data-parallel processes (the prediction is per GPU); fsdp: shard the frozen
+            weights over them (text).
+
+    Raises:
+        UserError: the model or data cannot be read (the message names it).
+        ValueError / NotImplementedError: the planner cannot trace this model.
+    """
+    device = device or run_device()
+    if budget_bytes is None:
+        budget_bytes = int(cfg.budget_gb * GB) or None  # as the engines read budget_gb
+    if cfg.task == "image":
+        return _predict_image(cfg, budget_bytes, device, processes)
+    from lora_gui.models.text import resolve_model_source
+
+    parallel = Parallel(processes, fsdp) if processes > 1 or fsdp else None
+    source = _text_source(cfg, resolve_model_source)
+    caps, step, plan, figures = text_memory_plan(cfg, source, budget_bytes, device, parallel)
+    if plan is None and budget_bytes:  # fixed or packed batches: the buckets are shown, not applied
+        from lora_gui.memory.predict.run_plan import plan_run
+
+        plan = plan_run(cfg, budget_bytes, device, source, parallel=parallel)
+    step.info["prediction"] = figures
+    rows = [(str(k), v) for k, v in sorted(caps.items())]
+    return Prediction(step.peak_bytes, device, "plan", caps, plan, step, rows, figures=figures)
+
+
+def _text_source(cfg: RunConfig, resolve: Any) -> str | None:
+    """The model's source for the data's tokenizer, or None for a bundled architecture name."""
+    from lora_gui.memory.predict.model_configs import bundled_models
+
+    return None if cfg.model in bundled_models() else resolve(cfg.model)
+
+
+def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: int) -> Prediction:
+    """The image run's own plan on its pipeline built on the meta device and its real data."""
+    from lora_gui.data.image_batches import latent_tokens, load_image_data
+    from lora_gui.memory.predict.image_run import image_run_prediction
+    from lora_gui.models.diffusion import image_model_for_run
+    from lora_gui.models.precision import planned_weights_dtype
+
+    dtype = planned_weights_dtype(cfg.precision, device)
+    data = load_image_data(cfg)
+    model = image_model_for_run(cfg, dtype, weights=False)
+    planned = image_run_prediction(cfg, model, data, budget, torch.device(device), dtype, processes)
+    if planned.peak_bytes is None:
+        raise ValueError(f"the planner cannot trace {cfg.model} (see the log)")
+    used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
+    rows = [(f"{w}x{h}", planned.caps.caps.get(latent_tokens((w, h)),
+                                              min(cfg.batch_size, data.buckets.count((w, h)))))
+            for w, h in used]
+    figures = planned.figures(device) or {}
+    planned.step.info["prediction"] = figures
+    plan = planned.plan
+    encoding = planned.step.info.get("encoding_pass_bytes", 0)
+    if budget and plan is not None and (encoding > budget or plan.fits and planned.peak_bytes > budget):
+        what = ("encoding the pictures (the VAE and text encoders on the device, and the denoiser "
+                "too unless the latents are cached)" if encoding > budget else "the run")
+        need = encoding if encoding > budget else planned.peak_bytes
+        plan = replace(plan, fits=False, min_bytes_needed=max(plan.min_bytes_needed, need),
+                       message=f"does not fit: {what} needs {need / GB:.2f} GB")
+    return Prediction(planned.peak_bytes, device, "plan", dict(planned.caps.caps), plan, planned.step,
+                      rows, train_peak_bytes=planned.train_peak_bytes, figures=figures)
+
+
+def estimate(cfg: RunConfig, device: str | None = None) -> Prediction:
+    """Instant closed-form estimate of the run's largest micro-batch (a form shows it while
+    :func:`predict` computes the plan)."""
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.image_run_plan import estimated_image_step
+
+    device = device or run_device()
+    step = estimated_image_step(cfg, device) if cfg.task == "image" else run_plan.estimated_step(cfg, device)
+    return Prediction(step.peak_bytes, device, "estimate", step=step)
