@@ -175,7 +175,7 @@ def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str,
     from bench.quant_measure import save_random_model
     from lora_gui.config import RunConfig, apply_overrides
     from lora_gui.engine.core.optim import make_optimizer
-    from lora_gui.memory.predict.longest import longest_text
+    from lora_gui.memory.predict.longest_text import longest_text
     from lora_gui.models import text as text_models
     from lora_gui.models.long_context import apply_long_context
 

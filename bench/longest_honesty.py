@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.text.train import train_text
-from lora_gui.memory.predict.longest import longest_text
+from lora_gui.memory.predict.longest_text import longest_text
 from lora_gui.memory.predict.run_predict import predict_text_run
 
 

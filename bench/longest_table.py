@@ -1,7 +1,7 @@
 """The longest trainable sequence per card: Llama-3.1-8B, nf4, LoRA r32 on all linear layers, batch 1.
 
 For 8 / 12 / 16 / 24 / 40 / 48 / 80 GB cards, ``plan --longest`` (the planner's
-:func:`lora_gui.memory.predict.longest.longest_text`) planned for CUDA with the CUDA context left out of
+:func:`lora_gui.memory.predict.longest_text.longest_text`) planned for CUDA with the CUDA context left out of
 the budget (as published figures report the allocator's peak), full attention, searched past the
 model's 131,072-token context (``--beyond-context``, as the published figures are), each answer
 confirmed by the fake-tensor trace (source: predicted). Next to it, Unsloth's published figures
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from lora_gui.config import RunConfig, apply_overrides
-from lora_gui.memory.predict.longest import longest_text
+from lora_gui.memory.predict.longest_text import longest_text
 
 RESULTS = Path(__file__).parent / "results" / "longest_table.md"
 SETTINGS = {"model": "llama-3.1-8b", "quantization": "nf4", "lora_rank": 32, "lora_targets": "all-linear",

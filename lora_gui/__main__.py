@@ -129,14 +129,13 @@ def _check_host(step, args: argparse.Namespace) -> None:
 def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
     """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
     batch (image), with the switches it needs (source: predicted)."""
+    from lora_gui.memory.predict import longest
     from lora_gui.memory.runtime.host import host_available_bytes
 
     budget = budget_gb * 1e9
     try:
         if cfg.task == "image":
-            from lora_gui.memory.predict.longest_image import longest_image
-
-            result = longest_image(cfg, budget, args.device)
+            result = longest(cfg, budget, args.device)
             if args.json:
                 print(json.dumps(result, indent=1))
             else:
@@ -145,10 +144,10 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
             return 0
-        from lora_gui.memory.predict.longest import describe, longest_text
+        from lora_gui.memory.predict.longest_text import describe
 
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
-        result = longest_text(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
+        result = longest(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
                               host_limit_bytes=host, beyond_context=args.beyond_context,
                               confirm=not args.estimate_only)
     except ValueError as err:

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.memory.predict import longest as longest_mod
-from lora_gui.memory.predict.longest import GRANULE, longest_text
+from lora_gui.memory.predict import longest_text as longest_mod
 from lora_gui.memory.predict.longest_image import longest_image
+from lora_gui.memory.predict.longest_text import GRANULE, longest_text
 from lora_gui.memory.runtime.host import check_host_memory, host_available_bytes
 from tests.memory.conftest import tiny_llama
 

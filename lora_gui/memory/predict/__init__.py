@@ -8,6 +8,6 @@
   fits a budget, with the switches it needs.
 """
 
-from lora_gui.memory.predict.run import Prediction, estimate, predict, run_device
+from lora_gui.memory.predict.run import Prediction, estimate, longest, predict, run_device
 
-__all__ = ["Prediction", "estimate", "predict", "run_device"]
+__all__ = ["Prediction", "estimate", "longest", "predict", "run_device"]

@@ -170,3 +170,18 @@ def estimate(cfg: RunConfig, device: str | None = None) -> Prediction:
     device = device or run_device()
     step = estimated_image_step(cfg, device) if cfg.task == "image" else run_plan.estimated_step(cfg, device)
     return Prediction(step.peak_bytes, device, "estimate", step=step)
+
+
+def longest(cfg: RunConfig, budget_bytes: int, device: str | None = None, **text_options: Any) -> Any:
+    """The longest ``max_seq_len`` that fits (text: a
+    :class:`~lora_gui.memory.predict.longest_text.Longest` with the switches it needs; options of
+    :func:`~lora_gui.memory.predict.longest_text.longest_text`), or the largest resolution at batch 1
+    and the largest batch at the run's resolution (image: a dict)."""
+    device = device or run_device()
+    if cfg.task == "image":
+        from lora_gui.memory.predict.longest_image import longest_image
+
+        return longest_image(cfg, budget_bytes, device)
+    from lora_gui.memory.predict.longest_text import longest_text
+
+    return longest_text(cfg, budget_bytes, device, **text_options)

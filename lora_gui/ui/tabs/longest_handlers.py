@@ -19,19 +19,19 @@ def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
     batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
-    from lora_gui.memory.predict.longest import describe, longest_text
-    from lora_gui.memory.predict.longest_image import longest_image
+    from lora_gui.memory.predict import longest
+    from lora_gui.memory.predict.longest_text import describe
     from lora_gui.memory.runtime.host import host_available_bytes
 
     if not budget_gb:
         return {}, "Set a VRAM budget first: the longest length depends on it."
     try:
         if cfg.task == "image":
-            res = longest_image(cfg, budget_gb * GB, device)
+            res = longest(cfg, budget_gb * GB, device)
             return {}, (f"Image run: largest resolution at batch 1 **{res['largest_resolution']} px**, "
                         f"largest batch at {res['resolution']} px **{res['batch_at_resolution']}** "
                         f"(source: {res['source']}, {device})")
-        result = longest_text(cfg, budget_gb * GB, device, host_limit_bytes=host_available_bytes())
+        result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host_available_bytes())
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
         return {}, f"Error: {err}"
     lines = describe(result)
