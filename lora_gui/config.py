@@ -343,6 +343,11 @@ def bitsandbytes_present() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
+def choices_of(name: str) -> tuple[str, ...]:
+    """The choices a setting accepts, as RunConfig declares them (the one list every module reads)."""
+    return tuple(RunConfig.__dataclass_fields__[name].metadata["choices"])
+
+
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
 

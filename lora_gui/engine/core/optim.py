@@ -13,10 +13,10 @@ import logging
 
 import torch
 
-from lora_gui.config import ConfigError, RunConfig, bitsandbytes_present
+from lora_gui.config import ConfigError, RunConfig, bitsandbytes_present, choices_of
 
 log = logging.getLogger(__name__)
-BNB_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
+BNB_OPTIMIZERS = tuple(o for o in choices_of("optimizer") if "8bit" in o)  # bitsandbytes' own
 INSTALL_HINT = "pip install bitsandbytes==0.50.2"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lora_gui.config import choices_of
 from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
 from lora_gui.memory.predict.model_configs import load_model_config, max_positions
 from lora_gui.memory.predict.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
@@ -301,7 +302,7 @@ def _quantization_columns(rows: list[CardFit], cfg: Any, sizes: list[int], chose
                           max_batch: int, step: dict[str, Any]) -> None:
     """Fills each row's ``by_quantization``: (longest at batch 1, batch at ``chosen``) per
     quantization of the base weights, on one GPU (estimate)."""
-    for quantization in ("none", "nf4", "int8"):
+    for quantization in choices_of("quantization"):
         kw = {**step, "quantization": quantization}
 
         def peak(b: int, n: int, kw: dict = kw) -> int:

@@ -31,8 +31,10 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-QUANTIZATIONS = ("none", "nf4", "int8")
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
+from lora_gui.config import choices_of
+
+QUANTIZATIONS = choices_of("quantization")
+OPTIMIZERS = tuple(o for o in choices_of("optimizer") if o != "auto")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes' default 4-bit blocksize)
 NESTED_BLOCK = 256  # absmax values per float32 scale under double quantization
 OPT_BLOCK = 256  # values per absmax in bitsandbytes' 8-bit optimizer states

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from lora_gui.config import choices_of
 from lora_gui.ui import common, forms
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import plan_handlers as handlers
@@ -35,7 +36,7 @@ def build() -> dict[str, gr.components.Component]:
                                     "predicted peak MiB"], label="Batch per bucket", interactive=False)
     cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size",
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
-                                  *(f"1 GPU, {q} base: longest / batch" for q in ("none", "nf4", "int8"))],
+                                  *(f"1 GPU, {q} base: longest / batch" for q in choices_of("quantization"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     inputs = [preset, model, max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lora_gui.config import ConfigError
-from lora_gui.memory.runtime.meter import GB
+from lora_gui.config import ConfigError, RunConfig
 from lora_gui.presets import load_config
 from lora_gui.ui import charts, common
 
@@ -52,7 +51,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
 
     empty: list[list[Any]] = []
     try:
-        budget = planner.check_budget((budget_gb or 0) * GB)
+        budget = report.resolve_budget(RunConfig(), budget_gb or None, budget_from="VRAM budget").bytes
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
             return _outputs(result, step, rows, budget, device, "batch 1 at this resolution")
