@@ -1,13 +1,17 @@
-"""One background training job at a time, for the UI: start, stop, re-attach, events.
+"""One background job at a time, for the UI: start, stop, re-attach, events.
 
-The job runs the same :func:`lora_gui.engine.train` as the CLI in a worker thread (torch
-releases the GIL in its kernels, so the page stays responsive). The UI only reads: ``snapshot()`` returns the
-records so far; the engine never calls the UI.
+A training job is a process of its own running the same CLI a user would (see
+:mod:`lora_gui.engine.launch`): it outlives the dashboard, and a dashboard started later
+re-attaches to it (:meth:`JobManager.attach_live`). A worker thread follows its run folder into
+the job. Other work (a comparison) runs in a worker thread of the server. The UI only reads:
+``snapshot()`` returns the records so far; the engine never calls the UI.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import traceback
@@ -17,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.engine import train
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.runstate import failure_message
 from lora_gui.errors import UserError
@@ -49,6 +52,7 @@ class Job:
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, start time)
     predicted_bytes: int | None = None
     total_steps: int | None = None
+    pid: int | None = None  # the training process (the launcher with several processes)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_record(self, record: dict[str, Any]) -> None:
@@ -108,8 +112,8 @@ class JobManager:
 
     def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
               processes: int = 1) -> Job:
-        """Starts a job in a thread, or with ``processes`` > 1 as an ``accelerate launch``
-        subprocess on that many local GPUs (followed through its run folder)."""
+        """Starts a training run as a process of its own (``python -m lora_gui train``, or
+        ``accelerate launch`` on ``processes`` local GPUs), followed through its run folder."""
         with self._lock:
             if self.job is not None and self.job.running:
                 raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
@@ -120,9 +124,8 @@ class JobManager:
         job.control.on_event = job.on_engine_event
         job.control.on_sample = job.add_sample
         job.add_event(f"{'resuming' if resume else 'starting'} {job.name}")
-        target, args = (self._run, (job, resume, overwrite)) if processes <= 1 else (
-            self._run_launched, (job, processes, resume, overwrite))
-        thread = threading.Thread(target=target, args=args, daemon=True, name=f"train-{job.name}")
+        thread = threading.Thread(target=self._run_launched, args=(job, processes, resume, overwrite),
+                                  daemon=True, name=f"train-{job.name}")
         thread.start()
         return job
 
@@ -155,12 +158,16 @@ class JobManager:
         threading.Thread(target=run, daemon=True, name=f"{kind}-{name}").start()
         return job
 
-    def _run(self, job: Job, resume: bool, overwrite: bool) -> None:
+    def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
+        from lora_gui.engine.launch import run_launched
+
+        launch_dir = job.out.parent / ".launch"
+        self._guarded(job, lambda: run_launched(job, processes, resume, overwrite, launch_dir))
+
+    @staticmethod
+    def _guarded(job: Job, work: Callable[[], None]) -> None:
         try:
-            job.summary = train(job.cfg, job.out, resume=resume, overwrite=overwrite,
-                                control=job.control, progress=False)
-            job.status = job.summary["status"]
-            job.add_event(f"{job.status}: adapter saved in {job.summary['adapter']}")
+            work()
         except Exception as err:  # the job must never stay "running" after a failure
             job.status, job.error = "failed", failure_message(err, job.out)
             job.add_event(f"failed: {job.error}")
@@ -169,23 +176,46 @@ class JobManager:
             job.phase = "done"
             job.phases.append(("done", time.time()))
 
-    def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
-        from lora_gui.engine.launch import run_launched
+    def attach_live(self, runs_root: Path) -> Job | None:
+        """Re-attaches to the newest run under ``runs_root`` whose writer is alive (a dashboard
+        started while a run trains): its records so far are read back, and it is followed to
+        its end. None when no run is alive or a job is already running here."""
+        from lora_gui.engine.core.lock import lock_is_live, read_lock
+        from lora_gui.engine.core.rundir import load_run_config
+        from lora_gui.engine.launch import follow_existing
 
-        try:
-            run_launched(job, processes, resume, overwrite, job.out.parent / ".launch")
-        except Exception as err:  # the job must never stay "running" after a failure
-            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
-            job.add_event(f"failed: {job.error}")
-        finally:
-            job.phase = "done"
-            job.phases.append(("done", time.time()))
+        live = [d for d in Path(runs_root).glob("*") if d.is_dir() and lock_is_live(d)]
+        with self._lock:
+            if not live or (self.job is not None and self.job.running):
+                return None
+            out = max(live, key=lambda d: (read_lock(d).started if read_lock(d) else 0.0))
+            try:
+                cfg = load_run_config(out)
+            except UserError as err:
+                log.warning("cannot re-attach to %s: %s", out, err)
+                return None
+            job = Job(name=out.name, out=out, cfg=cfg, status="running", phase="training")
+            info = read_lock(out)
+            job.pid = info.pid if info else None
+            self.job = job
+        job.add_event(f"re-attached to {job.name}, which kept training while the dashboard was away")
+        threading.Thread(target=self._guarded, args=(job, lambda: follow_existing(job)), daemon=True,
+                         name=f"follow-{job.name}").start()
+        return job
 
     def stop(self) -> str:
-        """Asks the running job to checkpoint and stop after the current step."""
+        """Asks the running job to checkpoint and stop after the current step; asked again while
+        a training process still runs, ends that process (its last checkpoint stays)."""
         job = self.job
         if job is None or not job.running:
             return "no job is running"
-        job.control.stop.set()
-        job.add_event("stop requested: saving a checkpoint after the current step")
+        if job.control.stop.is_set() and job.pid is not None:
+            try:  # its process group: a launcher and its ranks too
+                os.killpg(os.getpgid(job.pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                return f"{job.name} has already ended"
+            job.add_event("stopped at once: the process was ended; resume from its last checkpoint")
+            return f"ending {job.name} now"
+        job.control.stop.set()  # the follower writes RUN/STOP, which the training process reads
+        job.add_event("stop requested: saving a checkpoint after the current step (Stop again to end it now)")
         return f"stopping {job.name}"

@@ -1,11 +1,14 @@
-"""A dashboard job on several local GPUs: ``accelerate launch`` as a subprocess, followed by files.
+"""A dashboard run in its own process, followed by files.
 
-The UI process cannot host the N training processes, so the job runs the same CLI as a user
-would (``accelerate launch --multi_gpu --num_processes N -m lora_gui train ...``) and follows
-the run folder the main process writes: metrics.jsonl, events.jsonl and memory.jsonl (one
-sample a second per rank, labelled ``rank``) feed the job's records, and run.json ends it. A
-stop request writes ``RUN/STOP``, which the main process reads after each step and every rank
-obeys at the same step (:func:`lora_gui.engine.core.distributed.stop_agreed`).
+Every run the dashboard starts is the same CLI a user would run (``python -m lora_gui train ...``,
+or ``accelerate launch --multi_gpu --num_processes N -m lora_gui train ...`` on N local GPUs),
+started in a session of its own so that it outlives the dashboard: closing the terminal, a crash
+or restart of the web server, or the out-of-memory killer picking the server leaves the training
+running. The job follows the run folder the run's main process writes: metrics.jsonl,
+events.jsonl and memory.jsonl feed the job's records, and run.json ends it. A dashboard started
+later re-attaches to a run whose folder lock is live (:func:`follow_existing`). A stop request
+writes ``RUN/STOP``, which the main process reads after each step and every rank obeys at the
+same step (:func:`lora_gui.engine.core.distributed.stop_agreed`); a second stop ends the process.
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is impo
 
 
 def launch_command(preset_file: Path, out: Path, processes: int, resume: bool) -> list[str]:
-    """The accelerate launch command line for a run of ``processes`` local processes."""
+    """The command line of a run: the CLI itself for one process, accelerate launch for
+    ``processes`` local processes."""
     run = ["--resume", str(out)] if resume else [
         "--preset", str(preset_file), "--out", str(out), "--overwrite"]
+    if processes <= 1:
+        return [sys.executable, "-m", "lora_gui", "train", *run, "--quiet"]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
             str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "-m", "lora_gui", "train", *run, "--quiet"]
@@ -64,7 +70,7 @@ class _Tail:
 
 
 def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path) -> None:
-    """Runs the job as a launched subprocess and mirrors its run folder into ``job`` (a
+    """Runs the job as a process of its own and mirrors its run folder into ``job`` (a
     :class:`lora_gui.engine.jobs.Job`) until it exits; sets the job's status and summary."""
     # bad input is refused before an older run is replaced: nothing lost
     check_before_replacing(job.cfg, job.out, check_inputs, resume=resume, overwrite=overwrite)
@@ -73,14 +79,17 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
     launch_dir.mkdir(parents=True, exist_ok=True)
     preset = launch_dir / f"{job.name}.yaml"
     settings = diff_from_defaults(job.cfg) or {"seed": job.cfg.seed}
-    preset.write_text("# Settings of a dashboard run launched on several GPUs.\n" + yaml.safe_dump(settings),
+    preset.write_text("# Settings of a run started from the dashboard.\n" + yaml.safe_dump(settings),
                       encoding="utf-8")
     log_path = launch_dir / f"{job.name}.log"
     with log_path.open("w", encoding="utf-8") as log:
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
+        # a session of its own: the run outlives the dashboard and its terminal's Ctrl-C
         proc = subprocess.Popen(launch_command(preset, job.out, processes, resume), stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        job.pid = proc.pid
         _follow(job, proc)
     if job.status == "failed":  # seen dead by _follow while the launcher still ran
         return
@@ -109,11 +118,30 @@ def _writer_gone(out: Path, seen_writer: bool) -> bool:
     return seen_writer and not lock_is_live(out) and not (out / "run.json").is_file()
 
 
-def _follow(job, proc: subprocess.Popen) -> None:
+def follow_existing(job) -> None:
+    """Follows a run another process started (a dashboard restarted while it trains) until its
+    writer lets the folder go; sets the job's status and summary from run.json, or "failed"
+    with the last step and the resume command when the writer died without one."""
+    _follow(job, None)
+    summary_path = job.out / "run.json"
+    if job.status == "failed":
+        return
+    if summary_path.is_file():
+        job.summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        job.status = job.summary["status"]
+        job.add_event(f"{job.status}: adapter saved in {job.summary['adapter']}")
+        return
+    job.status, job.error = "failed", died_message(job.out, "ended without finishing")
+    job.add_event(f"failed: {job.error}")
+
+
+def _follow(job, proc: subprocess.Popen | None) -> None:
+    """Mirrors the run folder into ``job`` until ``proc`` exits (or, without a process handle,
+    until the folder's writer lets it go)."""
     tails = {name: _Tail(job.out / name) for name in ("metrics.jsonl", "events.jsonl", "memory.jsonl")}
-    stop_sent, seen_writer = False, False
+    stop_sent, seen_writer = False, proc is None
     while True:
-        done = proc.poll() is not None
+        done = proc.poll() is not None if proc is not None else not lock_is_live(job.out)
         seen_writer = seen_writer or ((job.out / LOCK_FILE).is_file() and lock_is_live(job.out))
         if job.control.stop.is_set() and not stop_sent and job.out.is_dir():
             (job.out / STOP_FILE).touch()
@@ -132,7 +160,7 @@ def _follow(job, proc: subprocess.Popen) -> None:
             job.add_sample(sample)
         if done:
             return
-        if _writer_gone(job.out, seen_writer):  # the launcher may still wait on the other ranks
+        if proc is not None and _writer_gone(job.out, seen_writer):  # the launcher may wait on other ranks
             job.status, job.error = "failed", died_message(job.out, "was killed from outside")
             job.add_event(f"failed: {job.error}")
             _end(proc)

@@ -19,6 +19,7 @@ def build_app() -> gr.Blocks:
     from lora_gui.models.warm_imports import load_diffusers
 
     load_diffusers()  # before any request: handlers and runs import diffusers from several threads
+    common.MANAGER.attach_live(common.runs_root())  # a run that kept training while no dashboard ran
     with gr.Blocks(title="lora_gui") as demo:
         gr.Markdown("# lora_gui — LoRA training that fits\nEvery memory figure names its source: "
                     "`cuda_allocator` (GPU), `tracker` (live tensor bytes; the CPU stand-in for the "
