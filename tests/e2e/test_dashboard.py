@@ -59,6 +59,22 @@ def server(tmp_path_factory):
     yield f"http://127.0.0.1:{port}", cwd
     proc.terminate()
     proc.wait(timeout=30)
+    end_live_runs(cwd / "runs")  # runs are processes of their own: none may outlive the tests
+
+
+def end_live_runs(runs: Path) -> None:
+    """Ends every training process that still holds a run folder under ``runs``."""
+    import signal
+
+    from lora_gui.engine.core.lock import lock_is_live, read_lock
+
+    for folder in runs.glob("*") if runs.is_dir() else []:
+        info = read_lock(folder)
+        if info is not None and lock_is_live(folder):
+            try:
+                os.killpg(os.getpgid(info.pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture()
