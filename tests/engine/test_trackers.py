@@ -88,6 +88,7 @@ def test_missing_tracker_is_one_line_before_the_run(tmp_path, small_corpus, monk
         text_cfg(small_corpus, report_to="tensorbord")
 
 
+@pytest.mark.slow
 def test_image_run_logs_loss_and_samples(tmp_path):
     pictures = tmp_path / "pictures"
     build(pictures, count=5)
