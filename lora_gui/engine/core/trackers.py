@@ -1,10 +1,12 @@
 """Experiment trackers (``report_to``): every metrics.jsonl record forwarded to TensorBoard,
 trackio, MLflow or Weights & Biases through accelerate's tracker classes, from the main process.
 
-- Offline by default: TensorBoard writes ``<run>/tensorboard`` and trackio its SQLite store under
-  ``<run>/trackio`` (or ``tracker_dir``; trackio also honours ``TRACKIO_DIR``). MLflow and W&B
-  only log where the user set them up (``MLFLOW_TRACKING_URI``; ``wandb login`` or
-  ``WANDB_MODE=offline``).
+- Offline by default: TensorBoard writes ``<run>/tensorboard`` (or ``<tracker_dir>/<run>``).
+  trackio keeps one SQLite store for many runs (its dashboard compares them) and reads its
+  folder once per process, at import: the store is ``<tracker_dir>/trackio``, else
+  ``TRACKIO_DIR``, else ``trackio/`` beside the run folder (``runs/trackio`` for ``runs/NAME``).
+  MLflow and W&B only log where the user set them up (``MLFLOW_TRACKING_URI``; ``wandb login``
+  or ``WANDB_MODE=offline``).
 - :func:`check_trackers` runs before the run starts: a missing package or login is one line.
 - ``<run>/trackers.json`` keeps where each tracker writes and its run id, so a resumed run
   continues the same tracker run (TensorBoard drops the steps after the resumed checkpoint).
@@ -111,14 +113,24 @@ def _scalars(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _trackio_dir(root: Path) -> Path:
-    """trackio reads its folder once, at import: set it (unless the user did) before that."""
-    wanted = Path(os.environ.get("TRACKIO_DIR") or root / "trackio")
+_TRACKIO_DIR_SET: str | None = None  # the TRACKIO_DIR this module set (not the user's)
+
+
+def _trackio_dir(cfg: RunConfig, out: Path) -> Path:
+    """The trackio store of this run. trackio reads its folder once, at import: set it before
+    that; a process that already writes elsewhere (the dashboard's earlier run under another
+    folder) keeps writing there, and trackers.json records where."""
+    global _TRACKIO_DIR_SET
+    users = os.environ.get("TRACKIO_DIR") if os.environ.get("TRACKIO_DIR") != _TRACKIO_DIR_SET else None
+    if cfg.tracker_dir:
+        wanted = Path(cfg.tracker_dir).expanduser() / "trackio"
+    else:
+        wanted = Path(users or Path(out).parent / "trackio")
     if "trackio" not in sys.modules:
-        os.environ.setdefault("TRACKIO_DIR", str(wanted))
+        os.environ["TRACKIO_DIR"] = _TRACKIO_DIR_SET = str(wanted)
     from trackio import utils
 
-    if Path(utils.TRACKIO_DIR) != wanted:
+    if Path(utils.TRACKIO_DIR).resolve() != wanted.resolve():
         log.warning("trackio already writes to %s in this process; this run logs there too",
                     utils.TRACKIO_DIR)
     return Path(utils.TRACKIO_DIR)
@@ -136,8 +148,9 @@ def _build(name: str, cfg: RunConfig, out: Path, old: dict[str, Any],
         tracker = tracking.TensorBoardTracker(folder.name, folder.parent, purge_step=purge_step)
         info = {"dir": str(folder)}
     elif name == "trackio":
-        folder = _trackio_dir(root)
-        tracker = tracking.TrackioTracker(PROJECT, name=old.get("name", run_name), resume="allow",
+        folder = _trackio_dir(cfg, out)
+        tracker = tracking.TrackioTracker(PROJECT, name=old.get("name", run_name),
+                                          resume="allow" if old else "never",  # never: a new run
                                           auto_log_cpu=False, auto_log_gpu=False)
         info = {"dir": str(folder), "project": PROJECT}
     elif name == "mlflow":
