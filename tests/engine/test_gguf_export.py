@@ -206,3 +206,36 @@ def test_refusals_write_nothing(tmp_path):
         export_run(other, tmp_path / "c", gguf="f16")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "gpt2-run", "image-run", "taken",
                                                           "text-run"]
+
+
+@pytest.mark.slow
+def test_qwen2_run_keeps_its_rope_layout_and_biases(tmp_path, builtin_model_dir):
+    """Qwen2 (llama.cpp's NeoX rope: no permutation; q/k/v biases), with its ChatML tokens in the
+    base vocabulary, so the adapter alone is written too."""
+    from tests.chat_templates import save_tiny_qwen2
+
+    qwen2 = save_tiny_qwen2(tmp_path / "qwen2", builtin_model_dir)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                                     {"role": "assistant", "content": f"answer {i}."}]})
+                            + "\n" for i in range(6)))
+    cfg = load_config(None, {"model": str(qwen2), "data": str(data), "max_steps": 1, "batch_size": 2,
+                             "max_seq_len": 64, "eval_fraction": 0.0, "monitor_hz": 0.0,
+                             "precision": "fp32"})
+    train_text(cfg, tmp_path / "run", progress=False)
+    out = export_run(tmp_path / "run", tmp_path / "q", gguf="f16")
+    merged = AutoModelForCausalLM.from_pretrained(export_run(tmp_path / "run", tmp_path / "m", merged=True))
+    meta, tensors = read(out / "q-f16.gguf")
+    assert meta["general.architecture"] == "qwen2" and meta["qwen2.context_length"] == 512
+    assert meta["qwen2.attention.head_count_kv"] == 2
+    for name, w in merged.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        want = w.numpy() if w.ndim == 1 else w.numpy().astype(np.float16).astype(np.float32)
+        assert np.array_equal(tensors[gguf_name(name)][1], want), name  # rows as Hugging Face has them
+    assert "blk.0.attn_q.bias" in tensors
+    weights = load_file(tmp_path / "run" / "adapter" / "adapter_model.safetensors")
+    _, lora = read(out / "q-lora-f16.gguf")
+    assert len(lora) == len(weights)
+    b0 = weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    assert np.array_equal(lora["blk.0.attn_q.weight.lora_b"][1], b0.half().float().numpy())
