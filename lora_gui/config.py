@@ -152,8 +152,9 @@ class RunConfig:
                             f"{', '.join(TRACKERS)} (e.g. tensorboard,trackio). TensorBoard and "
                             "trackio write beside the run (offline); mlflow needs MLFLOW_TRACKING_URI, "
                             "wandb a login (wandb login) or WANDB_MODE=offline.", "train")
-    tracker_dir: str = option("", "Folder for TensorBoard and trackio data (empty: the run folder; "
-                              "trackio: also TRACKIO_DIR).", "train")
+    tracker_dir: str = option("", "Folder for TensorBoard and trackio data (empty: TensorBoard in the "
+                              "run folder, trackio in TRACKIO_DIR or trackio/ beside the run folder).",
+                              "train")
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
     resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
                              "built-in drawing model draws at 64); buckets hold about resolution^2 "

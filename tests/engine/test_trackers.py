@@ -74,6 +74,16 @@ def test_resumed_run_continues_the_same_event_files(tmp_path, small_corpus):
     assert_same_as_metrics(tmp_path / "run")
 
 
+@pytest.mark.slow
+def test_a_replaced_run_in_tracker_dir_leaves_only_its_own_scalars(tmp_path, small_corpus):
+    shared = tmp_path / "tb"
+    train_text(text_cfg(small_corpus, tracker_dir=str(shared), max_steps=3), tmp_path / "r", progress=False)
+    train_text(text_cfg(small_corpus, tracker_dir=str(shared), max_steps=2, lr=1e-3), tmp_path / "r",
+               overwrite=True, progress=False)
+    assert read_tracker_info(tmp_path / "r")["tensorboard"]["dir"] == str(shared / "r")
+    assert_same_as_metrics(tmp_path / "r")  # steps 1-2 of the new run, not step 3 of the old
+
+
 def test_missing_tracker_is_one_line_before_the_run(tmp_path, small_corpus, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     for name in ("mlflow", "wandb"):

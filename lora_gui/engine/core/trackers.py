@@ -236,7 +236,9 @@ def open_trackers(cfg: RunConfig, out: Path, step: int, resume: bool, is_main: b
     if not names or not is_main:
         return None
     old = read_tracker_info(out) if resume else {}
-    purge = step + 1 if resume and step else None  # TensorBoard: drop steps past the checkpoint
+    # TensorBoard drops the events of earlier writers from this step on: past the checkpoint a
+    # resumed run restarts from, everything for a fresh run (a replaced run in tracker_dir)
+    purge = step + 1 if resume and step else 0
     trackers, info = {}, {}
     for name in names:
         trackers[name], info[name] = _build(name, cfg, out, old.get(name, {}), purge)
