@@ -306,8 +306,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from lora_gui.engine.export import export_run
 
-    out = export_run(args.run, args.out, merged=args.merged)
-    print(f"{'merged model' if args.merged else 'adapter'} exported to {out}")
+    out = export_run(args.run, args.out, merged=args.merged, gguf=args.gguf)
+    what = "merged model" if args.merged else "adapter"
+    what = f"GGUF ({args.gguf}) with a Modelfile" if args.gguf else what
+    print(f"{what} exported to {out}")
     return 0
 
 
@@ -405,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, help="new or empty folder")
     exp.add_argument("--merged", action="store_true",
                      help="text: base + adapter merged, safetensors (AutoModelForCausalLM.from_pretrained)")
+    exp.add_argument("--gguf", nargs="?", const="f16", choices=("f16", "bf16", "q8_0"),
+                     help="text: the merged model as GGUF (default f16) for llama.cpp / Ollama, the "
+                          "adapter alone as a GGUF LoRA where possible, and an Ollama Modelfile")
     exp.set_defaults(func=cmd_export)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)

@@ -34,6 +34,7 @@ IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
 TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
+TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
 
 
 class ConfigError(UserError, ValueError):
@@ -148,6 +149,13 @@ class RunConfig:
                        low=0, high=2**31 - 1)
     checkpoint_every: int = option(50, "Save a checkpoint every N steps (and always on stop).",
                                    "train", low=1, high=10_000_000)
+    report_to: str = option("none", "Also log the run to experiment trackers: a comma list of "
+                            f"{', '.join(TRACKERS)} (e.g. tensorboard,trackio). TensorBoard and "
+                            "trackio write beside the run (offline); mlflow needs MLFLOW_TRACKING_URI, "
+                            "wandb a login (wandb login) or WANDB_MODE=offline.", "train")
+    tracker_dir: str = option("", "Folder for TensorBoard and trackio data (empty: TensorBoard in the "
+                              "run folder, trackio in TRACKIO_DIR or trackio/ beside the run folder).",
+                              "train")
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
     resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
                              "built-in drawing model draws at 64); buckets hold about resolution^2 "
@@ -283,6 +291,17 @@ class RunConfig:
             raise ConfigError(f"batch_table: {self.batch_table!r} needs positive batches and sizes")
         return table
 
+    def trackers(self) -> list[str]:
+        """report_to as a list of tracker names, without 'none' (empty: no tracker)."""
+        names = [n.strip().lower() for n in self.report_to.split(",") if n.strip()]
+        unknown = [n for n in names if n not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; use a comma list of "
+                              f"{', '.join(TRACKERS)}")
+        if "none" in names and len(names) > 1:
+            raise ConfigError(f"report_to: {self.report_to!r} names 'none' with other trackers")
+        return list(dict.fromkeys(n for n in names if n != "none"))
+
     def data_path(self) -> Path:
         """The data file (or image folder): a bundled name resolved to its path, or the given path."""
         if self.task == "image" and self.data == "builtin":
@@ -301,6 +320,7 @@ class RunConfig:
             raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
                               f"(64-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
+        self.trackers()
         if self.task == "image" and self.quantization != "none":
             raise ConfigError(f"quantization: {self.quantization!r} is for text runs; image runs "
                               "use quantization: none")
@@ -391,6 +411,8 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], where: str = "") 
             value = parse_value(key, value)  # YAML 1.1 reads 3e-4 as text
         if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if key == "report_to" and isinstance(value, list):  # YAML: report_to: [tensorboard, trackio]
+            value = ",".join(str(v) for v in value)
         values[key] = value
     try:
         return RunConfig(**values).validate()

@@ -87,7 +87,8 @@ def ddp(corpus, tmp_path_factory) -> Path:
     """Two processes; rank 1 runs out of memory once at step 2 (test hook) and both split."""
     tmp = tmp_path_factory.mktemp("ddp")
     res = launch(tmp, corpus, tmp / "run", env={distributed.DEBUG_SAMPLES_ENV: "1",
-                                                distributed.INJECT_OOM_ENV: "1:2"})
+                                                distributed.INJECT_OOM_ENV: "1:2"},
+                 settings={"report_to": "tensorboard"})  # the main process alone logs to it
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count('"status": "completed"') == 1  # one summary per launch
     return tmp / "run"
@@ -104,6 +105,20 @@ def test_two_processes_train_the_same_adapter_as_one(single, ddp):
     run = json.loads((ddp / "run.json").read_text())
     assert run["world_size"] == 2 and len(run["peak_bytes_by_rank"]) == 2
     assert not list(ddp.glob("*.rank*"))  # the main process wrote the folder alone
+
+
+def test_only_the_main_process_logs_to_the_tracker(ddp):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((ddp / "tensorboard").glob("events.out.tfevents.*"))) == 1  # one writer
+    acc = EventAccumulator(str(ddp / "tensorboard"))
+    acc.Reload()
+    records = read_records(ddp / "metrics.jsonl")[:6]
+    logged = {e.step: e.value for e in acc.Scalars("loss")}
+    assert sorted(logged) == [r["step"] for r in records]
+    assert [logged[r["step"]] for r in records] == pytest.approx([r["loss"] for r in records], rel=1e-6)
+    assert {e.step: e.value for e in acc.Scalars("peak_bytes_by_rank/1")}[2] == \
+        pytest.approx(records[1]["peak_bytes_by_rank"][1], rel=1e-6)
 
 
 def test_out_of_memory_on_one_rank_splits_on_both(ddp):

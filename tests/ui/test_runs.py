@@ -62,6 +62,17 @@ def test_open_run_draws_its_charts(root):
     assert [t.name for t in loss.data] == ["train loss", "EMA 0.5"]
     assert handle.open_run("../etc", 0)[0].startswith("Error:")
     assert "not a run folder" in handle.open_run("nothing", 0)[0]
+    assert "trackers" not in message
+
+
+def test_open_run_says_where_the_tracker_data_is_and_how_to_open_it(root):
+    folder = make_run(root, "tracked")
+    (folder / "trackers.json").write_text(json.dumps({
+        "tensorboard": {"dir": str(folder / "tensorboard")},
+        "trackio": {"dir": str(folder / "trackio"), "project": "lora_gui", "name": "tracked"}}))
+    message = handle.open_run("tracked", 0)[0]
+    assert f"tensorboard --logdir {folder / 'tensorboard'}" in message
+    assert f"TRACKIO_DIR={folder / 'trackio'} trackio show --project lora_gui" in message
 
 
 def test_overlay_takes_two_to_four_runs(root):

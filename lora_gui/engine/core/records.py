@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ class RecordLog:
         self.write = write
         self._lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
+        self.sinks: list[Callable[[dict[str, Any]], None]] = []  # e.g. experiment trackers
         if not write:
             return
         if keep_until_step is not None and path.exists():
@@ -31,12 +33,15 @@ class RecordLog:
         path.write_text(text, encoding="utf-8")
 
     def append(self, record: dict[str, Any]) -> None:
+        """Keeps ``record``, writes it (main process) and hands it to each sink."""
         with self._lock:
             self.records.append(record)
             if not self.write:
                 return
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink(record)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:

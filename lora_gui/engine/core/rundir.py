@@ -14,7 +14,7 @@ from lora_gui.engine.core.lock import RunDirError, acquire_run_folder, release_r
 __all__ = ["RunDirError", "prepare_run_dir", "run_folder", "save_run_config", "load_run_config"]
 
 RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "memory.jsonl", "run.json",
-             "config.json")
+             "config.json", "trackers.json", "tensorboard")
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")

@@ -23,6 +23,7 @@ from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.distributed import Dist
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.state import TrainState
+from lora_gui.engine.core.trackers import Trackers
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.meter import PeakMeter
 
@@ -59,6 +60,7 @@ class RunSession:
     per_epoch: int
     total: int
     prediction: dict[str, Any] | None = None
+    trackers: Trackers | None = None  # report_to, main process only
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -87,3 +89,6 @@ class RunSession:
         self.event({"event": "plan", "caps": self.caps.caps, "predicted_peak_bytes": self.predicted,
                     "prediction": self.prediction, "budget_bytes": budget, "total_steps": self.total,
                     "world_size": self.dist.world_size, **extra})
+        if self.trackers is not None:  # budget, prediction and the base model's loss, at the start
+            self.trackers.log({"budget_bytes": budget, "predicted_peak_bytes": self.predicted,
+                               "base_eval_loss": self.state.base_eval_loss}, self.state.step)

@@ -18,6 +18,7 @@ from lora_gui.engine.core.checkpoint import restore_training_state
 from lora_gui.engine.core.distributed import Dist
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.state import TrainState
+from lora_gui.engine.core.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +63,13 @@ def open_logs(out: Path, state: TrainState, resume: bool, dist: Dist) -> tuple[R
     metrics = RecordLog(out / "metrics.jsonl", keep_until_step=state.step, write=main)
     events = RecordLog(out / "events.jsonl", keep_until_step=state.step if resume else None, write=main)
     return metrics, events
+
+
+def attach_trackers(cfg: RunConfig, out: Path, state: TrainState, resume: bool, dist: Dist,
+                    metrics: RecordLog, memory_source: str) -> Trackers | None:
+    """Starts the run's experiment trackers (main process; report_to) and makes them a sink of
+    metrics.jsonl, so every step record reaches them as it is written."""
+    trackers = open_trackers(cfg, out, state.step, resume, dist.is_main, {"memory_source": memory_source})
+    if trackers is not None:
+        metrics.sinks.append(trackers.record)
+    return trackers

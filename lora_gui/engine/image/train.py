@@ -58,6 +58,7 @@ from lora_gui.engine.core.resume import read_resume_checkpoint
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
 from lora_gui.engine.core.session import RunSession
 from lora_gui.engine.core.setup import (
+    attach_trackers,
     cosine_scheduler,
     new_accelerator,
     open_logs,
@@ -65,6 +66,7 @@ from lora_gui.engine.core.setup import (
     start_state,
 )
 from lora_gui.engine.core.state import TrainState
+from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -149,6 +151,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     """Validates, loads data and model, caches, restores a checkpoint, plans memory. Folder
     decisions are the main process's, broadcast with any error to every rank."""
     refuse_fsdp()  # before anything is written, on every rank
+    check_trackers(cfg)  # a missing tracker package or login: refused before any work
     dist = Dist.from_env()
     dist.on_main(lambda: _prepare_folder(out, resume, overwrite))
     control.phase("loading")
@@ -195,7 +198,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
         data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
-        cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction)
+        cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction,
+        trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     session.plan_event(budget, **cache, optimizer=optimizer_name)
     return session
 
@@ -297,6 +301,7 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
     write_atomic(out / "run.json", json.dumps(summary, indent=1))
     prompts, source, device = sample_prompts(run.data, cfg.sample_images), run.pipeline.source, \
         run.accelerator.device.type
+    trackers, last_step = run.trackers, run.state.step
     if prompts and status == "completed":
         control.phase("sampling")
         del run  # free the training UNet, optimizer and caches before the pipeline loads
@@ -307,4 +312,7 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
         except torch.OutOfMemoryError as err:
             log.warning("sampling ran out of memory: %s", err)
         write_atomic(out / "run.json", json.dumps(summary, indent=1))
+    if trackers is not None:
+        trackers.images([Path(p) for p in summary.get("samples") or []], last_step)
+        trackers.finish(closing_values(summary), last_step)
     return summary

@@ -54,6 +54,7 @@ from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
 from lora_gui.engine.core.rundir import prepare_run_dir, save_run_config
 from lora_gui.engine.core.session import RunSession
 from lora_gui.engine.core.setup import (
+    attach_trackers,
     cosine_scheduler,
     new_accelerator,
     open_logs,
@@ -62,6 +63,7 @@ from lora_gui.engine.core.setup import (
 )
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
+from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
@@ -242,6 +244,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
            control: TrainControl) -> TextSession:
     """Validates against the model, loads data and model, restores a checkpoint, plans memory.
     Folder decisions are the main process's, broadcast with any error to every rank."""
+    check_trackers(cfg)  # a missing tracker package or login: refused before any work
     dist = Dist.from_env()
     control.phase("loading")
     source = text_models.resolve_model_source(cfg.model)
@@ -305,7 +308,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
         fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
-        prediction=prediction)
+        prediction=prediction,
+        trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     if dist.is_main:
         (out / STOP_FILE).unlink(missing_ok=True)
     session.plan_event(budget, fsdp=sharded, frozen_bytes_by_rank=session.frozen_bytes_by_rank)
@@ -430,4 +434,6 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     summary["memory_report"] = memory_report(summary)
     if run.dist.is_main:
         write_atomic(out / "run.json", json.dumps(summary, indent=1))
+    if run.trackers is not None:
+        run.trackers.finish(closing_values(summary), run.state.step)
     return summary

@@ -1,6 +1,6 @@
 """Runs tab handlers: list the runs under runs/, open one's charts, overlay several, resume one,
 delete one. Reads only the files a run leaves (config.json, run.json, metrics.jsonl,
-memory.jsonl, events.jsonl)."""
+memory.jsonl, events.jsonl, trackers.json)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from lora_gui.engine.core.lock import LOCK_FILE
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.core.rundir import RunDirError, load_run_config
 from lora_gui.engine.core.runstate import folder_state
+from lora_gui.engine.core.trackers import open_commands, read_tracker_info
 from lora_gui.ui import charts, common
 from lora_gui.ui.series import downsample, ema
 
@@ -86,6 +87,9 @@ def open_run(name: str, smoothing: float = 0.0) -> tuple[str, Any, Any, Any, Any
     text = f"**{name}**: {len(records)} steps, {_status(folder, summary)}"
     if not summary.get("status") or (folder / LOCK_FILE).exists():
         text += f"\n\n{folder_state(folder).message}"  # e.g. killed from outside: where to resume
+    trackers = open_commands(read_tracker_info(folder))
+    if trackers:  # report_to: where each tracker's data is and the command that opens it
+        text += "\n\nExperiment trackers:\n" + "\n".join(f"- `{line}`" for line in trackers)
     return (text, charts.memory_figure(records, budget, predicted), charts.loss_figure(records, smoothing),
             charts.throughput_figure(records), charts.memory_timeline(samples, phases, budget, predicted))
 

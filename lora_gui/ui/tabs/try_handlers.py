@@ -119,13 +119,17 @@ def _generate(run: RunInfo, prompt: str, max_new: int, temperature: float, seed:
     yield base, tuned, None, None, f"Done: seed {seed}, temperature {temperature:g}, {what}."
 
 
-def export(run_dir: str | None, out: str, merged: bool) -> str:
-    """Exports the chosen run (adapter + model card, or a merged model); returns a message."""
+def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none") -> str:
+    """Exports the chosen run (adapter + model card, a merged model, or GGUF files with an
+    Ollama Modelfile); returns a message."""
     if not run_dir:
         return "Pick a finished run first."
     target = (out or "").strip() or str(Path(run_dir).with_name(Path(run_dir).name + "-export"))
+    kind = None if gguf in (None, "", "none") else gguf
     try:
-        path = export_run(run_dir, target, merged=bool(merged))
+        path = export_run(run_dir, target, merged=bool(merged), gguf=kind)
     except USER_ERRORS as err:
         return f"Error: {err}"
+    if kind:
+        return f"Exported GGUF ({kind}) with an Ollama Modelfile to {path} (files checked on reading back)"
     return f"Exported {'the merged model' if merged else 'the adapter and its model card'} to {path}"

@@ -36,11 +36,13 @@ def build() -> dict[str, gr.components.Component]:
             out = gr.Textbox(label="Export folder (new or empty; default runs/NAME-export)",
                              elem_id="export-out")
             merged = gr.Checkbox(label="Merged model (text: base + adapter, safetensors)", value=False)
+            gguf = gr.Dropdown(["none", "f16", "bf16", "q8_0"], value="none", elem_id="export-gguf",
+                               label="GGUF for llama.cpp / Ollama (text: merged model + Modelfile)")
             export = gr.Button("Export", elem_id="export-button")
         export_message = gr.Markdown(elem_id="export-message")
     refresh.click(try_handlers.refresh_runs, run, run)
     go.click(try_handlers.generate, [run, prompt, max_new, temperature, seed, scale],
              [base_text, tuned_text, base_image, tuned_image, message])
-    export.click(try_handlers.export, [run, out, merged], export_message)
+    export.click(try_handlers.export, [run, out, merged, gguf], export_message)
     return {"run": run, "prompt": prompt, "generate": go, "base": base_text, "adapter": tuned_text,
             "message": message, "export": export}
