@@ -167,7 +167,7 @@ def export_run(run_dir: str | Path, out: str | Path, merged: bool = False, gguf:
     staging = _staging(out)
     try:
         if gguf is not None:
-            gguf_lines = _write_gguf(run, staging, out.name, gguf, tokenizer, tokenizer_dir)
+            gguf_lines = _write_gguf(run, staging, run.out.name, gguf, tokenizer, tokenizer_dir)
         elif merged:
             _merge_text(run, staging)
         else:

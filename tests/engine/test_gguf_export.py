@@ -71,7 +71,7 @@ def test_chat_demo_gguf_holds_the_merged_model_tensor_for_tensor(chat_run, tmp_p
     model = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(merged_dir)
     cfg = model.config
-    meta, tensors = read(tmp_path / "gguf" / "gguf-f16.gguf")
+    meta, tensors = read(tmp_path / "gguf" / "chat-demo-f16.gguf")
     expected = {}
     for name, w in model.state_dict().items():
         if name == "lm_head.weight":
@@ -102,7 +102,7 @@ def test_chat_demo_gguf_holds_the_merged_model_tensor_for_tensor(chat_run, tmp_p
     assert types[tok.convert_tokens_to_ids("<|im_end|>")] == gguf.TokenType.CONTROL
     assert len(meta["tokenizer.ggml.merges"]) > 3000
     modelfile = (tmp_path / "gguf" / "Modelfile").read_text()
-    assert "FROM ./gguf-f16.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert "FROM ./chat-demo-f16.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
     card = (tmp_path / "gguf" / "README.md").read_text()
     assert "no adapter-only GGUF: the run added tokens" in card  # ChatML's rows are not a LoRA
 
@@ -124,13 +124,13 @@ def text_run(tmp_path_factory, builtin_model_dir):
 @pytest.mark.parametrize("kind", ["bf16", "q8_0"])
 def test_bf16_q8_and_the_adapter_gguf(text_run, tmp_path, kind):
     out = export_run(text_run, tmp_path / "e", gguf=kind)
-    meta, tensors = read(out / f"e-{kind}.gguf")
+    meta, tensors = read(out / f"run-{kind}.gguf")
     stored = {t for t, _ in tensors.values()}
     want_type = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[kind]
     assert want_type in stored and meta["general.file_type"] == {"bf16": 32, "q8_0": 7}[kind]
     weights = load_file(text_run / "adapter" / "adapter_model.safetensors")
     adapter_cfg = json.loads((text_run / "adapter" / "adapter_config.json").read_text())
-    ameta, lora = read(out / f"e-lora-{'f16' if kind == 'q8_0' else kind}.gguf")
+    ameta, lora = read(out / f"run-lora-{'f16' if kind == 'q8_0' else kind}.gguf")
     assert ameta["general.type"] == "adapter" and ameta["adapter.type"] == "lora"
     assert ameta["adapter.lora.alpha"] == adapter_cfg["lora_alpha"]
     assert len(lora) == len(weights)
@@ -142,7 +142,7 @@ def test_bf16_q8_and_the_adapter_gguf(text_run, tmp_path, kind):
             w = rows_interleaved(w, n_head)
         rounded = w.to(torch.bfloat16 if kind == "bf16" else torch.float16).float().numpy()
         assert np.array_equal(lora[name][1], rounded), name
-    assert "ADAPTER ./e-lora" in (out / "Modelfile").read_text()
+    assert "ADAPTER ./run-lora" in (out / "Modelfile").read_text()
 
 
 def test_permutation_keeps_attention_scores():
@@ -225,7 +225,7 @@ def test_qwen2_run_keeps_its_rope_layout_and_biases(tmp_path, builtin_model_dir)
     train_text(cfg, tmp_path / "run", progress=False)
     out = export_run(tmp_path / "run", tmp_path / "q", gguf="f16")
     merged = AutoModelForCausalLM.from_pretrained(export_run(tmp_path / "run", tmp_path / "m", merged=True))
-    meta, tensors = read(out / "q-f16.gguf")
+    meta, tensors = read(out / "run-f16.gguf")
     assert meta["general.architecture"] == "qwen2" and meta["qwen2.context_length"] == 512
     assert meta["qwen2.attention.head_count_kv"] == 2
     for name, w in merged.state_dict().items():
@@ -235,7 +235,7 @@ def test_qwen2_run_keeps_its_rope_layout_and_biases(tmp_path, builtin_model_dir)
         assert np.array_equal(tensors[gguf_name(name)][1], want), name  # rows as Hugging Face has them
     assert "blk.0.attn_q.bias" in tensors
     weights = load_file(tmp_path / "run" / "adapter" / "adapter_model.safetensors")
-    _, lora = read(out / "q-lora-f16.gguf")
+    _, lora = read(out / "run-lora-f16.gguf")
     assert len(lora) == len(weights)
     b0 = weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
     assert np.array_equal(lora["blk.0.attn_q.weight.lora_b"][1], b0.half().float().numpy())
