@@ -85,19 +85,39 @@ def cmd_train(args: argparse.Namespace) -> int:
 DEFAULT_PLAN_BUDGET_GB = 24.0  # without --budget-gb, a budget_gb setting or a GPU: a common card
 
 
-def _plan_budget_gb(args: argparse.Namespace, cfg) -> tuple[float, str]:
+def _budget_text(budget: int) -> str:
+    """A budget in both units: decimal GB (1e9 bytes, as cards are labelled) and GiB (2**30)."""
+    return f"{budget / 1e9:,.2f} GB = {budget / 2**30:,.2f} GiB"
+
+
+def _plan_budget(args: argparse.Namespace, cfg) -> tuple[int, str]:
+    """The plan's budget in bytes and where it comes from (--card, --budget-gib, --budget-gb,
+    the budget_gb setting, this GPU, or the default)."""
     import torch
 
-    if args.budget_gb is not None:
-        if not 0 < args.budget_gb <= MAX_BUDGET_GB:  # also catches nan
-            raise ConfigError(f"--budget-gb {args.budget_gb:g}: the budget must be more than 0 and at "
-                              f"most {MAX_BUDGET_GB:g} GB")
-        return args.budget_gb, "--budget-gb"
+    given = [flag for flag, value in (("--card", args.card), ("--budget-gb", args.budget_gb),
+                                      ("--budget-gib", args.budget_gib)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: give one budget, not several")
+    if args.card is not None:
+        from lora_gui.cards import card_by_name
+
+        try:
+            card = card_by_name(args.card)
+        except ValueError as err:
+            raise ConfigError(f"--card: {err}") from None
+        return card.total_bytes, f"--card {card.name}: {card.label}, the memory torch reports for it"
+    for flag, value, unit in (("--budget-gb", args.budget_gb, 1e9), ("--budget-gib", args.budget_gib, 2**30)):
+        if value is not None:
+            if not 0 < value * unit <= MAX_BUDGET_GB * 1e9:  # also catches nan
+                raise ConfigError(f"{flag} {value:g}: the budget must be more than 0 and at "
+                                  f"most {MAX_BUDGET_GB:g} GB")
+            return int(value * unit), flag
     if cfg.budget_gb:
-        return cfg.budget_gb, "budget_gb setting"
+        return int(cfg.budget_gb * 1e9), "budget_gb setting"
     if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / 1e9, "this GPU"
-    return DEFAULT_PLAN_BUDGET_GB, "default (no GPU here)"
+        return int(torch.cuda.get_device_properties(0).total_memory), "this GPU"
+    return int(DEFAULT_PLAN_BUDGET_GB * 1e9), "default (no GPU here)"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -105,14 +125,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from lora_gui.memory.parallel import Parallel
 
     cfg = load_config(args.preset, parse_set_args(args.set))
-    budget_gb, budget_from = _plan_budget_gb(args, cfg)
+    budget, budget_from = _plan_budget(args, cfg)
     if args.longest:
-        return _plan_longest(cfg, budget_gb, budget_from, args)
+        return _plan_longest(cfg, budget, budget_from, args)
     if cfg.task == "image":
-        return _plan_image(cfg, budget_gb, budget_from, args)
+        return _plan_image(cfg, budget, budget_from, args)
     try:
         parallel = Parallel(args.world_size, args.fsdp)
-        budget = planner.check_budget(budget_gb * 1e9)
+        budget = planner.check_budget(budget)
         plan, step = run_predict.plan_and_predict(cfg, budget, args.device, parallel=parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -139,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bucket = step.info["allreduce_bucket_bytes"] / mib
         print(f"  (noted, not in the peak: LoRA gradient all-reduce bucket {bucket:,.1f} MiB after "
               "backward; DDP-style buckets of 25 MB)")
-    print(f"\nBudget {budget_gb:g} GB per GPU ({budget_from}): {plan.message}")
+    print(f"\nBudget {_budget_text(budget)} per GPU ({budget_from}): {plan.message}")
     print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
         print(f"  {b.bucket!s:>15}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
@@ -159,12 +179,11 @@ def _check_host(step, args: argparse.Namespace) -> None:
                       "the offloaded checkpoints and host-side embeddings of this run")
 
 
-def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+def _plan_longest(cfg, budget: int, budget_from: str, args: argparse.Namespace) -> int:
     """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
     batch (image), with the switches it needs (source: predicted)."""
     from lora_gui.memory.host import host_available_bytes
 
-    budget = budget_gb * 1e9
     try:
         if cfg.task == "image":
             from lora_gui.memory.longest_image import longest_image
@@ -173,7 +192,8 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
             if args.json:
                 print(json.dumps(result, indent=1))
             else:
-                print(f"Image run, budget {budget_gb:g} GB ({budget_from}), {args.device}: {result['note']}")
+                print(f"Image run, budget {_budget_text(budget)} ({budget_from}), {args.device}: "
+                      f"{result['note']}")
                 print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
@@ -275,13 +295,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 130 if stop.is_set() else 0
 
 
-def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+def _plan_image(cfg, budget: int, budget_from: str, args: argparse.Namespace) -> int:
     """`plan` for an image run: per-bucket micro-batch and the trace of the largest (predicted)."""
     from lora_gui.memory import planner
     from lora_gui.memory.image_run_plan import plan_image_run
 
     try:
-        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget_gb * 1e9), args.device)
+        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget), args.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -296,7 +316,7 @@ def _plan_image(cfg, budget_gb: float, budget_from: str, args: argparse.Namespac
         print("  (the larger of the training step and the caching pass, which holds the VAE and text "
               "encoders on the device, and the transformer too unless latents are cached: "
               f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
-    print(f"\nBudget {budget_gb:g} GB ({budget_from}): {plan.message}")
+    print(f"\nBudget {_budget_text(budget)} ({budget_from}): {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
         print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
@@ -347,6 +367,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lora_gui.cards import card_names
+
     parser = argparse.ArgumentParser(prog="python -m lora_gui", description="LoRA training that fits.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -362,7 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="predict peak memory and batch sizes before a run (CPU only)")
     plan.add_argument("--preset", help="presets/NAME.yaml or a path")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--budget-gb", type=float, help="VRAM budget in GB (default: budget_gb, the GPU, 24)")
+    plan.add_argument("--budget-gb", type=float,
+                      help="VRAM budget in decimal GB (1 GB = 1e9 bytes; default: the budget_gb setting, "
+                           "this GPU, else 24)")
+    plan.add_argument("--budget-gib", type=float,
+                      help="VRAM budget in GiB (1 GiB = 2**30 bytes), instead of --budget-gb")
+    plan.add_argument("--card", metavar="NAME",
+                      help="plan for this card: its whole memory as torch reports it is the budget, the "
+                           f"CUDA context counted (names: {', '.join(card_names())})")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="plan for a CUDA GPU (adds its overheads) or for this CPU")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
