@@ -137,7 +137,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(step, args)
-    result = run_plan.plan_to_json(plan, step)
+    kernels = _cuda_rows(cfg, step, budget)
+    result = run_plan.plan_to_json(plan, step, kernels)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -155,6 +156,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not nbytes:  # planning for a CPU: no CUDA context, workspace or rounding
             continue
         print(f"  + {name:<16} {nbytes / mib:>10,.1f} MiB  (CUDA-only overhead, not in the trace)")
+    if step.device == "cuda":
+        from lora_gui.memory.cuda_kernels import describe_rows
+
+        print(f"  on the card: allocated {result['allocated_bytes'] / mib:,.0f} MiB (max_memory_allocated), "
+              f"reserved {result['reserved_bytes'] / mib:,.0f} MiB (max_memory_reserved), nvidia-smi "
+              f"{result['nvidia_smi_bytes'] / mib:,.0f} MiB (reserved + CUDA context: checked against "
+              "the budget)")
+        kernel = pred.get("kernel") or step.info.get("kernel")
+        workspace = step.info.get("attention_workspace_bytes", 0) / mib
+        print(f"CUDA-only memory, one row per kernel (attention kernel: {kernel}; its backward "
+              f"workspace {workspace:,.1f} MiB, one layer at a time)")
+        print("\n".join(describe_rows(kernels)))
     if parallel.world_size > 1:
         bucket = step.info["allreduce_bucket_bytes"] / mib
         print(f"  (noted, not in the peak: LoRA gradient all-reduce bucket {bucket:,.1f} MiB after "
@@ -168,6 +181,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"MiB){' -> fits' if sug.fits else ''}")
     _print_fits(cfg, args.device)
     return 0
+
+
+def _cuda_rows(cfg, step, budget: int) -> list:
+    """The CUDA-only rows of the plan's peak micro-batch; refuses a budget that cannot hold the
+    CUDA context and the frozen weights (saying which, by how much)."""
+    if step.device != "cuda":
+        return []
+    from lora_gui.memory import run_plan
+    from lora_gui.memory.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
+
+    context = step.cuda_overheads.get("cuda_context", 0)
+    short = fixed_shortfall(budget, context, step.breakdown["frozen_weights"])
+    if short:
+        raise ConfigError(short)
+    pred = step.info.get("prediction") or {}
+    info = {**step.info, **{k: pred[k] for k in ("batch_size", "seq_len", "mask") if k in pred}}
+    rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
+                     lora_param_bytes=step.breakdown["lora_params"])
+    return rows + nccl_rows(int(step.info.get("world_size", 1)))
 
 
 def _check_host(step, args: argparse.Namespace) -> None:

@@ -299,3 +299,50 @@ def gqa_expected_bytes(batch: int, seq: int, heads: int, head_dim: int, gqa: boo
     """B x S x H x D x (4 + 2 + 2) bytes (GQA) or x 4 (no GQA): the flash backward's dq_accum and
     expanded dK / dV, the figure the plan's workspace must match within 1% (16-bit weights)."""
     return batch * seq * heads * head_dim * (8 if gqa else 4)
+
+
+def step_rows(config: Any, info: dict[str, Any], *, dtype: Any, layers: int | None = None,
+              lora_param_bytes: int = 0) -> list[KernelRow]:
+    """The kernel table for a traced text step (``TraceResult.info``) of ``config``.
+
+    The kernel is the one the trace recorded (the run's own rule); a masked batch means
+    transformers ran ``repeat_kv`` (K / V reach the kernel with every query head).
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    mask = info.get("mask", "none") != "none"
+    kernel = str(info.get("kernel") or "").split("+")[-1] or "sdpa"
+    return kernel_table(kernel=kernel, batch=int(info.get("batch_size", 1)),
+                        seq=int(info.get("seq_len", 1)), heads=heads, kv_heads=kv_heads,
+                        head_dim=head_dim, dtype=dtype,
+                        layers=layers or text.num_hidden_layers, lora_param_bytes=lora_param_bytes,
+                        quantization=str(info.get("quantization", "none")), gqa_in_kernel=not mask)
+
+
+def card_figures(step: Any) -> dict[str, int]:
+    """What the card will show for a CUDA plan (bytes): ``allocated`` (max_memory_allocated),
+    ``reserved`` (max_memory_reserved: the allocator's segments) and ``nvidia_smi`` (reserved
+    plus the CUDA context), the figure a budget is checked against."""
+    return {"allocated_bytes": step.allocator_peak_bytes, "reserved_bytes": step.reserved_peak_bytes,
+            "nvidia_smi_bytes": step.peak_bytes}
+
+
+def fixed_shortfall(budget: int, context_bytes: int, weights_bytes: int) -> str | None:
+    """Why a budget cannot hold even the CUDA context and the frozen weights (None: it can).
+
+    Says which of the two does not fit and by how much (decimal GB and GiB).
+    """
+    def size(n: int) -> str:
+        return f"{n / 1e9:,.2f} GB ({n / 2**30:,.2f} GiB)"
+
+    if context_bytes > budget:
+        return (f"the budget of {size(budget)} does not hold the CUDA context alone ({size(context_bytes)}): "
+                f"{size(context_bytes - budget)} short")
+    if context_bytes + weights_bytes > budget:
+        return (f"the budget of {size(budget)} holds the CUDA context ({size(context_bytes)}) but not the "
+                f"frozen weights beside it ({size(weights_bytes)}): "
+                f"{size(context_bytes + weights_bytes - budget)} short; try a smaller quantization of "
+                "the base weights or a larger card")
+    return None

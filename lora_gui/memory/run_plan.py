@@ -114,9 +114,17 @@ def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
     return estimate_text_step(config, batch_size=batch, seq_len=cfg.max_seq_len, **kwargs)
 
 
-def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
-    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads (per GPU)."""
-    return {"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
+def plan_to_json(plan: planner.Plan, step: TraceResult, kernels: list | None = None) -> dict[str, Any]:
+    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads (per GPU);
+    on CUDA also what the card shows (allocated, reserved, nvidia-smi) and ``kernels``, the rows
+    of CUDA-only memory (:mod:`lora_gui.memory.cuda_kernels`)."""
+    card = {}
+    if step.device == "cuda":
+        from lora_gui.memory.cuda_kernels import card_figures
+
+        card = {**card_figures(step), "cuda_kernels": [r.to_json() for r in kernels or []],
+                "attention_workspace_bytes": step.info.get("attention_workspace_bytes", 0)}
+    return {**card,"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
             "allreduce_bucket_bytes": step.info.get("allreduce_bucket_bytes", 0),
             "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
