@@ -137,8 +137,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(step, args)
-    kernels = _cuda_rows(cfg, step, budget)
+    kernels, short = _cuda_rows(cfg, step, budget)
     result = run_plan.plan_to_json(plan, step, kernels)
+    if short:  # the card cannot hold even the context and the weights: say which, by how much
+        result.update(fits=False, message=short)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -172,7 +174,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bucket = step.info["allreduce_bucket_bytes"] / mib
         print(f"  (noted, not in the peak: LoRA gradient all-reduce bucket {bucket:,.1f} MiB after "
               "backward; DDP-style buckets of 25 MB)")
-    print(f"\nBudget {_budget_text(budget)} per GPU ({budget_from}): {plan.message}")
+    print(f"\nBudget {_budget_text(budget)} per GPU ({budget_from}): {result['message']}")
     print("  bucket (tokens)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
         print(f"  {b.bucket!s:>15}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
@@ -183,23 +185,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cuda_rows(cfg, step, budget: int) -> list:
-    """The CUDA-only rows of the plan's peak micro-batch; refuses a budget that cannot hold the
-    CUDA context and the frozen weights (saying which, by how much)."""
+def _cuda_rows(cfg, step, budget: int) -> tuple[list, str | None]:
+    """The CUDA-only rows of the plan's peak micro-batch, and why the budget cannot hold the CUDA
+    context and the frozen weights (which of the two, by how much; None when it can)."""
     if step.device != "cuda":
-        return []
+        return [], None
     from lora_gui.memory import run_plan
     from lora_gui.memory.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
 
     context = step.cuda_overheads.get("cuda_context", 0)
     short = fixed_shortfall(budget, context, step.breakdown["frozen_weights"])
-    if short:
-        raise ConfigError(short)
     pred = step.info.get("prediction") or {}
     info = {**step.info, **{k: pred[k] for k in ("batch_size", "seq_len", "mask") if k in pred}}
     rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
                      lora_param_bytes=step.breakdown["lora_params"])
-    return rows + nccl_rows(int(step.info.get("world_size", 1)))
+    return rows + nccl_rows(int(step.info.get("world_size", 1))), short
 
 
 def _check_host(step, args: argparse.Namespace) -> None:
