@@ -62,6 +62,8 @@ _CARDS = (
     ("t4", "NVIDIA T4 16 GB", _gib(14.56)),
     # L4: no report found; nvidia-smi's 23,034 MiB less 600 MiB
     ("l4", "NVIDIA L4 24 GB", (23_034 - 600) * MIB),
+    # L40S 48GB (ECC on): "total capacity of 44.53 GiB" (Wan-Video/Wan2.1#205)
+    ("l40s", "NVIDIA L40S 48 GB", _gib(44.53)),
     # A100 40GB: "total capacity of 39.50 GiB" (TianheWu/CoSeR#10)
     ("a100-40gb", "NVIDIA A100 40 GB", _gib(39.50)),
     # A100 80GB: "79.25 GiB total capacity" (levihsu/OOTDiffusion#235)
