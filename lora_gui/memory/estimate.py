@@ -260,11 +260,19 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     host_bytes = long["host_bytes"]
     overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
     if device == "cuda":
-        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
+        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES,
+                         allocator_cache=cache_allowance(traced + CUBLAS_WORKSPACE_BYTES))
     info = {"source": "predicted (closed form)", "exact_family": family, "model_type": cfg.model_type,
             "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation,
             "host_bytes": host_bytes, "kernel": kernel, "attention_workspace_bytes": workspace}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+
+
+def cache_allowance(allocated: int) -> int:
+    """Reserved beyond allocated that a closed form adds on CUDA (:data:`allocator.CACHE_ALLOWANCE`)."""
+    from lora_gui.memory.allocator import CACHE_ALLOWANCE
+
+    return int(CACHE_ALLOWANCE * allocated)
 
 
 def _cuda_attention(s: dict[str, int], d: int, attn: str, batch: int, seq: int,
@@ -304,8 +312,9 @@ def _unet_key(config: Any) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                      text_seq_len: int) -> tuple[dict[str, int], float, float]:
-    """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
+                      text_seq_len: int, device: str = "cpu") -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels
+    (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     import json
 
     from lora_gui.memory.calibrated import fit_pixel_line
@@ -313,7 +322,7 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len}
     return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
@@ -334,6 +343,7 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    traced_on = "cuda" if device == "cuda" else "cpu"
     fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                            str(dtype).replace("torch.", ""), text_seq_len)
+                            str(dtype).replace("torch.", ""), text_seq_len, traced_on)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
