@@ -126,6 +126,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget, budget_from = _plan_budget(args, cfg)
+    if args.no_cuda_context and not args.longest:
+        raise ConfigError("--no-cuda-context applies to --longest only: a plan counts the CUDA context")
     if args.longest:
         return _plan_longest(cfg, budget, budget_from, args)
     if cfg.task == "image":
