@@ -430,7 +430,8 @@ def describe(result: Longest) -> list[str]:
     ctx = (f"CUDA context ({result.cuda_context_bytes / 2**20:,.0f} MiB) counted" if result.count_cuda_context
            else "CUDA context (~500 MiB) not counted: add it for a whole card") \
         if result.device == "cuda" else "planned for this CPU"
-    lines = [f"Longest max_seq_len that fits {result.budget_bytes / 1e9:g} GB on {result.device}: "
+    lines = [f"Longest max_seq_len that fits {result.budget_bytes / 1e9:,.2f} GB = "
+             f"{result.budget_bytes / gib:,.2f} GiB on {result.device}: "
              f"{result.seq_len:,} tokens (micro-batch {result.micro_batch}; source: predicted, "
              f"{'confirmed by the fake-tensor trace' if result.confirmed_by_trace else 'estimate'}; {ctx})",
              f"  predicted peak there: {result.counted_bytes / gib:,.2f} GiB ({result.counted_bytes:,} bytes"
