@@ -20,9 +20,15 @@
    (gradient checkpointing) at 512 / 1024 px, LoRA r16 on the diffusers scripts' targets, the
    engine's flow-matching loss, against the DiT trace and the planner's estimate (``--only dit``
    runs these alone). Target 5%.
-1c. Longest length: the ~1B Llama in NF4, r32 all-linear, batch 1, at the length ``plan
-   --longest`` gives for an 8 GB budget, with its switches, under
-   ``torch.cuda.set_per_process_memory_fraction``: measured against planned.
+1c. Cards: Llama-3.1-8B (presets/models/llama-3.1-8b.json, random bf16 weights saved and loaded in
+   NF4 the engine's way), r32 all-linear, batch 1, at 1,024 and 4,096 tokens and at the length
+   ``plan --card 8gb --longest`` gives, then at the ``--card 24gb`` answer, each under
+   ``torch.cuda.set_per_process_memory_fraction`` set to the card's memory less the CUDA context:
+   planned allocated / reserved (the caching-allocator replay) / nvidia-smi and the attention
+   kernel's backward workspace vs measured max_memory_allocated / max_memory_reserved, and
+   whether the planned longest ran without running out of memory. Target: reserved within
+   -1%...+5% of the plan, no out-of-memory at a planned length.
+Every row of 1, 1b and 2b also has measured vs planned reserved memory.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
 Writes gpu_check.json and gpu_check.md under --out.
@@ -72,8 +78,12 @@ TINY_FLUX = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_chann
              "axes_dims_rope": [4, 4, 8]}
 
 
+_RESERVED: list[int] = []  # max_memory_reserved of the last measured step (0 on a CPU)
+
+
 def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
-    """Peak allocated bytes of one steady-state step (a warm step creates the AdamW state)."""
+    """Peak allocated bytes of one steady-state step (a warm step creates the AdamW state);
+    the step's max_memory_reserved is left in ``_RESERVED[-1]``."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for measured in (False, True):
         if measured and device == "cuda":
@@ -84,8 +94,21 @@ def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
         opt.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.synchronize()
+        _RESERVED.append(torch.cuda.max_memory_reserved())
         return torch.cuda.max_memory_allocated()
+    _RESERVED.append(0)
     return 0
+
+
+def _reserved(measured: int, predicted: tr.TraceResult) -> dict[str, Any]:
+    """The reserved-memory columns of a row: measured (max_memory_reserved) vs planned (the
+    caching-allocator replay), and what nvidia-smi would show (planned reserved + context)."""
+    reserved = _RESERVED[-1] if _RESERVED else 0
+    return {"measured_reserved_bytes": reserved, "predicted_reserved_bytes": predicted.reserved_peak_bytes,
+            "predicted_nvidia_smi_bytes": predicted.peak_bytes,
+            "reserved_error": predicted.reserved_peak_bytes / reserved - 1 if reserved else None,
+            "kernel": predicted.info.get("kernel"),
+            "attention_workspace_bytes": predicted.info.get("attention_workspace_bytes", 0)}
 
 
 def _materialized(model: torch.nn.Module, device: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -120,7 +143,7 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
                      "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
                      "predicted_with_context_bytes": predicted.peak_bytes,
                      "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
-                     "breakdown": predicted.breakdown})
+                     **_reserved(measured, predicted), "breakdown": predicted.breakdown})
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -158,54 +181,21 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
                      "predicted_bytes": predicted.allocator_peak_bytes,
                      "predicted_with_context_bytes": predicted.peak_bytes,
                      "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
-                     "breakdown": predicted.breakdown})
+                     **_reserved(measured, predicted), "breakdown": predicted.breakdown})
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str, Any]]:
-    """The ~1B Llama in NF4, LoRA r32 all-linear, batch 1, at the longest length ``plan
-    --longest`` gives for ``budget_gb`` (CUDA context not counted), with the switches it picks:
-    one real steady-state step under ``torch.cuda.set_per_process_memory_fraction(budget)``,
-    measured (``max_memory_allocated``) against planned. An out-of-memory is a failed plan."""
-    import tempfile
-
-    from bench.quant_measure import save_random_model
-    from lora_gui.config import RunConfig, apply_overrides
-    from lora_gui.engine.core.optim import make_optimizer
-    from lora_gui.memory.predict.longest_text import longest_text
-    from lora_gui.models import text as text_models
-    from lora_gui.models.long_context import apply_long_context
-
-    cfg = load_model_config(config)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    budget = int(budget_gb * 1e9)
-    with tempfile.TemporaryDirectory() as folder:
-        save_random_model(cfg, folder)
-        run = apply_overrides(RunConfig(), {
-            "model": folder, "quantization": "nf4", "lora_rank": 32, "lora_alpha": 32.0, "batch_size": 1,
-            "lora_targets": "all-linear", "precision": "bf16" if device == "cuda" else "fp32"})
-        answer = longest_text(run, budget, "cuda" if device == "cuda" else "cpu", count_cuda_context=False)
-        run = apply_overrides(run, {**answer.switches, "max_seq_len": max(answer.seq_len, 16)})
-        model = text_models.attach_lora(
-            text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
-    if run.gradient_checkpointing:
-        enable_checkpointing(model)
-    apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
-                       embeddings_on_host=run.embeddings_on_host)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, _ = make_optimizer(run, params, torch.device(device))
-    row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32 longest",
-           "budget_bytes": budget, "seq_len": answer.seq_len, "switches": answer.switches,
-           "predicted_bytes": answer.peak_bytes, "host_bytes": answer.host_bytes, "measured_bytes": 0,
-           "error": None, "out_of_memory": False}
+def _step_under(model, optimizer, ids, budget: int, device: str) -> dict[str, Any]:
+    """One warm and one measured step with the allocator capped as the card would cap it (the
+    card's memory less the CUDA context the plan counts): max allocated / reserved, or the OOM."""
+    out: dict[str, Any] = {"measured_bytes": 0, "measured_reserved_bytes": 0, "out_of_memory": False}
     if device == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(0).total_memory)
-    ids = torch.randint(0, cfg.vocab_size, (1, run.max_seq_len), device=device)
+        usable = (budget - tr.CUDA_CONTEXT_BYTES) / torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, usable)))
     try:
         for measured in (False, True):  # a warm step first: the optimizer state exists
             if measured and device == "cuda":
@@ -216,16 +206,75 @@ def check_longest(config: dict, budget_gb: float, device: str) -> list[dict[str,
             optimizer.zero_grad(set_to_none=True)
         if device == "cuda":
             torch.cuda.synchronize()
-            row["measured_bytes"] = torch.cuda.max_memory_allocated()
-            row["error"] = answer.peak_bytes / row["measured_bytes"] - 1
+            out.update(measured_bytes=torch.cuda.max_memory_allocated(),
+                       measured_reserved_bytes=torch.cuda.max_memory_reserved())
     except torch.OutOfMemoryError as err:
-        row["out_of_memory"] = str(err).splitlines()[0]
+        out["out_of_memory"] = str(err).splitlines()[0]
     finally:
         if device == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0)
+    return out
+
+
+def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -> list[dict[str, Any]]:
+    """Llama nf4, LoRA r32 all-linear, batch 1, under each card's memory (the CUDA context
+    counted): at ``lengths`` (first card) and at the longest length ``plan --card NAME --longest``
+    gives, with its switches. Per row: planned allocated / reserved / nvidia-smi and the kernel's
+    backward workspace vs the measured max_memory_allocated / max_memory_reserved, and whether it
+    ran out of memory (a planned length must not)."""
+    import tempfile
+
+    from bench.quant_measure import save_random_model
+    from lora_gui.cards import card_by_name
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.engine.core.optim import make_optimizer
+    from lora_gui.memory.predict.longest_text import longest_text
+    from lora_gui.memory.predict.run_plan import step_kwargs
+    from lora_gui.models import text as text_models
+    from lora_gui.models.long_context import apply_long_context
+
+    cfg = load_model_config(config)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        save_random_model(cfg, folder, dtype=dtype)
+        base = apply_overrides(RunConfig(), {
+            "model": folder, "quantization": "nf4", "lora_rank": 32, "lora_alpha": 32.0, "batch_size": 1,
+            "lora_targets": "all-linear", "precision": "bf16" if device == "cuda" else "fp32"})
+        for k, name in enumerate(cards):
+            card = card_by_name(name)
+            answer = longest_text(base, card.total_bytes, "cuda", count_cuda_context=True)
+            run = apply_overrides(base, {**answer.switches, "max_seq_len": max(answer.seq_len, 16)})
+            model = text_models.attach_lora(
+                text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
+            if run.gradient_checkpointing:
+                enable_checkpointing(model)
+            apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
+                               embeddings_on_host=run.embeddings_on_host)
+            model.train()
+            optimizer, _ = make_optimizer(run, [p for p in model.parameters() if p.requires_grad],
+                                          torch.device(device))
+            for seq in [*(lengths if k == 0 else []), answer.seq_len]:
+                planned = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, **step_kwargs(run, "cuda"))
+                ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+                row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32",
+                       "card": card.name, "budget_bytes": card.total_bytes, "seq_len": seq,
+                       "planned_longest": seq == answer.seq_len,
+                       "switches": answer.switches, "kernel": planned.info.get("kernel"),
+                       "attention_workspace_bytes": planned.info.get("attention_workspace_bytes", 0),
+                       "predicted_bytes": planned.allocator_peak_bytes,
+                       "predicted_reserved_bytes": planned.reserved_peak_bytes,
+                       "predicted_nvidia_smi_bytes": planned.peak_bytes,
+                       "host_bytes": planned.info["host_bytes"],
+                       **_step_under(model, optimizer, ids, card.total_bytes, device)}
+                measured, reserved = row["measured_bytes"], row["measured_reserved_bytes"]
+                row["error"] = planned.allocator_peak_bytes / measured - 1 if measured else None
+                row["reserved_error"] = planned.reserved_peak_bytes / reserved - 1 if reserved else None
+                rows.append(row)
             del model, optimizer
-            torch.cuda.empty_cache()
-    return [row]
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
 
 
 def _unet_extra(c: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -269,7 +318,8 @@ def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[st
                      # same allocator view as the trace: + cuBLAS workspace, no CUDA context
                      "planner_estimate_bytes": planner_estimate.traced_peak_bytes
                      + tr.CUBLAS_WORKSPACE_BYTES,
-                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None})
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
+                     **_reserved(measured, predicted)})
         del unet
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -322,7 +372,8 @@ def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpo
                      "predicted_bytes": predicted.allocator_peak_bytes,
                      "planner_estimate_bytes": planner_estimate.traced_peak_bytes + tr.CUBLAS_WORKSPACE_BYTES,
                      "gradient_checkpointing": gradient_checkpointing,
-                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None})
+                     "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
+                     **_reserved(measured, predicted)})
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -368,27 +419,34 @@ def check_flex(seqs: list[int], device: str, repeats: int = 5) -> list[dict[str,
 def _markdown(result: dict[str, Any]) -> str:
     mib = 2**20
     out = [f"# GPU check ({result['device_name']})", "", "## Planner accuracy (allocator peak)", "",
-           "| model | shape | measured MiB | predicted MiB (trace) | error | planner estimate MiB |",
-           "|---|---|---|---|---|---|"]
+           "| model | shape | measured MiB | predicted MiB (trace) | error | planner estimate MiB | "
+           "measured reserved MiB | planned reserved MiB | reserved error |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("text", []) + result.get("unet", []) + result.get("dit", []):
         shape = f"seq {r['seq_len']}" if "seq_len" in r else f"{r['resolution']} px"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
         est = f"{r['planner_estimate_bytes'] / mib:,.0f}" if "planner_estimate_bytes" in r else "-"
+        rerr = f"{r['reserved_error']:+.1%}" if r.get("reserved_error") is not None else "-"
         out.append(f"| {r['model']} | {shape} | {r['measured_bytes'] / mib:,.0f} | "
-                   f"{r['predicted_bytes'] / mib:,.0f} | {err} | {est} |")
+                   f"{r['predicted_bytes'] / mib:,.0f} | {err} | {est} | "
+                   f"{r.get('measured_reserved_bytes', 0) / mib:,.0f} | "
+                   f"{r.get('predicted_reserved_bytes', 0) / mib:,.0f} | {rerr} |")
     out += ["", "## Windowed attention vs causal SDPA (fwd+bwd, B=1, 4x64, W=256, G=4)", "",
             "| S | impl | median ms | peak MiB |", "|---|---|---|---|"]
     for r in result.get("flex", []):
         peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
-    out += ["", "## Longest length under a budget (plan --longest, then one real step under that budget)",
-            "", "| model | budget GB | seq | switches | measured MiB | planned MiB | error | host MiB |",
-            "|---|---|---|---|---|---|---|---|"]
-    for r in result.get("longest", []):
-        measured = "OOM" if r["out_of_memory"] else f"{r['measured_bytes'] / mib:,.0f}"
-        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
-        out.append(f"| {r['model']} | {r['budget_bytes'] / 1e9:g} | {r['seq_len']} | {r['switches']} | "
-                   f"{measured} | {r['predicted_bytes'] / mib:,.0f} | {err} | {r['host_bytes'] / mib:,.0f} |")
+    out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
+            "| model | card | seq | longest? | kernel | workspace MiB | measured alloc / reserved MiB | "
+            "planned alloc / reserved MiB | reserved error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result.get("card", []):
+        measured = "OOM" if r["out_of_memory"] else (f"{r['measured_bytes'] / mib:,.0f} / "
+                                                       f"{r['measured_reserved_bytes'] / mib:,.0f}")
+        err = f"{r['reserved_error']:+.1%}" if r["reserved_error"] is not None else "-"
+        planned = f"{r['predicted_bytes'] / mib:,.0f} / {r['predicted_reserved_bytes'] / mib:,.0f}"
+        out.append(f"| {r['model']} | {r['card']} | {r['seq_len']} | {r['planned_longest']} | "
+                   f"{r['kernel']} | {r['attention_workspace_bytes'] / mib:,.1f} | {measured} | {planned} | "
+                   f"{err} |")
     return "\n".join(out) + "\n"
 
 
@@ -407,7 +465,7 @@ def main() -> None:
             unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
             text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
             result = {"text": text, "unet": unet, "flex": check_flex([512], device, repeats=2),
-                      "longest": check_longest(TINY_LLAMA, 0.01, device)}
+                      "card": check_card(TINY_LLAMA, ["8gb"], [64], device)}
         if args.only != "no-dit":
             result["dit"] = check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
                 TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16)
@@ -418,7 +476,7 @@ def main() -> None:
                       "unet": check_unet("sd15-unet", [512, 768, 1024], device)
                       + check_unet("sdxl-unet", [512, 768, 1024], device),
                       "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
-                      "longest": check_longest(LLAMA_1B, 8.0, device)}
+                      "card": check_card("llama-3.1-8b", ["8gb", "24gb"], [1024, 4096], device)}
         if args.only != "no-dit":  # Flux-shaped with gradient checkpointing, as it is trained
             result["dit"] = check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True)

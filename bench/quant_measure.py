@@ -16,12 +16,13 @@ from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.memory.runtime.tracker import StorageTracker
 
 
-def save_random_model(config: Any, folder: str) -> None:
-    """A causal LM with random weights from ``config``, saved with save_pretrained (float32)."""
+def save_random_model(config: Any, folder: str, dtype: torch.dtype = torch.float32) -> None:
+    """A causal LM with random weights from ``config``, saved with save_pretrained (``dtype``:
+    bfloat16 halves what an 8B model writes)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder)
 
 
 def engine_step_peak(config: Any, *, quantization: str, batch_size: int, seq_len: int,

@@ -87,7 +87,8 @@ def _plan_budget(args: argparse.Namespace, cfg):
     from lora_gui.memory.predict.report import resolve_budget
 
     gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    return resolve_budget(cfg, args.budget_gb, getattr(args, "card", None), gpu, budget_from="--budget-gb")
+    return resolve_budget(cfg, args.budget_gb, args.card, gpu, budget_from="--budget-gb",
+                           budget_gib=args.budget_gib)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -96,8 +97,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, parse_set_args(args.set))
     budget = _plan_budget(args, cfg)
+    if args.no_cuda_context and not args.longest:
+        raise ConfigError("--no-cuda-context applies to --longest only: a plan counts the CUDA context")
     if args.longest:
-        return _plan_longest(cfg, budget.bytes / 1e9, budget.source, args)
+        return _plan_longest(cfg, budget, args)
     if cfg.task == "image" and _bundled_shapes_only(cfg):
         return _plan_image_shapes(cfg, budget, args)
     try:
@@ -106,15 +109,33 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(pred.step, args)
+    kernels, short = report.cuda_rows(cfg, pred, budget)
     if args.json:
-        print(json.dumps(report.plan_json(pred), indent=1, default=str))
+        print(json.dumps(report.plan_json(pred, kernels, short), indent=1, default=str))
         return 0
     if cfg.task == "image":
         print("\n".join(report.image_plan_lines(cfg, pred, budget)))
         return 0
-    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label())))
+    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)))
     _print_fits(cfg, args.device)
     return 0
+
+
+def _cuda_rows(cfg, step, budget: int) -> tuple[list, str | None]:
+    """The CUDA-only rows of the plan's peak micro-batch, and why the budget cannot hold the CUDA
+    context and the frozen weights (which of the two, by how much; None when it can)."""
+    if step.device != "cuda":
+        return [], None
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
+
+    context = step.cuda_overheads.get("cuda_context", 0)
+    short = fixed_shortfall(budget, context, step.breakdown["frozen_weights"])
+    pred = step.info.get("prediction") or {}
+    info = {**step.info, **{k: pred[k] for k in ("batch_size", "seq_len", "mask") if k in pred}}
+    rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
+                     lora_param_bytes=step.breakdown["lora_params"])
+    return rows + nccl_rows(int(step.info.get("world_size", 1))), short
 
 
 def _check_host(step, args: argparse.Namespace) -> None:
@@ -126,20 +147,21 @@ def _check_host(step, args: argparse.Namespace) -> None:
                       "the offloaded checkpoints and host-side embeddings of this run")
 
 
-def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namespace) -> int:
+def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
     """`plan --longest`: the longest max_seq_len that fits (text) or the largest resolution and
     batch (image), with the switches it needs (source: predicted)."""
     from lora_gui.memory.predict import longest
     from lora_gui.memory.runtime.host import host_available_bytes
 
-    budget = budget_gb * 1e9
+    budget, budget_from = plan_budget.bytes, plan_budget.source
     try:
         if cfg.task == "image":
             result = longest(cfg, budget, args.device)
             if args.json:
                 print(json.dumps(result, indent=1))
             else:
-                print(f"Image run, budget {budget_gb:g} GB ({budget_from}), {args.device}: {result['note']}")
+                print(f"Image run, budget {plan_budget.label()}, {args.device}: "
+                      f"{result['note']}")
                 print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
@@ -148,8 +170,8 @@ def _plan_longest(cfg, budget_gb: float, budget_from: str, args: argparse.Namesp
 
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
         result = longest(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
-                              host_limit_bytes=host, beyond_context=args.beyond_context,
-                              confirm=not args.estimate_only)
+                         host_limit_bytes=host, beyond_context=args.beyond_context,
+                         confirm=not args.estimate_only)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -267,6 +289,10 @@ def _plan_image_shapes(cfg, budget, args: argparse.Namespace) -> int:
     print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
           f"fake-tensor trace of {cfg.model} at {cfg.resolution} px; shapes only, no pipeline or data "
           f"read): {step.peak_bytes / mib:,.0f} MiB")
+    if step.info.get("encoding_pass_bytes"):
+        print("  (the larger of the training step and the caching pass, which holds the VAE and text "
+              "encoders on the device, and the transformer too unless latents are cached: "
+              f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
     print(f"\nBudget {budget.label()}: {plan.message}")
     print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
     for b in plan.buckets:
@@ -319,13 +345,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return app_main(args.ui_args)
 
 
-def _card_names() -> list[str]:
+def build_parser() -> argparse.ArgumentParser:
     from lora_gui.cards import card_names
 
-    return card_names()
-
-
-def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lora_gui", description="LoRA training that fits.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -342,10 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--preset", help="presets/NAME.yaml or a path")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     plan.add_argument("--budget-gb", type=float,
-                      help="VRAM budget in decimal GB, 1 GB = 10^9 bytes (default: the run's budget_gb, "
+                      help="VRAM budget in decimal GB (1 GB = 1e9 bytes; default: the budget_gb setting, "
                            "this GPU, else a 24 GB card)")
-    plan.add_argument("--card", help="plan for a card by name (its whole memory, the CUDA context "
-                                     "counted inside it): " + ", ".join(_card_names()))
+    plan.add_argument("--budget-gib", type=float,
+                      help="VRAM budget in GiB (1 GiB = 2**30 bytes), instead of --budget-gb")
+    plan.add_argument("--card", metavar="NAME",
+                      help="plan for this card: its whole memory as torch reports it is the budget, the "
+                           f"CUDA context counted (names: {', '.join(card_names())})")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="plan for a CUDA GPU (adds its overheads) or for this CPU")
     plan.add_argument("--json", action="store_true", help="print one JSON object")

@@ -28,7 +28,7 @@ def test_plan_an_8b_model_offline_that_does_not_fit():
     res = plan("--set", "model=llama-3.1-8b", "--set", "max_seq_len=2048", "--budget-gb", "8", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out["fits"] is False and "does not fit even at batch 1" in out["message"]
+    assert out["fits"] is False and "frozen weights" in out["message"] and "short" in out["message"]
     assert out["peak_bytes"] > 16e9
 
 
@@ -43,3 +43,26 @@ def test_plan_rejects_absurd_budgets():
     for bad in ("-1", "0", "1e9"):
         res = plan("--preset", "text-demo", "--budget-gb", bad)
         assert res.returncode == 2 and "budget" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_for_a_card_shows_what_the_card_holds():
+    from lora_gui.cards import CARDS
+
+    res = plan("--preset", "text-demo", "--card", "8GB", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["budget_bytes"] == CARDS["8gb"].total_bytes  # the card's whole memory, context counted
+    assert out["allocated_bytes"] <= out["reserved_bytes"] < out["nvidia_smi_bytes"] == out["peak_bytes"]
+    assert out["nvidia_smi_bytes"] - out["reserved_bytes"] == out["cuda_overheads"]["cuda_context"]
+    names = {(r["kernel"], r["name"]) for r in out["cuda_kernels"]}
+    assert ("sdpa_flash", "dq_accum (float32)") in names and out["attention_workspace_bytes"] > 0
+
+
+def test_plan_card_and_budget_flags_are_checked():
+    res = plan("--preset", "text-demo", "--card", "rtx-9999")
+    assert res.returncode == 2 and "known cards" in res.stderr and "h100-80gb" in res.stderr
+    res = plan("--preset", "text-demo", "--card", "8gb", "--budget-gb", "8")
+    assert res.returncode == 2 and "give one budget" in res.stderr
+    res = plan("--preset", "text-demo", "--budget-gb", "0.3", "--json")
+    out = json.loads(res.stdout)
+    assert out["fits"] is False and "CUDA context alone" in out["message"] and "0.22 GB" in out["message"]

@@ -49,26 +49,35 @@ _CPU_KERNELS = {"ScaledDotProductFlashAttentionForCpuBackward0": "sdpa_flash_cpu
 
 
 @contextlib.contextmanager
-def kernel_watch(found: set[str], device: str) -> Iterator[None]:
+def kernel_watch(found: set[str], device: str, workspaces: list[int] | None = None) -> Iterator[None]:
     """Records which SDPA kernel each attention call of the step runs on ``device``.
 
     On a CPU the kernel is read from the autograd node of the real dispatch (torch's CPU flash
     kernel takes a mask: the boolean mask is converted to an additive one in the query dtype and
-    kept for backward, per layer; without grad the kernel name is "sdpa"). On CUDA, SDPA with a
-    mask runs the memory-efficient kernel and without one the flash kernel. Without a mask the
-    CPU flash kernel keeps what the CUDA kernels keep (output and float32 logsumexp). With a
-    mask the CPU kernel's memory stands in for the memory-efficient kernel's, which keeps its
-    converted (B, 1, S, S) bias: not yet checked on a GPU (bench/gpu_check.py is the place).
+    kept for backward, per layer; without grad the kernel name is "sdpa"). On CUDA the kernel is
+    the one PyTorch's rule picks (:func:`lora_gui.memory.predict.cuda_kernels.sdpa_kernel`: flash without
+    a mask in 16-bit with head dim <= 256, else memory-efficient), and the scratch its backward
+    allocates (flash: float32 dq accumulator, expanded dK / dV for GQA) is allocated inside that
+    layer's backward (:func:`~lora_gui.memory.predict.cuda_kernels.wrap_attention`); ``workspaces`` gets
+    each call's bytes. Without a mask the CPU flash kernel keeps what the CUDA kernels keep (output
+    and float32 logsumexp). With a mask the CPU kernel's memory stands in for the
+    memory-efficient kernel's, which keeps its converted (B, 1, S, S) bias: not yet checked on a
+    GPU (bench/gpu_check.py is the place).
     """
+    from lora_gui.memory.predict.cuda_kernels import sdpa_kernel, wrap_attention
+
     orig = torch.nn.functional.scaled_dot_product_attention
+    sizes = workspaces if workspaces is not None else []
 
     def sdpa(query, key, value, attn_mask=None, *args, **kwargs):  # noqa: ANN001, ANN202 (torch API)
-        out = orig(query, key, value, attn_mask, *args, **kwargs)
         if device == "cuda":
-            found.add("sdpa_memory_efficient" if attn_mask is not None else "sdpa_flash")
-        else:
-            node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
-            found.add(_CPU_KERNELS.get(node, "sdpa_math" if node else "sdpa"))
+            kernel = sdpa_kernel(mask=attn_mask is not None, dtype=query.dtype, head_dim=query.shape[-1])
+            found.add(kernel)
+            return wrap_attention(lambda q, k, v: orig(q, k, v, attn_mask, *args, **kwargs),
+                                  query, key, value, kernel, sizes)
+        out = orig(query, key, value, attn_mask, *args, **kwargs)
+        node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
+        found.add(_CPU_KERNELS.get(node, "sdpa_math" if node else "sdpa"))
         return out
 
     torch.nn.functional.scaled_dot_product_attention = sdpa

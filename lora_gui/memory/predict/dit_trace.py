@@ -152,11 +152,13 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 
 @functools.lru_cache(maxsize=16)
 def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                 text_seq_len: int | None, image_window: int = 0) -> tuple[dict[str, int], float, float]:
-    """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels."""
+                 text_seq_len: int | None, image_window: int = 0,
+                 device: str = "cpu") -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels
+    (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len, "image_window": image_window}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "image_window": image_window}
     return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw), 512, 1024)
 
 
@@ -171,7 +173,7 @@ def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[i
     cfg = dict(load_model_config(config))
     key = json.dumps(cfg, sort_keys=True, default=str)
     fit = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""), text_seq_len,
-                       image_window)
+                       image_window, "cuda" if device == "cuda" else "cpu")
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
 
 

@@ -241,27 +241,71 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
     grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
+    kernel, workspace = _cuda_attention(s, d, attn_implementation, batch_size, seq_len, device)
     dequantized = q["transient"]
     if long.get("attention_peak"):  # the tiled layer peaks in its attention's backward
         dequantized, mlp_grads = _attention_peak_terms(s, d, targets, lora_rank, quantization)
         grads += int(params["lora_params"] * mlp_grads) if offload_checkpoints else 0
-    if inside * tokens + long["inside_fixed"] + dequantized + grads > temporaries:  # in a backward
-        activations = (base + inside) * tokens + long["inside_fixed"] + dequantized
+    in_backward = inside * tokens + long["inside_fixed"] + dequantized + grads + workspace
+    if in_backward > temporaries:  # the peak is in a backward
+        activations = (base + inside) * tokens + long["inside_fixed"] + dequantized + workspace
         temporaries = 0
         params["gradients"] = grads
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
     breakdown = dict.fromkeys(CATEGORIES, 0)
     breakdown.update(params, activations=activations, temporaries=temporaries)
+    _foreach_step(breakdown, device, optimizer)
     traced = sum(breakdown.values())
     host_bytes = long["host_bytes"]
     overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
     if device == "cuda":
-        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES)
+        overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES,
+                         allocator_cache=cache_allowance(traced + CUBLAS_WORKSPACE_BYTES))
     info = {"source": "predicted (closed form)", "exact_family": family, "model_type": cfg.model_type,
             "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation,
-            "host_bytes": host_bytes}
+            "host_bytes": host_bytes, "kernel": kernel, "attention_workspace_bytes": workspace}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+
+
+def cache_allowance(allocated: int) -> int:
+    """Reserved beyond allocated that a closed form adds on CUDA (:data:`allocator.CACHE_ALLOWANCE`)."""
+    from lora_gui.memory.predict.allocator import CACHE_ALLOWANCE
+
+    return int(CACHE_ALLOWANCE * allocated)
+
+
+def _cuda_attention(s: dict[str, int], d: int, attn: str, batch: int, seq: int,
+                    device: str) -> tuple[str, int]:
+    """The attention kernel on ``device`` and its backward's workspace (bytes, one layer at a time,
+    :mod:`lora_gui.memory.predict.cuda_kernels`), for a batch without a mask (transformers passes K / V
+    with their own heads: enable_gqa). 0 on a CPU, whose trace sees the kernel's memory itself."""
+    from lora_gui.memory.predict.cuda_kernels import (
+        FLASH_FWD_SAVED_PER_LAYER,
+        attention_backward_bytes,
+        sdpa_kernel,
+    )
+
+    if device != "cuda" or attn != "sdpa":
+        return attn if device == "cuda" else "", 0
+    dtype = {2: "bfloat16", 4: "float32"}[d]
+    kernel = sdpa_kernel(mask=False, dtype=dtype, head_dim=s["hd"])
+    workspace = attention_backward_bytes(kernel, batch=batch, seq=seq, heads=s["nh"],
+                                         kv_heads=s["kv"] // s["hd"], head_dim=s["hd"], dtype=dtype)
+    saved = s["L"] * FLASH_FWD_SAVED_PER_LAYER if kernel == "sdpa_flash" else 0  # rng state per layer
+    return kernel, workspace + saved
+
+
+def _foreach_step(breakdown: dict[str, int], device: str, optimizer: str) -> None:
+    """On CUDA, AdamW's foreach step holds the gradients and a float32 sqrt(exp_avg_sq) copy of
+    every LoRA tensor beside the state; when that is above the activations' peak, it is the peak."""
+    if device != "cuda" or optimizer != "adamw":
+        return
+    lora = breakdown["lora_params"]
+    step = {"gradients": lora, "optimizer_state": breakdown["optimizer_state"] + lora,
+            "activations": 0, "temporaries": 0}
+    if sum(step.values()) > sum(breakdown[k] for k in step):
+        breakdown.update(step)
 
 
 def _unet_key(config: Any) -> str:
@@ -272,8 +316,9 @@ def _unet_key(config: Any) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                      text_seq_len: int) -> tuple[dict[str, int], float, float]:
-    """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels."""
+                      text_seq_len: int, device: str = "cpu") -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels
+    (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     import json
 
     from lora_gui.memory.predict.calibrated import fit_pixel_line
@@ -281,7 +326,7 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": "cpu", "text_seq_len": text_seq_len}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len}
     return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
@@ -302,6 +347,7 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    traced_on = "cuda" if device == "cuda" else "cpu"
     fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                            str(dtype).replace("torch.", ""), text_seq_len)
+                            str(dtype).replace("torch.", ""), text_seq_len, traced_on)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)

@@ -98,6 +98,7 @@ class Longest:
     counted_bytes: int = 0  # the peak compared with the budget (less the context when not counted)
     notes: list[str] = field(default_factory=list)
     candidates: list[Candidate] = field(default_factory=list)
+    card: dict[str, Any] = field(default_factory=dict)  # CUDA: kernel, workspace, allocated, reserved
 
     def to_json(self) -> dict[str, Any]:
         """The ``plan --longest --json`` object."""
@@ -111,6 +112,7 @@ class Longest:
                 "cuda_context_bytes": self.cuda_context_bytes,
                 "counted_peak_bytes": self.counted_bytes,
                 "confirmed_by_trace": self.confirmed_by_trace, "traces": self.traces, "notes": self.notes,
+                **self.card,
                 "alternatives": [{"switches": c.changes, "estimated_seq_len": c.seq_len,
                                   "estimated_host_bytes": c.host_bytes} for c in self.candidates]}
 
@@ -313,10 +315,15 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
         notes.append(f"beyond the model's context ({context:,} tokens): the run must extend it")
     ctx = step.cuda_overheads.get("cuda_context", 0)
     alternatives = sorted(candidates, key=lambda c: (-c.seq_len, c.cost))[:8]
+    card = {}
+    if device == "cuda":
+        card = {"attention_kernel": step.info.get("kernel"),
+                "attention_workspace_bytes": step.info.get("attention_workspace_bytes", 0),
+                "allocated_bytes": step.allocator_peak_bytes, "reserved_bytes": step.reserved_peak_bytes}
     return Longest(seq_len, dict(chosen.changes), step.peak_bytes, host, budget, device, search.rows,
                    capped, context, max(allows, seq_len),
                    {k: measured.get(k) for k in chosen.changes}, count_cuda_context, ctx,
-                   confirm, traces, search.counted(step), notes, alternatives)
+                   confirm, traces, search.counted(step), notes, alternatives, card)
 
 
 def _candidates(search: _Search, cfg: RunConfig, device: str, cap: int, host_limit: int | None,
@@ -422,12 +429,19 @@ def describe(result: Longest) -> list[str]:
     ctx = (f"CUDA context ({result.cuda_context_bytes / 2**20:,.0f} MiB) counted" if result.count_cuda_context
            else "CUDA context (~500 MiB) not counted: add it for a whole card") \
         if result.device == "cuda" else "planned for this CPU"
-    lines = [f"Longest max_seq_len that fits {result.budget_bytes / 1e9:g} GB on {result.device}: "
+    lines = [f"Longest max_seq_len that fits {result.budget_bytes / 1e9:,.2f} GB = "
+             f"{result.budget_bytes / gib:,.2f} GiB on {result.device}: "
              f"{result.seq_len:,} tokens (micro-batch {result.micro_batch}; source: predicted, "
              f"{'confirmed by the fake-tensor trace' if result.confirmed_by_trace else 'estimate'}; {ctx})",
              f"  predicted peak there: {result.counted_bytes / gib:,.2f} GiB ({result.counted_bytes:,} bytes"
              + (f"; {result.peak_bytes / gib:,.2f} GiB with the CUDA context)" if result.counted_bytes
                 != result.peak_bytes else ")")]
+    if result.card:
+        c = result.card
+        lines.append(f"  on the card: allocated {c['allocated_bytes'] / gib:,.2f} GiB, reserved (caching "
+                     f"allocator) {c['reserved_bytes'] / gib:,.2f} GiB; attention kernel "
+                     f"{c['attention_kernel']}, its backward workspace "
+                     f"{c['attention_workspace_bytes'] / 2**20:,.0f} MiB a layer")
     if result.switches:
         lines.append("  switches: " + ", ".join(f"{k}={v}" for k, v in result.switches.items()))
         costs = [f"{k} x{v:.2f}" if v is not None else f"{k} (cost not measured)"

@@ -100,10 +100,16 @@ def per_gpu(step: TraceResult, config: Any, parallel: Parallel | None) -> TraceR
         breakdown["frozen_weights"] = math.ceil(frozen / n)
         breakdown["fsdp_gathered"] = int((head + PREFETCHED_LAYERS * layer) * (n - 1) / n)
     traced = sum(breakdown.values())
-    return replace(step, peak_bytes=traced + sum(step.cuda_overheads.values()), traced_peak_bytes=traced,
-                   breakdown=breakdown, info=info)
+    overheads = dict(step.cuda_overheads)
+    if step.device == "cuda":  # NCCL's own buffers, cudaMalloc'd beside the allocator (cuda_kernels)
+        from lora_gui.memory.predict.cuda_kernels import nccl_rows
+
+        overheads["nccl_buffers"] = sum(r.nbytes for r in nccl_rows(n))
+    return replace(step, peak_bytes=traced + sum(overheads.values()), traced_peak_bytes=traced,
+                   breakdown=breakdown, info=info, cuda_overheads=overheads)
 
 
 def saving_bytes(step: TraceResult, config: Any, parallel: Parallel | None) -> int:
-    """How much less one GPU holds than a single GPU would (0 without FSDP)."""
+    """How much less one GPU holds than a single GPU would (on CUDA, less NCCL's buffers: negative
+    without FSDP)."""
     return step.peak_bytes - per_gpu(step, config, parallel).peak_bytes

@@ -4,14 +4,14 @@ Every figure is the planner's (source: predicted)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from lora_gui.cards import card_by_name
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.predict.planner import MAX_BUDGET_BYTES
 from lora_gui.memory.predict.run import Prediction
-from lora_gui.units import GB, MIB
+from lora_gui.units import GB, GIB, MIB
 
 DEFAULT_CARD = "24gb"  # without a card, a budget or a GPU here: a common 24 GB card
 
@@ -24,24 +24,33 @@ class Budget:
     source: str
 
     def label(self, per: str = "") -> str:
-        """e.g. '4 GB per GPU (--budget-gb)', '25.76 GB (card 24gb: ...)'."""
-        return f"{self.bytes / GB:,.4g} GB{per} ({self.source})"
+        """In both units: decimal GB (1e9 bytes, as cards are labelled) and GiB (2**30), e.g.
+        '4.00 GB = 3.73 GiB per GPU (--budget-gb)'."""
+        return f"{self.bytes / GB:,.2f} GB = {self.bytes / GIB:,.2f} GiB{per} ({self.source})"
 
 
 def resolve_budget(cfg: RunConfig, budget_gb: float | None = None, card: str | None = None,
-                   gpu_total_bytes: int | None = None, budget_from: str = "budget given") -> Budget:
+                   gpu_total_bytes: int | None = None, budget_from: str = "budget given",
+                   budget_gib: float | None = None) -> Budget:
     """The budget of a plan, in the order a user expects: a card picked by name, a budget typed
-    in GB, the run's own ``budget_gb``, this machine's GPU, else a 24 GB card.
+    in GB (or GiB), the run's own ``budget_gb``, this machine's GPU, else a 24 GB card.
 
     Raises:
-        ConfigError: an unknown card (the message lists the known ones) or a budget out of range.
+        ConfigError: an unknown card (the message lists the known ones), a budget out of range,
+            or more than one budget given.
     """
+    given = [name for name, value in (("card", card), ("budget in GB", budget_gb),
+                                      ("budget in GiB", budget_gib)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)}: give one budget, not several")
+    if budget_gib is not None:
+        budget_gb, budget_from = budget_gib * GIB / GB, budget_from.replace("-gb", "-gib")
     if card:
         try:
             found = card_by_name(card)
         except ValueError as err:
             raise ConfigError(f"card: {err}") from None
-        return Budget(found.total_bytes, f"card {found.name}: {found.label}")
+        return Budget(found.total_bytes, f"card {found.name}: {found.label}, the memory torch reports for it")
     if budget_gb is not None:
         if not 0 < budget_gb * GB <= MAX_BUDGET_BYTES:  # also catches nan
             raise ConfigError(f"{budget_from} {budget_gb:g}: the budget must be more than 0 and at most "
@@ -62,26 +71,39 @@ def bucket_rows(pred: Prediction) -> list[list[Any]]:
     return [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / MIB)] for b in pred.plan.buckets]
 
 
-def plan_json(pred: Prediction) -> dict[str, Any]:
-    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads (per GPU)."""
-    step, plan = pred.step, pred.plan
-    out = {"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
-           "allreduce_bucket_bytes": step.info.get("allreduce_bucket_bytes", 0),
-           "peak_bytes": pred.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
-           "train_peak_bytes": pred.train_peak_bytes,
-           "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
-           "host_bytes": step.info.get("host_bytes", 0),  # long-context switches: host memory
-           "device": step.device, "source": "predicted", "kernel": step.info.get("kernel"),
-           "prediction": pred.figures or step.info.get("prediction")}
-    if plan is not None:
-        out.update({"fits": plan.fits, "budget_bytes": plan.budget_bytes, "message": plan.message,
-                    "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
-                    "buckets": [asdict(b) for b in plan.buckets],
-                    "suggestions": [asdict(s) for s in plan.suggestions]})
+def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget) -> tuple[list[Any], str | None]:
+    """A text plan's CUDA-only memory, one row per kernel (:mod:`lora_gui.memory.predict.cuda_kernels`),
+    and why the budget cannot hold even the CUDA context and the frozen weights (None: it can)."""
+    step = pred.step
+    if step.device != "cuda" or cfg.task != "text":
+        return [], None
+    from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
+
+    short = fixed_shortfall(budget.bytes, step.cuda_overheads.get("cuda_context", 0),
+                            step.breakdown["frozen_weights"])
+    figures = pred.figures or {}
+    info = {**step.info, **{k: figures[k] for k in ("batch_size", "seq_len", "mask") if k in figures}}
+    rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
+                     lora_param_bytes=step.breakdown["lora_params"])
+    return rows + nccl_rows(int(step.info.get("world_size", 1))), short
+
+
+def plan_json(pred: Prediction, kernels: list[Any] | None = None, short: str | None = None) -> dict[str, Any]:
+    """The `plan --json` object (:func:`lora_gui.memory.predict.run_plan.plan_to_json`) with the
+    run's whole peak, its training steps' peak (images) and the prediction's figures."""
+    from lora_gui.memory.predict.run_plan import plan_to_json
+
+    out = plan_to_json(pred.plan, pred.step, kernels)
+    out.update(peak_bytes=pred.peak_bytes, train_peak_bytes=pred.train_peak_bytes,
+               prediction=pred.figures or out["prediction"])
+    if short:  # the card cannot hold even the context and the weights: say which, by how much
+        out.update(fits=False, message=short)
     return out
 
 
-def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_label: str) -> list[str]:
+def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_label: str,
+                    kernels: list[Any] | None = None, short: str | None = None) -> list[str]:
     """What `plan` prints for a text run."""
     step = pred.step
     lines = [f"Predicted peak of one training step on {pred.device}, per GPU with {parallel_label} "
@@ -94,11 +116,25 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_l
     lines += [f"  {name:<18} {nbytes / MIB:>10,.1f} MiB" for name, nbytes in step.breakdown.items()]
     lines += [f"  + {name:<16} {nbytes / MIB:>10,.1f} MiB  (CUDA-only overhead, not in the trace)"
               for name, nbytes in step.cuda_overheads.items() if nbytes]  # none when planning for a CPU
+    if step.device == "cuda":
+        from lora_gui.memory.predict.cuda_kernels import card_figures, describe_rows
+
+        card = card_figures(step)
+        lines.append(f"  on the card: allocated {card['allocated_bytes'] / MIB:,.0f} MiB "
+                     f"(max_memory_allocated), reserved {card['reserved_bytes'] / MIB:,.0f} MiB "
+                     "(max_memory_reserved), nvidia-smi "
+                     f"{card['nvidia_smi_bytes'] / MIB:,.0f} MiB (reserved + CUDA context: checked against "
+                     "the budget)")
+        kernel = (figures or {}).get("kernel") or step.info.get("kernel")
+        workspace = step.info.get("attention_workspace_bytes", 0) / MIB
+        lines.append(f"CUDA-only memory, one row per kernel (attention kernel: {kernel}; its backward "
+                     f"workspace {workspace:,.1f} MiB, one layer at a time)")
+        lines += describe_rows(kernels or [])
     if step.info.get("world_size", 1) > 1:
         lines.append(f"  (noted, not in the peak: LoRA gradient all-reduce bucket "
                      f"{step.info['allreduce_bucket_bytes'] / MIB:,.1f} MiB after backward; DDP-style "
                      "buckets of 25 MB)")
-    return lines + _budget_lines(pred, budget, "bucket (tokens)", 15, " per GPU")
+    return lines + _budget_lines(pred, budget, "bucket (tokens)", 15, " per GPU", short)
 
 
 def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget) -> list[str]:
@@ -122,12 +158,12 @@ def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget) -> list[s
 
 
 def _budget_lines(pred: Prediction, budget: Budget, bucket_title: str, width: int,
-                  per: str = "") -> list[str]:
+                  per: str = "", short: str | None = None) -> list[str]:
     plan = pred.plan
     if plan is None:
-        verdict = "fits" if pred.peak_bytes <= budget.bytes else "does not fit"
+        verdict = short or ("fits" if pred.peak_bytes <= budget.bytes else "does not fit")
         return [f"\nBudget {budget.label(per)}: {verdict}"]
-    lines = [f"\nBudget {budget.label(per)}: {plan.message}",
+    lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
              f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak MiB"]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
               f"{b.peak_bytes / MIB:>18,.0f}" for b in plan.buckets]

@@ -109,16 +109,26 @@ def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
     return estimate_text_step(config, batch_size=batch, seq_len=cfg.max_seq_len, **kwargs)
 
 
-def plan_to_json(plan: planner.Plan, step: TraceResult) -> dict[str, Any]:
-    """The `plan --json` object: peak, breakdown, fits, batch per bucket, overheads (per GPU)."""
-    return {"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
+def plan_to_json(plan: planner.Plan | None, step: TraceResult, kernels: list | None = None) -> dict[str, Any]:
+    """The `plan --json` object: peak, breakdown, overheads (per GPU) and, with a plan, fits and
+    the batch per bucket; on CUDA also what the card shows (allocated, reserved, nvidia-smi) and
+    ``kernels``, the rows of CUDA-only memory (:mod:`lora_gui.memory.predict.cuda_kernels`)."""
+    out: dict[str, Any] = {}
+    if step.device == "cuda":
+        from lora_gui.memory.predict.cuda_kernels import card_figures
+
+        out = {**card_figures(step), "cuda_kernels": [r.to_json() for r in kernels or []],
+               "attention_workspace_bytes": step.info.get("attention_workspace_bytes", 0)}
+    out |= {"world_size": step.info.get("world_size", 1), "fsdp": step.info.get("fsdp", False),
             "allreduce_bucket_bytes": step.info.get("allreduce_bucket_bytes", 0),
             "peak_bytes": step.peak_bytes, "traced_peak_bytes": step.traced_peak_bytes,
             "breakdown": step.breakdown, "cuda_overheads": step.cuda_overheads,
             "host_bytes": step.info.get("host_bytes", 0),  # long-context switches: host memory
-            "device": step.device, "source": "predicted", "fits": plan.fits,
-            "kernel": step.info.get("kernel"), "prediction": step.info.get("prediction"),
-            "budget_bytes": plan.budget_bytes, "message": plan.message,
-            "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
-            "buckets": [asdict(b) for b in plan.buckets],
-            "suggestions": [asdict(s) for s in plan.suggestions]}
+            "device": step.device, "source": "predicted",
+            "kernel": step.info.get("kernel"), "prediction": step.info.get("prediction")}
+    if plan is not None:
+        out |= {"fits": plan.fits, "budget_bytes": plan.budget_bytes, "message": plan.message,
+                "batch_by_bucket": {str(k): v for k, v in plan.batch_by_bucket.items()},
+                "buckets": [asdict(b) for b in plan.buckets],
+                "suggestions": [asdict(s) for s in plan.suggestions]}
+    return out

@@ -39,9 +39,11 @@ layer, on both. Dropout is rewritten to ``torch.native_dropout`` (bool mask, as 
 CPU path keeps a mask in the input dtype). The batch's mask is the real batch's (``mask``): no
 padding and one document a row: no mask; padding or packed documents: transformers builds a
 (B, 1, S, S) mask and SDPA keeps an additive copy per layer (see ``batch_trace.kernel_watch``).
-Not seen: the flash backward's float32 ``dq`` accumulator (one layer at a time, B*S*H*D*4
-bytes), allocator caching/fragmentation (reserved vs allocated) and kernels' private
-workspaces; see ``CUDA_OVERHEADS_DOC``.
+On CUDA the attention kernel is the one PyTorch's rule picks and its backward's scratch (flash:
+float32 ``dq`` accumulator, expanded dK / dV for GQA) is allocated inside each layer's backward
+(:mod:`lora_gui.memory.predict.cuda_kernels`); AdamW runs its ``foreach`` path, the CUDA default. What the
+caching allocator reserves beyond this is :mod:`lora_gui.memory.predict.allocator`'s replay of the
+trace's allocations and frees; see ``CUDA_OVERHEADS_DOC``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lora_gui.memory.predict.batch_trace import batch_structure, kernel_watch
+from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
+from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
 from lora_gui.memory.predict.model_configs import ModelConfig, is_unet_config, load_model_config
 from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models.checkpointing import enable_checkpointing
@@ -72,17 +76,17 @@ BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells att
 # CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
 # A100/H100 as shown by nvidia-smi; it is outside torch.cuda.max_memory_allocated().
 CUDA_CONTEXT_BYTES = 500 * 2**20
-# cuBLAS workspace, allocated through the caching allocator on first matmul (so it IS inside
-# max_memory_allocated): torch's default CUBLAS_WORKSPACE_CONFIG on Hopper is ":4096:8"
-# = 8 chunks x 4096 KiB = 32 MiB per handle/stream; older GPUs use ":4096:2:16:8" (~8 MiB).
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+# cuBLAS + cuBLASLt workspaces, allocated through the caching allocator on the first matmul (so
+# inside max_memory_allocated): 32 MiB (":4096:8" on Hopper) + 1 MiB, one stream (cuda_kernels).
+CUBLAS_WORKSPACE_BYTES = _CUBLAS + _CUBLASLT
 # The caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize).
 CUDA_ALLOC_ROUNDING = 512
 CUDA_OVERHEADS_DOC = (
     "cuda_context: CUDA context and lazily loaded kernels (~500 MiB, nvidia-smi only); "
-    "cublas_workspace: 32 MiB (torch default ':4096:8' on Hopper); "
+    "cublas_workspace: 32 MiB cuBLAS (torch default ':4096:8' on Hopper) + 1 MiB cuBLASLt; "
     "allocator_rounding: every live block at the peak rounded up to 512 bytes (computed from "
-    "the traced storages). Not modelled: fragmentation (reserved - allocated)."
+    "the traced storages); kernel workspaces (attention backward) are inside the trace, at the "
+    "moment they are alive; reserved beyond allocated: the caching-allocator replay."
 )
 
 
@@ -95,7 +99,8 @@ class TraceResult:
         traced_peak_bytes: peak of live tensor storages in the trace alone (source: tracker).
         breakdown: category -> bytes alive at the traced peak; sums to ``traced_peak_bytes``.
         cuda_overheads: name -> bytes (``cuda_context``, ``cublas_workspace``,
-            ``allocator_rounding``); all 0 for ``device="cpu"``.
+            ``allocator_rounding``, ``allocator_cache``: reserved beyond allocated, from the
+            caching-allocator replay); all 0 for ``device="cpu"``.
         device: the device the prediction is for ("cuda" or "cpu").
         seconds: wall time of the trace.
         info: parameter counts, model type, number of counted allocations, the phase of the peak.
@@ -111,7 +116,14 @@ class TraceResult:
 
     @property
     def allocator_peak_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_allocated`` should show: all but the CUDA context."""
+        """What ``torch.cuda.max_memory_allocated`` should show: all but the CUDA context and
+        the allocator's cache beyond its live blocks."""
+        return self.reserved_peak_bytes - self.cuda_overheads.get("allocator_cache", 0)
+
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_reserved`` should show: all but the CUDA context
+        (``peak_bytes`` is this plus the context: what nvidia-smi shows)."""
         return self.peak_bytes - self.cuda_overheads.get("cuda_context", 0)
 
 
@@ -136,6 +148,7 @@ class _PhaseTracker(StorageTracker):
         self.peak_phase = "forward"
         self.records: list[_Record] = []
         self.head_entered = False
+        self.start_event = 0  # the event at which the measured step starts
 
     def _count(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
         for storage, nbytes in storages:
@@ -354,7 +367,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
             apply_long_context(model, **long_context)
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = quant.make_optimizer(optimizer, trainable)
+        opt = quant.make_optimizer(optimizer, trainable, foreach=device == "cuda")
         tracker = _PhaseTracker()
         frozen = [p for p in model.parameters() if not p.requires_grad] + list(model.buffers())
         frozen += quant.quant_state_tensors(model)
@@ -364,8 +377,9 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         tracker.track(trainable)
         tracker.category = "optimizer_state"
         kernels: set[str] = set()
+        workspaces: list[int] = []  # bytes of each attention backward workspace (CUDA kernels)
         with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
-                kernel_watch(kernels, device), quant.cuda_like_int8(cuda_int8):
+                kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0 and optimizer == "adamw":
@@ -378,9 +392,12 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
                     p.grad = torch.zeros_like(p)
             tracker.reset_peak()
             tracker.peak_event, tracker.peak_phase = tracker.events, "start"
+            tracker.start_event = tracker.events
+            workspaces.clear()  # the measured step's calls only
             _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
     result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
     result.info["sdpa_kernels"] = sorted(kernels)
+    result.info["attention_workspace_bytes"] = max(workspaces, default=0)  # one layer's, largest
     return result
 
 
@@ -402,11 +419,15 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
     traced = tracker.peak_bytes
     assert sum(breakdown.values()) == traced, (breakdown, traced)  # by construction
     overheads = dict.fromkeys(("cuda_context", "cublas_workspace", "allocator_rounding"), 0)
+    reserved = None
     if device == "cuda":
         a = CUDA_ALLOC_ROUNDING
         overheads["allocator_rounding"] = sum(-r.nbytes % a for r in live)  # bytes of padding
         overheads["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
         overheads["cuda_context"] = CUDA_CONTEXT_BYTES
+        reserved = _replay(tracker)
+        # reserved beyond allocated: what the allocator's segments hold that no live block uses
+        overheads["allocator_cache"] = max(0, reserved.peak_reserved - reserved.peak_allocated)
     n_train = sum(p.numel() for p in trainable)
     info = {
         "trainable_params": n_train,
@@ -415,7 +436,24 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
         "peak_phase": tracker.peak_phase,
         "host_bytes": tracker.host_peak_bytes,  # host memory of the long-context switches (peak)
     }
+    if reserved is not None:
+        info["allocator_replay"] = {"peak_allocated": reserved.peak_allocated,
+                                    "peak_reserved": reserved.peak_reserved, "segments": reserved.segments}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, seconds, info)
+
+
+def _replay(tracker: _PhaseTracker):
+    """The caching allocator's replay of the run's first two steps (:mod:`allocator`)."""
+    from lora_gui.memory.predict.allocator import replay_records, two_steps
+    from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as cublas
+    from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as cublaslt
+
+    start = tracker.start_event
+    before = [r for r in tracker.records if r.born <= start and (r.died is None or r.died > start)]
+    state = [r.nbytes for r in before if r.category == "optimizer_state"]
+    kept = [r.nbytes for r in before if r.category != "optimizer_state"]
+    step = [(r.nbytes, r.born, r.died) for r in tracker.records if r.born > start]
+    return replay_records(two_steps(kept, state, step, fixed=(cublas, cublaslt)))
 
 
 # -- public entry points --------------------------------------------------------------------

@@ -1,0 +1,32 @@
+"""bench/gpu_check.py runs end to end on a CPU in its smoke mode (tiny models, the same code paths
+the lent GPU runs), and writes one JSON with planned allocated / reserved per row."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    assert out["device_name"] == "cpu (smoke)"
+    steps = out["text"] + out["unet"] + out["dit"]
+    assert len(steps) == 8
+    for row in steps:  # reserved is at least allocated, nvidia-smi adds the context
+        assert row["predicted_bytes"] <= row["predicted_reserved_bytes"] < row["predicted_nvidia_smi_bytes"]
+    cards = out["card"]
+    assert [r["planned_longest"] for r in cards] == [False, True]
+    assert all(r["out_of_memory"] is False and r["attention_workspace_bytes"] > 0 for r in cards)
+    assert cards[-1]["predicted_nvidia_smi_bytes"] <= cards[-1]["budget_bytes"]  # the plan fits the card
+    assert "## Cards" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
