@@ -53,13 +53,14 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     if device != "cuda" or dtype is None:
         dtype = torch.float32
     from lora_gui.engine.core.optim import resolved_optimizer
+    from lora_gui.models.adapters import adapter_spec
 
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
             "optimizer": resolved_optimizer(cfg, torch.device(device)),
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
             "offload_checkpoints": cfg.offload_checkpoints, "mlp_chunk": cfg.mlp_chunk,
-            "embeddings_on_host": cfg.embeddings_on_host,
+            "embeddings_on_host": cfg.embeddings_on_host, "adapter": adapter_spec(cfg),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}
