@@ -156,3 +156,21 @@ def test_trace_runs_each_variant_exactly_as_the_real_step():
         assert fake.peak_bytes == real.peak_bytes, spec
         peaks[(spec.kind, spec.fa)] = fake.peak_bytes
     assert peaks[("dora", False)] > peaks[("lora", False)] > peaks[("lora", True)]
+
+
+@pytest.mark.slow
+def test_lora_fa_resume_keeps_the_frozen_a(tmp_path):
+    """LoRA-FA's A never trains; a resumed run must continue with the A it started with."""
+    from safetensors.torch import load_file
+
+    cfg = apply_overrides(RunConfig(), {**TINY, "lora_fa": True, "checkpoint_every": 1})
+    out = tmp_path / "run"
+    text_train.train_text(cfg, out, progress=False)
+    first = load_file(out / "adapter" / "adapter_model.safetensors")
+    torch.manual_seed(123)  # a re-initialised A would differ
+    resumed = text_train.train_text(apply_overrides(cfg, {"max_steps": 5}), out, resume=True, progress=False)
+    assert resumed["status"] == "completed"
+    after = load_file(out / "adapter" / "adapter_model.safetensors")
+    a_keys = [k for k in first if "lora_A" in k]
+    assert a_keys and all(torch.equal(first[k], after[k]) for k in a_keys)
+    assert any(not torch.equal(first[k], after[k]) for k in first if "lora_B" in k)
