@@ -80,7 +80,6 @@ def _check_prediction(summary) -> None:
     assert LOW <= error <= HIGH, (error, summary["prediction"])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_is_planned_and_loads_back(variant, qwen2_dir, tmp_path, monkeypatch):
     summary, trained = _run(tmp_path, monkeypatch, qwen2_dir, **VARIANTS[variant])
@@ -102,7 +101,6 @@ def _base_logits(model_dir) -> torch.Tensor:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)(input_ids=IDS).logits
 
 
-@pytest.mark.slow
 def test_dora_on_an_nf4_base_trains_and_is_planned(qwen2_dir, tmp_path, monkeypatch):
     """QDoRA: DoRA's magnitude and dense product on bitsandbytes 4-bit layers."""
     pytest.importorskip("bitsandbytes")
@@ -158,7 +156,6 @@ def test_trace_runs_each_variant_exactly_as_the_real_step():
     assert peaks[("dora", False)] > peaks[("lora", False)] > peaks[("lora", True)]
 
 
-@pytest.mark.slow
 def test_lora_fa_resume_keeps_the_frozen_a(tmp_path):
     """LoRA-FA's A never trains; a resumed run must continue with the A it started with."""
     from safetensors.torch import load_file
