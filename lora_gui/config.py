@@ -35,6 +35,8 @@ MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
 TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
 TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
+ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
+LORA_INITS = ("default", "gaussian", "pissa", "olora")
 
 
 class ConfigError(UserError, ValueError):
@@ -228,6 +230,24 @@ class RunConfig:
     lora_dropout: float = option(0.0, "Dropout on the LoRA input.", "lora", low=0.0, high=0.9)
     lora_targets: str = option("all-linear", "Modules that get LoRA: 'all-linear' or a comma list "
                                "such as q_proj,v_proj.", "lora")
+    adapter: str = option("lora", "Adapter kind: lora; dora (LoRA plus a learned magnitude per "
+                          "output: often closer to full fine-tuning, about 25% slower, more "
+                          "activation memory); loha (low-rank Hadamard product); lokr (Kronecker "
+                          "product); oft (orthogonal rotation of blocks of lora_rank input features).",
+                          "lora", choices=ADAPTERS, tasks=TEXT)
+    rslora: bool = option(False, "LoRA / DoRA: rank-stabilised scale alpha / sqrt(r) instead of "
+                          "alpha / r (keeps high ranks learning).", "lora", tasks=TEXT)
+    lora_init: str = option("default", "LoRA / DoRA initial weights: default (A random, B zero); "
+                            "gaussian (A Gaussian); pissa (A and B from the weight's principal "
+                            "singular vectors, the base keeps the rest; an SVD of every adapted layer "
+                            "before the first step); olora (A and B from a QR decomposition).",
+                            "lora", choices=LORA_INITS, tasks=TEXT)
+    lora_plus_ratio: float = option(1.0, "LoRA / DoRA: LoRA+, the learning rate of B is this many "
+                                    "times that of A (1 = off; the LoRA+ paper uses 16).", "lora",
+                                    low=1.0, high=1024.0, tasks=TEXT)
+    lora_fa: bool = option(False, "LoRA / DoRA: LoRA-FA, keep A frozen at its random init and train "
+                           "B only (less gradient, optimizer and activation memory).", "lora",
+                           tasks=TEXT, label="LoRA-FA (frozen A)")
 
     # -- derived -------------------------------------------------------------------------------
     def resolved_batching(self) -> str:
@@ -331,10 +351,39 @@ class RunConfig:
                 if getattr(self, key) > self.max_seq_len:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
+        self._check_adapter()
         if self.offload_checkpoints and not self.gradient_checkpointing:
             raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
                               "offloaded tensors are the checkpointed layer inputs)")
         return self
+
+
+    def _check_adapter(self) -> None:
+        """Refuses adapter settings that peft or bitsandbytes cannot run, naming what works."""
+        if self.task == "image" and self.adapter != "lora":
+            raise ConfigError(f"adapter: {self.adapter} is for text runs; image runs use adapter: lora")
+        if self.adapter not in ("lora", "dora"):
+            lora_only = {"rslora": self.rslora, "lora_fa": self.lora_fa,
+                         "lora_init": self.lora_init != "default",
+                         "lora_plus_ratio": self.lora_plus_ratio != 1.0}
+            for key, used in lora_only.items():
+                if used:
+                    raise ConfigError(f"{key}: applies to adapter: lora or dora, not {self.adapter}; "
+                                      f"use adapter: lora or leave {key} at its default")
+            if self.quantization != "none":
+                raise ConfigError(f"adapter: {self.adapter} cannot train on a {self.quantization} "
+                                  "base (peft has no quantized layer for it); use adapter: lora or "
+                                  "dora with quantization, or quantization: none")
+            if self.lora_dropout:
+                raise ConfigError(f"lora_dropout: adapter {self.adapter} has no input dropout; use "
+                                  "lora_dropout: 0 or adapter: lora / dora")
+        if self.lora_init in ("pissa", "olora") and self.quantization != "none":
+            raise ConfigError(f"lora_init: {self.lora_init} needs the full-precision weights it "
+                              f"decomposes, not a {self.quantization} base; use lora_init: default "
+                              "with quantization, or quantization: none")
+        if self.lora_fa and self.lora_plus_ratio != 1.0:
+            raise ConfigError("lora_plus_ratio: LoRA+ speeds up B relative to A, but lora_fa freezes "
+                              "A; use one of them")
 
 
 def _check_value(f: dataclasses.Field, kind: type, value: Any) -> None:

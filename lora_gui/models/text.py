@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig
+from lora_gui.config import BUILTIN_MODEL_DIR, ConfigError, RunConfig
 from lora_gui.models.errors import ModelError  # noqa: F401  (re-exported: callers import it here)
 
 log = logging.getLogger(__name__)
@@ -165,11 +165,15 @@ def attach_lora(model, cfg: RunConfig, tokenizer=None) -> PeftModel:
     new_ids = trainable_token_targets(model, fit_embeddings(model, tokenizer))
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
         t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM",
-                      trainable_token_indices=new_ids)
+    from lora_gui.models.adapters import adapter_spec, attach_adapter
+
+    spec = adapter_spec(cfg)
+    if spec.init in ("pissa", "olora"):
+        log.info("lora_init %s: decomposing every adapted weight before the first step", spec.init)
     try:
-        peft_model = get_peft_model(model, lora)
+        peft_model = attach_adapter(model, spec, targets, task_type="CAUSAL_LM", tokens=new_ids)
+    except ConfigError:
+        raise
     except ValueError as err:
         raise ModelError(f"lora_targets: {err}") from None
     if cfg.quantization != "none":

@@ -190,3 +190,15 @@ def test_engine_never_imports_gradio():
             "print('gradio' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.stdout.strip() == "False", res.stderr
+
+
+def test_adapter_settings_are_on_the_form_and_a_combination_peft_cannot_run_marks_its_field(form):
+    adapter = form.widgets["adapter"]
+    assert isinstance(adapter, gr.Dropdown)
+    choices = [c[0] if isinstance(c, tuple) else c for c in adapter.choices]
+    assert choices == ["lora", "dora", "loha", "lokr", "oft"]
+    assert {"rslora", "lora_init", "lora_plus_ratio", "lora_fa"} <= set(form.widgets)
+    cfg, errors = forms.validate({"adapter": "lokr", "quantization": "nf4"})
+    assert cfg is None and "adapter: lora or dora" in errors["adapter"]
+    cfg, errors = forms.validate({"adapter": "dora", "quantization": "nf4", "rslora": True})
+    assert errors == {} and cfg.adapter == "dora"

@@ -57,8 +57,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def lora_state_dict(model) -> dict[str, torch.Tensor]:
     """The adapter's tensors in peft's naming, read from the trainable parameters only (under
-    FSDP the full ``model.state_dict()`` would touch every sharded frozen weight)."""
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    FSDP the full ``model.state_dict()`` would touch every sharded frozen weight), plus a frozen
+    ``lora_A`` (LoRA-FA keeps A at its random init: a resume must get the same A back)."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad or ".lora_A." in n}
     from peft import get_peft_model_state_dict  # peft loads transformers: ~6 s, only when saving
 
     return get_peft_model_state_dict(model, state_dict=trainable)

@@ -67,6 +67,7 @@ from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
+from lora_gui.models import adapters
 from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.long_context import apply_long_context
@@ -195,7 +196,8 @@ def _save_adapter(model, out: Path) -> Path:
     """Saves the peft adapter into out/adapter atomically (temp folder, then rename)."""
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}  # peft names them
+    # peft names them; a frozen lora_A (LoRA-FA) is part of the adapter too
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad or ".lora_A." in n}
     model.save_pretrained(tmp, state_dict=trainable, save_embedding_layers=False)  # chat tokens: rows only
     if final.exists():
         shutil.rmtree(final)
@@ -283,7 +285,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
                        embeddings_on_host=cfg.embeddings_on_host)  # after checkpointing, before .to()
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
-    optimizer, optimizer_name = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad],
+    optimizer, optimizer_name = make_optimizer(cfg, adapters.param_groups(model, cfg),
                                                device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
     model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)

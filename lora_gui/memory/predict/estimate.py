@@ -87,8 +87,23 @@ def _param_bytes(cfg: ModelConfig, s: dict[str, int], d: int, targets: tuple[str
     return {"frozen_weights": frozen, "lora_params": lora, "optimizer_state": 2 * lora + 4 * n_tensors}
 
 
+def _variant(adapter: Any, s: dict[str, int], d: int, targets: tuple[str, ...], r: int,
+             optimizer: str, params: dict[str, int]) -> dict[str, Any] | None:
+    """An adapter variant's terms (None: plain LoRA); its parameters and optimizer state
+    replace LoRA's in ``params``."""
+    if adapter is None or (adapter.kind == "lora" and not adapter.fa):
+        return None
+    from lora_gui.memory.predict.adapter_estimate import variant_terms
+    from lora_gui.memory.predict.quant import optimizer_state_bytes
+
+    terms = variant_terms(adapter, _linear_dims(s), s["L"], d, targets, r)
+    params["lora_params"] = F32 * sum(terms["numels"])
+    params["optimizer_state"] = optimizer_state_bytes(terms["numels"], optimizer)
+    return terms
+
+
 def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
-                           seq: int) -> int:
+                           seq: int, variant: dict[str, Any] | None = None) -> int:
     """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute)."""
     h, i, q, kv, nh = s["h"], s["I"], s["q"], s["kv"], s["nh"]
     dims = _linear_dims(s)
@@ -101,8 +116,12 @@ def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], 
         rep = kv if kv == q else q  # repeat_kv copies k and v to all heads (GQA)
         total += (rep - kv) + d * rep + nh * seq * (F32 + (d if d != F32 else 0))  # softmax + copy
         total += d * kv if rep == kv else 0
-    total += F32 * r * len(targets)  # lora_A outputs, saved by lora_B
-    if d != F32:  # each adapted module saves its own float32 copy of its input
+    variant = variant or {"per_token": 0, "drop_a_outputs": False, "drop_input_copies": False}
+    total += variant["per_token"]
+    total += 0 if variant["drop_a_outputs"] else F32 * r * len(targets)  # lora_A outputs, saved by lora_B
+    if variant["drop_input_copies"]:  # LoRA-FA: A is frozen, its input is not saved
+        pass
+    elif d != F32:  # each adapted module saves its own float32 copy of its input
         total += sum(F32 * dims[n][0] for n in targets)
     else:  # float32 inputs are saved as they are: once per distinct input
         groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gu": ("gate_proj", "up_proj"),
@@ -164,7 +183,7 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        device: str = "cuda", attention_window: int | None = None,
                        loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
-                       embeddings_on_host: bool = False) -> TraceResult:
+                       embeddings_on_host: bool = False, adapter: Any = None) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
@@ -181,6 +200,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             layer input reloaded at a time), the MLP's saved tensors for ``mlp_chunk`` tokens
             instead of all, the embedding table in host memory. ``info["host_bytes"]``: what
             they keep in host memory (peak).
+        adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`;
+            None: plain LoRA): its terms come from :mod:`lora_gui.memory.predict.adapter_estimate`.
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -210,8 +231,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     params["optimizer_state"] = q["optimizer_state"]
     tokens = batch_size * seq_len
     keys = min(seq_len, attention_window) if attention_window else seq_len  # key positions per query
+    variant = _variant(adapter, s, d, targets, lora_rank, optimizer, params) if family else None
     if family:
-        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys)
+        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant)
         layer += q["saved_per_token"]
     else:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
@@ -253,6 +275,7 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         params["gradients"] = grads
     else:  # the peak is at the start of backward: logits and loss gradients live
         activations = base * tokens
+    activations += variant["fixed"] if variant else 0
     breakdown = dict.fromkeys(CATEGORIES, 0)
     breakdown.update(params, activations=activations, temporaries=temporaries)
     _foreach_step(breakdown, device, optimizer)

@@ -15,6 +15,7 @@ from lora_gui.memory.predict import planner
 from lora_gui.memory.predict.model_configs import bundled_models, load_model_config
 from lora_gui.memory.predict.parallel import Parallel, per_gpu
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
+from lora_gui.models.adapters import adapter_spec
 from lora_gui.models.precision import planned_weights_dtype
 
 
@@ -48,13 +49,12 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
     attn = "windowed" if cfg.attention == "windowed" else cfg.resolved_attn_backend()
     dtype = planned_weights_dtype(cfg.precision, device)  # frozen weights as the engine loads them
-
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
             "optimizer": cfg.resolved_optimizer(device),
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
             "offload_checkpoints": cfg.offload_checkpoints, "mlp_chunk": cfg.mlp_chunk,
-            "embeddings_on_host": cfg.embeddings_on_host,
+            "embeddings_on_host": cfg.embeddings_on_host, "adapter": adapter_spec(cfg),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}

@@ -59,6 +59,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from lora_gui.memory.predict.adapter_trace import adapter_always_on, quantized_dora
 from lora_gui.memory.predict.batch_trace import batch_structure, kernel_watch
 from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
 from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
@@ -195,8 +196,12 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float,
-                 new_token_ids: list[int] | None = None) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
+                 new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
+    """The run's adapter (``adapter``: a :class:`lora_gui.models.adapters.AdapterSpec`; None:
+    plain LoRA) through the engine's own builder, with the rank, alpha and dropout given here."""
+    import dataclasses
+
+    from lora_gui.models.adapters import AdapterSpec, attach_adapter
 
     if rank < 1:
         raise ValueError(f"lora rank must be >= 1, got {rank}")
@@ -205,14 +210,10 @@ def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any,
         from lora_gui.models.text import trainable_token_targets
 
         tokens = trainable_token_targets(model, new_token_ids)
-    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, lora_dropout=dropout,
-                     target_modules=list(targets) if isinstance(targets, (list, tuple)) else targets,
-                     trainable_token_indices=tokens)
-    import warnings
-
-    with warnings.catch_warnings():  # peft calls a deprecated transformers alias; not ours to fix
-        warnings.simplefilter("ignore", FutureWarning)
-        return get_peft_model(model, cfg)
+    spec = dataclasses.replace((adapter or AdapterSpec()).for_trace(), rank=rank,
+                               alpha=alpha if alpha is not None else rank, dropout=dropout)
+    with quantized_dora():
+        return attach_adapter(model, spec, targets, tokens=tokens)
 
 
 def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -235,7 +236,7 @@ def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor])
 def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
                      lora_rank: int, lora_alpha: float | None, target_modules: Any,
                      lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True,
-                     new_token_ids: list[int] | None = None) -> nn.Module:
+                     new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
     ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
     LoRA to be attached later (after quantization, :mod:`lora_gui.memory.predict.quant`)."""
@@ -256,7 +257,7 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         enable_chunked_loss(model, loss_chunk)
     if not lora:
         return model
-    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids)
+    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids, adapter)
 
 
 def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
@@ -379,7 +380,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         kernels: set[str] = set()
         workspaces: list[int] = []  # bytes of each attention backward workspace (CUDA kernels)
         with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
-                kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8):
+                kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8), \
+                adapter_always_on(fake), quantized_dora():
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0 and optimizer == "adamw":
@@ -472,7 +474,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                     optimizer: str = "adamw", mask: str = "none", grads_before: bool = False,
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
-                    embeddings_on_host: bool = False, added_tokens: int = 0) -> TraceResult:
+                    embeddings_on_host: bool = False, added_tokens: int = 0,
+                    adapter: Any = None) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -510,6 +513,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             ``info["host_bytes"]`` (peak), outside ``peak_bytes``.
         added_tokens: tokens a chat template added to the vocabulary: the embeddings grow by as
             many rows and those rows train (peft trainable tokens), as in the engine.
+        adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`:
+            DoRA, LoHa, LoKr, OFT, rsLoRA, LoRA-FA); its real peft layers run in the step.
+            None: plain LoRA. Rank, alpha and dropout come from the arguments above.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -536,11 +542,11 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
                              lora_dropout=lora_dropout, loss_chunk=loss_chunk,
-                             lora=quantization == "none", new_token_ids=new_ids)
+                             lora=quantization == "none", new_token_ids=new_ids, adapter=adapter)
     setup = None
     if quantization != "none":  # quantize on meta, then LoRA on the quantized layers (as the engine)
         quant.quantize_model(model, quantization, double_quant, _dtype(dtype))
-        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids)
+        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter)
         setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 

@@ -1,0 +1,158 @@
+"""The adapter a run trains: plain LoRA or one of its variants, built once for the engine and
+the memory trace alike.
+
+``adapter`` picks the peft method; the same :func:`attach_adapter` wraps the real model in the
+engine and the meta model in the memory trace, so a plan traces the very layers that train:
+
+- ``lora``: ``W x + (alpha / r) B A x`` (peft ``LoraConfig``).
+- ``dora``: LoRA plus a learned magnitude per output row (``use_dora``); every forward builds
+  the dense ``B A`` product and the norm of ``W + B A`` (about one weight matrix of float32
+  activations per adapted layer), and with dropout also recomputes the base matmul.
+- ``loha``: low-rank Hadamard product ``(B1 A1) * (B2 A2)``: twice LoRA's parameters, and a
+  dense weight delta is built per forward.
+- ``lokr``: Kronecker product ``W1 kron (B A)`` of factors of each layer's sizes; the dense
+  delta is built per forward.
+- ``oft``: an orthogonal rotation of each input block of ``lora_rank`` features (block size =
+  ``lora_rank``, which must divide every adapted layer's input size).
+
+Options of LoRA and DoRA only: ``rslora`` (scale ``alpha / sqrt(r)``), ``lora_init`` (peft's
+initialisations: ``gaussian``, ``pissa`` / ``olora`` which move the weight's principal part into
+the adapter), ``lora_fa`` (A frozen after its random init: no gradient, no optimizer state and no
+saved layer input for A) and ``lora_plus_ratio`` (LoRA+: B learns this many times faster than A).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from lora_gui.config import ConfigError, RunConfig
+
+log = logging.getLogger(__name__)
+LORA_LIKE = ("lora", "dora")
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What the adapter is, independent of the model it goes on (hashable: traces cache on it)."""
+
+    kind: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    rslora: bool = False
+    init: str = "default"
+    fa: bool = False
+
+    def for_trace(self) -> AdapterSpec:
+        """The same layers with peft's default init: the trace's weights are fake, and PiSSA /
+        OLoRA change values, not shapes."""
+        return AdapterSpec(self.kind, self.rank, self.alpha, self.dropout, self.rslora, "default", self.fa)
+
+
+def adapter_spec(cfg: RunConfig) -> AdapterSpec:
+    """The adapter of a run's settings."""
+    return AdapterSpec(cfg.adapter, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.rslora,
+                       cfg.lora_init, cfg.lora_fa)
+
+
+def peft_config(spec: AdapterSpec, targets: Any, *, task_type: str | None = None,
+                tokens: Any = None) -> Any:
+    """The peft config of ``spec`` on ``targets`` (``"all-linear"`` or module names).
+
+    Args:
+        spec: the adapter.
+        targets: peft ``target_modules``.
+        task_type: peft task type (``"CAUSAL_LM"`` for text models; None for a bare module).
+        tokens: peft ``trainable_token_indices`` (rows added to the vocabulary), LoRA/DoRA only.
+    """
+    from peft import LoHaConfig, LoKrConfig, LoraConfig, OFTConfig
+
+    targets = list(targets) if isinstance(targets, (list, tuple)) else targets
+    common = {"target_modules": targets, "task_type": task_type}
+    if spec.kind in LORA_LIKE:
+        init = {"default": True, "gaussian": "gaussian"}.get(spec.init, spec.init)
+        return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                          use_dora=spec.kind == "dora", use_rslora=spec.rslora,
+                          init_lora_weights=init, trainable_token_indices=tokens, **common)
+    if tokens:
+        raise ConfigError(f"adapter: {spec.kind} cannot train the rows a chat template adds to the "
+                          "vocabulary; use adapter: lora or dora for this chat data")
+    if spec.kind == "loha":
+        return LoHaConfig(r=spec.rank, alpha=spec.alpha, **common)
+    if spec.kind == "lokr":
+        return LoKrConfig(r=spec.rank, alpha=spec.alpha, **common)
+    if spec.kind == "oft":
+        return OFTConfig(r=0, oft_block_size=spec.rank, **common)
+    raise ConfigError(f"adapter: {spec.kind!r} is not one of lora, dora, loha, lokr, oft")
+
+
+def attach_adapter(model: nn.Module, spec: AdapterSpec, targets: Any, *,
+                   task_type: str | None = None, tokens: Any = None) -> nn.Module:
+    """Wraps ``model`` (real or on the meta device) with the adapter; base weights are frozen.
+
+    Raises:
+        ConfigError: an OFT block size that does not divide an adapted layer's input size (names
+            the layer and the sizes that would), or a variant that cannot train added tokens.
+        ValueError: peft refused the targets (the caller names the setting).
+    """
+    from peft import get_peft_model
+
+    config = peft_config(spec, targets, task_type=task_type, tokens=tokens)
+    if spec.kind == "oft":
+        _check_oft_blocks(model, config, spec.rank)
+    with warnings.catch_warnings():  # peft calls a deprecated transformers alias; not ours to fix
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(model, config)
+    if spec.fa:
+        freeze_lora_a(peft_model)
+    return peft_model
+
+
+def freeze_lora_a(model: nn.Module) -> int:
+    """LoRA-FA: keeps every ``lora_A`` at its random init (no gradient, no AdamW state; autograd
+    no longer saves each layer's input for A's gradient). Returns the number of frozen tensors."""
+    frozen = 0
+    for name, p in model.named_parameters():
+        if ".lora_A." in name and p.requires_grad:
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen
+
+
+def param_groups(model: nn.Module, cfg: RunConfig) -> list[dict[str, Any]]:
+    """The trainable parameters as optimizer groups: one group, or with ``lora_plus_ratio`` > 1
+    (LoRA+) the ``lora_B`` weights in a group whose learning rate is ``lr`` x the ratio.
+    The optimizer state is the same either way (same parameters)."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.lora_plus_ratio <= 1.0:
+        return [{"params": [p for _, p in trainable]}]
+    fast = [p for n, p in trainable if ".lora_B." in n]
+    rest = [p for n, p in trainable if ".lora_B." not in n]
+    groups = ({"params": rest}, {"params": fast, "lr": cfg.lr * cfg.lora_plus_ratio})
+    return [g for g in groups if g["params"]]
+
+
+def _check_oft_blocks(model: nn.Module, config: Any, block: int) -> None:
+    """peft would quietly change the block size of a layer it does not divide; refuse instead."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or not _targeted(config, name, check_target_module_exists):
+            continue
+        size = module.in_features
+        if size % block:
+            fits = [d for d in range(2, min(size, 256) + 1) if size % d == 0][:8]
+            raise ConfigError(f"lora_rank: OFT block size {block} does not divide the input size "
+                              f"{size} of layer {name}; block sizes that do: "
+                              f"{', '.join(map(str, fits)) or 'none below 256'}")
+
+
+def _targeted(config: Any, name: str, check: Any) -> bool:
+    if config.target_modules == "all-linear":
+        return not name.endswith(("lm_head", "output", "embed_out"))
+    return bool(check(config, name))
