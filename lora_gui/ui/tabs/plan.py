@@ -18,10 +18,14 @@ def build() -> dict[str, gr.components.Component]:
         preset = gr.Dropdown(common.preset_names(), value="text-demo", label="Preset")
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
+        card = gr.Dropdown(common.card_choices(), value=common.CUSTOM_CARD,
+                           label="GPU card (sets the budget)",
+                           elem_id="plan-card", scale=2)
     with gr.Row():
         max_seq_len = gr.Number(value=1024, precision=0, label="Max sequence length (text)")
         resolution = gr.Number(value=1024, precision=0, label="Resolution px (UNet configs)")
-        budget = gr.Number(value=24, label="VRAM budget (GB)", elem_id="plan-budget")
+        budget = gr.Number(value=24, label="Budget (GB; the card's memory when a card is picked)",
+                           elem_id="plan-budget")
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
         checkpointing = gr.Checkbox(value=False, label="Gradient checkpointing")
         quantization = gr.Dropdown(["none", "nf4", "int8"], value="none", label="Base weights (text)",
@@ -40,9 +44,11 @@ def build() -> dict[str, gr.components.Component]:
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
                                   *(f"1 GPU, {q} base: longest / batch" for q in ("none", "nf4", "int8"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
+    card.change(lambda name: common.card_budget_gb(name) or gr.update(), card, budget)
+    budget.input(lambda: common.CUSTOM_CARD, None, card)
     inputs = [preset, model, max_seq_len, budget, device, checkpointing, resolution, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     longest.click(longest_handlers.plan_tab,
                   [preset, model, budget, device, checkpointing, quantization, optimizer], longest_message)
-    return {"button": button, "chart": chart, "message": message, "preset": preset,
+    return {"card": card, "button": button, "chart": chart, "message": message, "preset": preset,
             "longest": longest, "longest_message": longest_message}
