@@ -74,12 +74,14 @@ class RunConfig:
     data_format: str = option("auto", "Text data format; auto detects it from the first record: messages "
                               "(role/content), sharegpt (conversations from/value), alpaca (instruction/"
                               "input/output), prompt_response, text.", "task",
-                              choices=("auto", "messages", "sharegpt", "alpaca", "prompt_response", "text"))
+                              choices=("auto", "messages", "sharegpt", "alpaca", "prompt_response", "text"),
+                              tasks=TEXT)
     chat_template: str = option("auto", "Conversations: auto uses the tokenizer's chat template (ChatML "
                                 "when it has none, with a warning); chatml forces ChatML.", "task",
-                                choices=("auto", "chatml"))
+                                choices=("auto", "chatml"), tasks=TEXT)
     train_on_prompt: bool = option(False, "Conversations: also take the loss on system and user turns "
-                                   "(default: on the assistant answers and their end of turn only).", "task")
+                                   "(default: on the assistant answers and their end of turn only).", "task",
+                                   tasks=TEXT)
     # -- the three memory switches -------------------------------------------------------------
     mode: str = option("optimized", "traditional: pad to max_seq_len, eager attention, fixed "
                        "batch. optimized: dynamic sizing, SDPA, token budget.", "memory",
@@ -180,9 +182,9 @@ class RunConfig:
     quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
                                "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "
                                "compute dtype (2 bytes in bf16); LoRA trains on top. Needs "
-                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"))
+                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"), tasks=TEXT)
     double_quant: bool = option(True, "nf4: also quantize the per-block scales (saves about 0.4 "
-                                "bits/weight: ~0.37 GB on an 8B model).", "quantization")
+                                "bits/weight: ~0.37 GB on an 8B model).", "quantization", tasks=TEXT)
     optimizer: str = option("auto", "adamw (fp32 states, 8 bytes/trainable param), adamw8bit or "
                             "paged_adamw8bit (bitsandbytes 8-bit states, ~2 bytes/param; paged "
                             "moves them to CPU RAM under pressure on CUDA). auto: adamw for text; "

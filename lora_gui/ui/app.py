@@ -62,12 +62,13 @@ def build_app() -> gr.Blocks:
             plan_tab = plan.build()
         with gr.Tab("Presets"):
             presets_tab = presets.build()
-        with gr.Tab("Try"):
-            try_tab.build()
+        with gr.Tab("Try") as try_page:
+            try_parts = try_tab.build()
         dropdowns = [train_tab["preset"], compare_tab["preset"], plan_tab["preset"], presets_tab["name"]]
         for saved in (train_tab["saved"], presets_tab["saved"]):
             saved.then(_refresh_presets(dropdowns), None, dropdowns)
         runs_page.select(runs_tab["reload"], None, runs_tab["outputs"])
+        try_page.select(try_tab.refresh, try_parts["run"], try_parts["run"])  # runs finished since
         _remember_card(demo, card_memory, [train_tab["card"], plan_tab["card"], compare_tab["card"]])
         demo.load(train_tab["estimate"], train_tab["estimate_in"], train_tab["estimate_out"]).then(
             train_tab["plan"], train_tab["inputs"], train_tab["panel_out"], concurrency_limit=1,

@@ -257,3 +257,16 @@ def test_stop_shows_stopping_at_once_and_an_ended_run_has_no_eta():
     stopped = _Job("stopped", stop=True, phases=[("training", 100.0), ("done", 130.0)])
     early, late = (handle.status_line(stopped, 5, now=t) for t in (140.0, 900.0))
     assert "ETA" not in late and early == late and "trained 30 s" in late
+
+
+def test_image_runs_hide_the_text_only_settings(form):
+    image = forms.visibility(form, "image")
+    for name in ("data_format", "chat_template", "train_on_prompt", "quantization", "double_quant"):
+        assert image[form.widgets[name]]["visible"] is False, name
+    assert image[form.widgets["optimizer"]]["visible"]  # both tasks pick an optimizer
+
+
+def test_a_missing_data_path_is_flagged_before_start_and_nothing_fits():
+    text, fig, _ = handle.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
+    assert "waits for valid settings" in text and "/no/such/corpus.txt" in text
+    assert "fits" not in text and fig is None

@@ -61,6 +61,7 @@ def build() -> dict[str, Any]:
     seen = gr.State(None)  # what this page last drew of the measuring job
     timer = gr.Timer(2.0)
     stop.click(handle.stop, None, [progress, seen])
-    timer.tick(handle.progress, [preset, model, sizes, out, seen, card], [progress, bars, lines, table, seen])
+    timer.tick(handle.progress_and_header, [preset, model, sizes, out, seen, card],
+               [progress, bars, lines, table, seen, message])
     return {"preset": preset, "model": model, "sizes": sizes, "card": card, "shown": shown,
             "instant": handle.instant, "instant_in": instant_in}

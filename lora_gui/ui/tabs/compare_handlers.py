@@ -195,6 +195,29 @@ def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = Non
             with_card(charts.mode_lines(both), card), table(predicted, measured), now)
 
 
+def measured_header(measured: list[dict[str, Any]]) -> str | None:
+    """The header once rows were measured (None before): predicted rows beside measured ones,
+    the measured rows' sources named."""
+    done = [r for r in measured if r.get("peak_bytes")]
+    if not done:
+        return None
+    sources = ", ".join(sorted({str(r.get("memory_source")) for r in done}))
+    return (f"**Predicted and measured**: {len(done)} row(s) trained on this machine (source: "
+            f"{sources}) beside the planner's predictions (source: predicted). A measured row's "
+            "predicted figure is the plan its own run made for this machine and precision.")
+
+
+def progress_and_header(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,
+                        card: str | None = None) -> tuple:
+    """The timer's tick (:func:`progress`) plus the header, which says "measured" once rows are."""
+    import gradio as gr
+
+    out = progress(preset, model, sizes, out_name, seen, card)
+    job = common.MANAGER.job
+    header = measured_header(measured_rows(job.name)) if job is not None and job.kind == "compare" else None
+    return (*out, gr.update() if header is None or out[-1] == seen else header)
+
+
 def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:
     """A saved comparison (runs/NAME/compare.json): bars, lines and table of its rows."""
     try:

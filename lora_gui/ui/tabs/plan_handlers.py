@@ -67,7 +67,8 @@ def _outputs(result, step, rows, budget: int, device: str, shape: str):
     text = (f"**{verdict}** — {result.message}\n\nPredicted peak at {shape}: "
             f"**{step.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {device})")
     for sug in result.suggestions:
-        text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
+        text += (f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB — "
+                 f"{'fits' if sug.fits else 'does not fit'} the budget")
     table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
     card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
                   *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values()),
