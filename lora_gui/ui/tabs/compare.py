@@ -36,6 +36,7 @@ def build() -> dict[str, Any]:
     table = gr.Dataframe(headers=list(handle.TABLE_COLUMNS), interactive=False, label="Rows",
                          elem_id="compare-table")
     with gr.Accordion("Measure on this machine", open=True):
+        gr.Markdown(common.budget_note(), elem_id="compare-budget-note")
         with gr.Row():
             measure_sizes = gr.Textbox(value="512", label="Lengths (text) or resolutions (image) to measure",
                                        elem_id="compare-measure-sizes")
