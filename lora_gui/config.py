@@ -33,6 +33,7 @@ IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
 TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
+DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipelines a setting is for
 
 
 class ConfigError(UserError, ValueError):
@@ -41,15 +42,18 @@ class ConfigError(UserError, ValueError):
 
 def option(default: Any, help: str, group: str, *, low: float | None = None,
            high: float | None = None, choices: tuple[str, ...] | None = None,
-           tasks: tuple[str, ...] | None = None, label: str | None = None) -> Any:
+           tasks: tuple[str, ...] | None = None, label: str | None = None,
+           kinds: tuple[str, ...] | None = None) -> Any:
     """Declares one setting with its default, help text, UI group, range and choices.
 
     ``tasks`` lists the tasks the setting applies to (None: the "image" group's fields apply to
     image runs, every other field to all tasks); ``label`` is the form's label (None: derived
-    from the name). The form hides a setting for the tasks it does not apply to.
+    from the name); ``kinds`` lists the image pipelines it applies to ('sd', 'sdxl', 'sd3',
+    'flux'; None: all). The form hides a setting for the tasks (and pipelines) it does not apply to.
     """
     meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices,
-            "tasks": tasks or (("image",) if group == "image" else None), "label": label}
+            "tasks": tasks or (("image",) if group == "image" else None), "label": label,
+            "kinds": kinds}
     return field(default=default, metadata=meta)
 
 
@@ -194,26 +198,28 @@ class RunConfig:
     # -- DiT image models (SD3 / SD3.5, Flux.1): flow matching as diffusers' LoRA scripts -------
     weighting_scheme: str = option("auto", "DiT: timestep density and loss weighting; auto = the "
                                    "diffusers script's default (SD3: logit_normal, Flux: none).", "image",
-                                   choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"))
+                                   choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"),
+                                   kinds=DIT)
     logit_mean: float = option(0.0, "DiT: mean of the logit_normal timestep density.", "image",
-                               low=-10.0, high=10.0)
+                               low=-10.0, high=10.0, kinds=DIT)
     logit_std: float = option(1.0, "DiT: standard deviation of the logit_normal density.", "image",
-                              low=0.01, high=10.0)
+                              low=0.01, high=10.0, kinds=DIT)
     mode_scale: float = option(1.29, "DiT: scale of the 'mode' timestep density.", "image",
-                               low=0.0, high=10.0)
+                               low=0.0, high=10.0, kinds=DIT)
     guidance_scale: float = option(3.5, "Flux.1-dev: the guidance value fed to its guidance "
-                                   "embedding while training.", "image", low=0.0, high=30.0)
+                                   "embedding while training.", "image", low=0.0, high=30.0, kinds=("flux",))
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
-                                  "77, Flux: 512).", "image", low=0, high=512)
+                                  "77, Flux: 512).", "image", low=0, high=512, kinds=DIT)
     image_window: int = option(0, "DiT: windowed attention over image tokens; each image token "
                                "attends to the image tokens at most this many rows and columns away "
                                "and to every text token; 0 = full attention. Faster at high "
-                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512)
+                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512,
+                               kinds=DIT)
     train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
                                       "encoder(s); needs cache_latents=off (the embeddings change).",
-                                      "image")
+                                      "image", kinds=UNET)
     text_encoder_lr: float = option(5e-5, "Learning rate of the text encoders' LoRA "
-                                    "(train_text_encoder).", "image", low=0.0, high=1.0)
+                                    "(train_text_encoder).", "image", low=0.0, high=1.0, kinds=UNET)
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,

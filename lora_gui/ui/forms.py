@@ -40,10 +40,14 @@ def field_kind(f: dataclasses.Field) -> type:
     return typing.get_type_hints(RunConfig)[f.name]
 
 
-def applies_to(f: dataclasses.Field, task: str) -> bool:
-    """Whether a setting matters for a task (declared by ``option(tasks=...)``)."""
-    tasks = f.metadata.get("tasks")
-    return tasks is None or task in tasks
+def applies_to(f: dataclasses.Field, task: str, kind: str | None = None) -> bool:
+    """Whether a setting matters for a task (declared by ``option(tasks=...)``) and, for image
+    runs whose pipeline is known ('sd', 'sdxl', 'sd3', 'flux'), for that pipeline
+    (``option(kinds=...)``); an unknown pipeline shows every image setting."""
+    tasks, kinds = f.metadata.get("tasks"), f.metadata.get("kinds")
+    if tasks is not None and task not in tasks:
+        return False
+    return kind is None or task != "image" or kinds is None or kind in kinds
 
 
 def label_for(f: dataclasses.Field) -> str:
@@ -177,19 +181,19 @@ def build_form(values: dict[str, Any], skip: tuple[str, ...] = (), per_row: int 
     return form
 
 
-def visibility(form: Form, task: str) -> dict[Any, Any]:
+def visibility(form: Form, task: str, kind: str | None = None) -> dict[Any, Any]:
     """Updates that show each setting (its widget and box, and its group) only for the tasks
-    it applies to."""
+    (and the image pipeline ``kind``) it applies to."""
     updates: dict[Any, Any] = {}
     for group, fields in _groups().items():
         if group in form.groups:
             inside = [f for f in fields if f.name in form.members.get(group, ())]
-            updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task) for f in inside))
+            updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task, kind) for f in inside))
         for f in fields:
             if f.name in form.widgets:
-                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task))
+                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind))
             if f.name in form.boxes:
-                updates[form.boxes[f.name]] = gr.update(visible=applies_to(f, task))
+                updates[form.boxes[f.name]] = gr.update(visible=applies_to(f, task, kind))
     return updates
 
 

@@ -270,3 +270,19 @@ def test_a_missing_data_path_is_flagged_before_start_and_nothing_fits():
     text, fig, _ = handle.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
     assert "waits for valid settings" in text and "/no/such/corpus.txt" in text
     assert "fits" not in text and fig is None
+
+
+def test_image_settings_follow_the_pipeline(form):
+    assert handle.image_kind("image", "builtin") == "sd"  # the bundled SD-style pipeline
+    assert handle.image_kind("image", "builtin:drawing") == "sd3"
+    assert handle.image_kind("text", "builtin") is None
+    assert handle.image_kind("image", "black-forest-labs/FLUX.1-dev") is None  # a Hub id: not looked up
+    def shown(kind):
+        updates = forms.visibility(form, "image", kind)
+        return {n for n in ("guidance_scale", "train_text_encoder", "weighting_scheme")
+                if updates[form.widgets[n]]["visible"]}
+
+    assert shown("sd") == {"train_text_encoder"}
+    assert shown("sd3") == {"weighting_scheme"}  # guidance_scale is Flux's only
+    assert shown("flux") == {"weighting_scheme", "guidance_scale"}
+    assert shown(None) == {"guidance_scale", "train_text_encoder", "weighting_scheme"}

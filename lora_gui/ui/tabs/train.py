@@ -139,7 +139,8 @@ def build() -> dict[str, Any]:
         budget = common.card_budget_gb(card_name)
         if budget is not None:  # the picked card stays the budget across presets
             filled["budget_gb"] = budget
-        updates = forms.visibility(form, filled["task"])  # one update per widget: value and visible
+        kind = handle.image_kind(filled["task"], filled["model"])
+        updates = forms.visibility(form, filled["task"], kind)  # one update per widget: value, visible
         for key_name, value in filled.items():
             if key_name in form.widgets:
                 updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
@@ -147,8 +148,9 @@ def build() -> dict[str, Any]:
                 run_name: name, upload: gr.update(visible=filled["task"] == "text"),
                 panel["text"]: "Predicting for the preset's settings…", differs: ""}
 
-    def on_task(task: str) -> dict:
-        return {**forms.visibility(form, task), upload: gr.update(visible=task == "text")}
+    def on_task(task: str, model: str) -> dict:
+        kind = handle.image_kind(task, model)
+        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text")}
 
     def on_card(card_name: str) -> Any:
         budget = common.card_budget_gb(card_name)
@@ -164,7 +166,9 @@ def build() -> dict[str, Any]:
         estimate, estimate_in, estimate_out).then(plan, inputs, panel_out, concurrency_limit=1,
                                                   concurrency_id="plan")
     form.widgets["budget_gb"].input(lambda: common.CUSTOM_CARD, None, card)
-    form.widgets["task"].change(on_task, form.widgets["task"], [*form.components, *form.layout, upload])
+    task_model = [form.widgets["task"], form.widgets["model"]]
+    gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
+          [*form.components, *form.layout, upload])
     gr.on([w.input for w in [*form.components, processes]], estimate, estimate_in, estimate_out,
           trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")

@@ -59,6 +59,25 @@ def _same(a: Any, b: Any) -> bool:
     return (a if a is not None else "") == (b if b is not None else "")
 
 
+def image_kind(task: str, model: str) -> str | None:
+    """The image pipeline ('sd', 'sdxl', 'sd3', 'flux') of a built-in or local model, read from
+    its model_index.json; None for text runs and for Hub ids (not looked up: no network), and
+    then every image setting shows."""
+    from lora_gui.errors import UserError
+    from lora_gui.models.diffusion import BUILTIN_DIFFUSION_DIR, BUILTIN_DRAWING_DIR, pipeline_kind
+
+    if task != "image" or not model:
+        return None
+    local = {"builtin": BUILTIN_DIFFUSION_DIR, "builtin:drawing": BUILTIN_DRAWING_DIR}.get(model)
+    folder = Path(local if local is not None else Path(model).expanduser())
+    if not (folder / "model_index.json").is_file():
+        return None
+    try:
+        return pipeline_kind(str(folder))
+    except (UserError, OSError, ValueError):
+        return None
+
+
 def check_processes(processes: Any, task: str) -> int:
     """The processes field: 1 to the GPU count, for text and image runs alike."""
     try:
