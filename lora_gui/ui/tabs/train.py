@@ -86,6 +86,53 @@ def _buttons() -> dict[str, Any]:
             "confirm": confirm, "overwrite": overwrite, "resume_that": resume_that, "cancel": cancel}
 
 
+def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
+    """Below the settings groups: the data upload, Save as preset, the sample pictures."""
+    upload = gr.File(label="Upload a text data file (.txt, .jsonl, .csv)", elem_id="upload",
+                     file_types=[".txt", ".jsonl", ".csv"], visible=values["task"] == "text", height=120)
+    with gr.Accordion("Save these settings as a preset", open=False):
+        with gr.Row():
+            preset_name = gr.Textbox(label="Preset name", elem_id="save-preset-name")
+            preset_note = gr.Textbox(label="What it is for (first line of the file)")
+            save = gr.Button("Save as preset", elem_id="save-preset")
+        save_message = gr.Markdown(elem_id="save-preset-message")
+    gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
+    return {"upload": upload, "preset_name": preset_name, "preset_note": preset_note, "save": save,
+            "save_message": save_message, "gallery": gallery}
+
+
+def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, run_name: gr.Textbox,
+                      processes: gr.Number) -> None:
+    """Start / Overwrite / Resume (each refused with the field marked when a setting is bad),
+    Cancel and Stop."""
+    message, confirm = buttons["message"], buttons["confirm"]
+
+    def start_as(how: str):
+        def go(data: dict) -> dict:
+            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
+            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
+        return go
+
+    start_out = [message, confirm, *form.errors.values()]
+    buttons["start"].click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
+    buttons["overwrite"].click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
+    for button in (buttons["resume"], buttons["resume_that"]):
+        button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
+    buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
+    buttons["stop"].click(handle.stop, None, message)
+
+
+def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
+    """Every second: the run's charts, status and events, and its sample pictures."""
+    timer = gr.Timer(1.0)
+    poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
+                plots["events"]]
+    timer.tick(poll, plots["smoothing"], poll_out)
+    plots["smoothing"].release(poll, plots["smoothing"], poll_out)
+    timer.tick(handle.sample_gallery, None, gallery)
+    return timer
+
+
 def build() -> dict[str, Any]:
     names = common.preset_names()
     default = "text-demo" if "text-demo" in names else names[0]
@@ -102,17 +149,11 @@ def build() -> dict[str, Any]:
             details = _plan_details()
     rest = forms.build_form(values, skip=(*forms.KEY_FIELDS, *forms.BUDGET_FIELDS))
     form = top["budget"].merge(key).merge(rest)
-    upload = gr.File(label="Upload a text data file (.txt, .jsonl, .csv)", elem_id="upload",
-                     file_types=[".txt", ".jsonl", ".csv"], visible=values["task"] == "text", height=120)
-    with gr.Accordion("Save these settings as a preset", open=False):
-        with gr.Row():
-            preset_name = gr.Textbox(label="Preset name", elem_id="save-preset-name")
-            preset_note = gr.Textbox(label="What it is for (first line of the file)")
-            save = gr.Button("Save as preset", elem_id="save-preset")
-        save_message = gr.Markdown(elem_id="save-preset-message")
-    gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
+    low = _lower_section(values)
+    upload, save, save_message = low["upload"], low["save"], low["save_message"]
+    preset_name, preset_note = low["preset_name"], low["preset_note"]
     preset, run_name, card, processes = top["preset"], top["run_name"], top["card"], top["processes"]
-    message, confirm = buttons["message"], buttons["confirm"]
+    message = buttons["message"]
     panel = {"text": predicted, **details}
 
     inputs = {processes, *form.components}
@@ -173,19 +214,7 @@ def build() -> dict[str, Any]:
           trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
-    def start_as(how: str):
-        def go(data: dict) -> dict:
-            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
-            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
-        return go
-
-    start_out = [message, confirm, *form.errors.values()]
-    buttons["start"].click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
-    buttons["overwrite"].click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
-    for button in (buttons["resume"], buttons["resume_that"]):
-        button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
-    buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
-    buttons["stop"].click(handle.stop, None, message)
+    _wire_run_buttons(buttons, form, inputs, run_name, processes)
 
     filled = [form.widgets[k] for k in longest_handlers.FILLED if k in form.widgets]
 
@@ -204,12 +233,7 @@ def build() -> dict[str, Any]:
     upload.upload(uploaded, upload, [form.widgets["data"], message])
     save_event = save.click(lambda d: handle.save_as_preset(d[preset_name], form.named(d), d[preset_note]),
                             {preset_name, preset_note, *form.components}, save_message)
-    timer = gr.Timer(1.0)
-    poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
-                plots["events"]]
-    timer.tick(poll, plots["smoothing"], poll_out)
-    plots["smoothing"].release(poll, plots["smoothing"], poll_out)
-    timer.tick(handle.sample_gallery, None, gallery)
+    timer = _wire_timer(plots, low["gallery"])
     return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
             "estimate_in": estimate_in, "estimate_out": estimate_out, "panel_out": panel_out,
             "start": buttons["start"], "status": plots["status"], "message": message,
