@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_auth and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without authentication: anyone who can reach it can start jobs",
                     args.host)
-    from lora_gui.ui.app import build_app
+    from lora_gui.ui.app import CSS, build_app
 
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
-    build_app().launch(server_name=args.host, server_port=args.port, auth=auth)
+    build_app().launch(server_name=args.host, server_port=args.port, auth=auth, css=CSS)
     return 0
 
 

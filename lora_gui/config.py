@@ -37,6 +37,7 @@ TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
 TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
 ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
 LORA_INITS = ("default", "gaussian", "pissa", "olora")
+DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipelines a setting is for
 
 
 class ConfigError(UserError, ValueError):
@@ -45,15 +46,18 @@ class ConfigError(UserError, ValueError):
 
 def option(default: Any, help: str, group: str, *, low: float | None = None,
            high: float | None = None, choices: tuple[str, ...] | None = None,
-           tasks: tuple[str, ...] | None = None, label: str | None = None) -> Any:
+           tasks: tuple[str, ...] | None = None, label: str | None = None,
+           kinds: tuple[str, ...] | None = None) -> Any:
     """Declares one setting with its default, help text, UI group, range and choices.
 
     ``tasks`` lists the tasks the setting applies to (None: the "image" group's fields apply to
     image runs, every other field to all tasks); ``label`` is the form's label (None: derived
-    from the name). The form hides a setting for the tasks it does not apply to.
+    from the name); ``kinds`` lists the image pipelines it applies to ('sd', 'sdxl', 'sd3',
+    'flux'; None: all). The form hides a setting for the tasks (and pipelines) it does not apply to.
     """
     meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices,
-            "tasks": tasks or (("image",) if group == "image" else None), "label": label}
+            "tasks": tasks or (("image",) if group == "image" else None), "label": label,
+            "kinds": kinds}
     return field(default=default, metadata=meta)
 
 
@@ -78,12 +82,14 @@ class RunConfig:
     data_format: str = option("auto", "Text data format; auto detects it from the first record: messages "
                               "(role/content), sharegpt (conversations from/value), alpaca (instruction/"
                               "input/output), prompt_response, text.", "task",
-                              choices=("auto", "messages", "sharegpt", "alpaca", "prompt_response", "text"))
+                              choices=("auto", "messages", "sharegpt", "alpaca", "prompt_response", "text"),
+                              tasks=TEXT)
     chat_template: str = option("auto", "Conversations: auto uses the tokenizer's chat template (ChatML "
                                 "when it has none, with a warning); chatml forces ChatML.", "task",
-                                choices=("auto", "chatml"))
+                                choices=("auto", "chatml"), tasks=TEXT)
     train_on_prompt: bool = option(False, "Conversations: also take the loss on system and user turns "
-                                   "(default: on the assistant answers and their end of turn only).", "task")
+                                   "(default: on the assistant answers and their end of turn only).", "task",
+                                   tasks=TEXT)
     # -- the three memory switches -------------------------------------------------------------
     mode: str = option("optimized", "traditional: pad to max_seq_len, eager attention, fixed "
                        "batch. optimized: dynamic sizing, SDPA, token budget.", "memory",
@@ -191,9 +197,9 @@ class RunConfig:
     quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
                                "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "
                                "compute dtype (2 bytes in bf16); LoRA trains on top. Needs "
-                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"))
+                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"), tasks=TEXT)
     double_quant: bool = option(True, "nf4: also quantize the per-block scales (saves about 0.4 "
-                                "bits/weight: ~0.37 GB on an 8B model).", "quantization")
+                                "bits/weight: ~0.37 GB on an 8B model).", "quantization", tasks=TEXT)
     optimizer: str = option("auto", "adamw (fp32 states, 8 bytes/trainable param), adamw8bit or "
                             "paged_adamw8bit (bitsandbytes 8-bit states, ~2 bytes/param; paged "
                             "moves them to CPU RAM under pressure on CUDA). auto: adamw for text; "
@@ -203,26 +209,28 @@ class RunConfig:
     # -- DiT image models (SD3 / SD3.5, Flux.1): flow matching as diffusers' LoRA scripts -------
     weighting_scheme: str = option("auto", "DiT: timestep density and loss weighting; auto = the "
                                    "diffusers script's default (SD3: logit_normal, Flux: none).", "image",
-                                   choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"))
+                                   choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"),
+                                   kinds=DIT)
     logit_mean: float = option(0.0, "DiT: mean of the logit_normal timestep density.", "image",
-                               low=-10.0, high=10.0)
+                               low=-10.0, high=10.0, kinds=DIT)
     logit_std: float = option(1.0, "DiT: standard deviation of the logit_normal density.", "image",
-                              low=0.01, high=10.0)
+                              low=0.01, high=10.0, kinds=DIT)
     mode_scale: float = option(1.29, "DiT: scale of the 'mode' timestep density.", "image",
-                               low=0.0, high=10.0)
+                               low=0.0, high=10.0, kinds=DIT)
     guidance_scale: float = option(3.5, "Flux.1-dev: the guidance value fed to its guidance "
-                                   "embedding while training.", "image", low=0.0, high=30.0)
+                                   "embedding while training.", "image", low=0.0, high=30.0, kinds=("flux",))
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
-                                  "77, Flux: 512).", "image", low=0, high=512)
+                                  "77, Flux: 512).", "image", low=0, high=512, kinds=DIT)
     image_window: int = option(0, "DiT: windowed attention over image tokens; each image token "
                                "attends to the image tokens at most this many rows and columns away "
                                "and to every text token; 0 = full attention. Faster at high "
-                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512)
+                               "resolution, but holds more memory than fused SDPA.", "image", low=0, high=512,
+                               kinds=DIT)
     train_text_encoder: bool = option(False, "SD 1.x / SDXL: also train LoRA on the CLIP text "
                                       "encoder(s); needs cache_latents=off (the embeddings change).",
-                                      "image")
+                                      "image", kinds=UNET)
     text_encoder_lr: float = option(5e-5, "Learning rate of the text encoders' LoRA "
-                                    "(train_text_encoder).", "image", low=0.0, high=1.0)
+                                    "(train_text_encoder).", "image", low=0.0, high=1.0, kinds=UNET)
     # -- LoRA ----------------------------------------------------------------------------------
     lora_rank: int = option(8, "LoRA rank r.", "lora", low=1, high=1024)
     lora_alpha: float = option(16.0, "LoRA alpha (scale = alpha / r).", "lora", low=0.0,

@@ -15,15 +15,44 @@ def _refresh_presets(dropdowns: list[gr.Dropdown]):
     return refresh
 
 
+# The key settings' help shows two lines until the field has focus (the first screen holds the
+# settings that decide a run, the plan and Start together).
+CSS = """
+.key-field .info-text { display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical;
+                        overflow: hidden; }
+.key-field:focus-within .info-text { display: block; }
+"""
+
+
+def _remember_card(demo: gr.Blocks, memory: gr.BrowserState, pickers: list[gr.Dropdown]) -> None:
+    """Every card picker shows the card last picked in this browser (on any tab), and a pick on
+    one tab is stored and shown on the others."""
+    def restore(card: str | None) -> list:
+        known = {key for _, key in common.card_choices()}
+        card = card if card in known else common.CUSTOM_CARD
+        return [card if card != common.CUSTOM_CARD else gr.update()] * len(pickers)
+
+    def copies(n: int):
+        return lambda card: [card] * n
+
+    demo.load(restore, memory, pickers)
+    for picker in pickers:
+        others = [p for p in pickers if p is not picker]
+        picker.input(lambda card: card, picker, memory).then(copies(len(others)), picker, others)
+
+
 def build_app() -> gr.Blocks:
     from lora_gui.models.warm_imports import load_diffusers
 
     load_diffusers()  # before any request: handlers and runs import diffusers from several threads
     common.MANAGER.attach_live(common.runs_root())  # a run that kept training while no dashboard ran
     with gr.Blocks(title="lora_gui") as demo:
-        gr.Markdown("# lora_gui — LoRA training that fits\nEvery memory figure names its source: "
+        gr.Markdown("**lora_gui — LoRA training that fits.** Every memory figure names its source: "
                     "`cuda_allocator` (GPU), `tracker` (live tensor bytes; the CPU stand-in for the "
                     "GPU allocator) or `predicted` (the planner, before a run).")
+        # the picked card, kept in this browser between visits (a preference, not a secret)
+        card_memory = gr.BrowserState(common.CUSTOM_CARD, storage_key=common.CARD_STORAGE_KEY,
+                                      secret=common.CARD_STORAGE_KEY)
         with gr.Tab("Train"):
             train_tab = train.build()
         with gr.Tab("Runs") as runs_page:
@@ -34,15 +63,16 @@ def build_app() -> gr.Blocks:
             plan_tab = plan.build()
         with gr.Tab("Presets"):
             presets_tab = presets.build()
-        with gr.Tab("Try"):
-            try_tab.build()
+        with gr.Tab("Try") as try_page:
+            try_parts = try_tab.build()
         dropdowns = [train_tab["preset"], compare_tab["preset"], plan_tab["preset"], presets_tab["name"]]
         for saved in (train_tab["saved"], presets_tab["saved"]):
             saved.then(_refresh_presets(dropdowns), None, dropdowns)
         runs_page.select(runs_tab["reload"], None, runs_tab["outputs"])
-        demo.load(train_tab["estimate"], train_tab["inputs"], train_tab["estimate_out"]).then(
+        try_page.select(try_tab.refresh, try_parts["run"], try_parts["run"])  # runs finished since
+        _remember_card(demo, card_memory, [train_tab["card"], plan_tab["card"], compare_tab["card"]])
+        demo.load(train_tab["estimate"], train_tab["estimate_in"], train_tab["estimate_out"]).then(
             train_tab["plan"], train_tab["inputs"], train_tab["panel_out"], concurrency_limit=1,
             concurrency_id="plan")
-        demo.load(compare_tab["instant"], [compare_tab["preset"], compare_tab["model"], compare_tab["sizes"]],
-                  compare_tab["shown"])
+        demo.load(compare_tab["instant"], compare_tab["instant_in"], compare_tab["shown"])
     return demo

@@ -55,10 +55,38 @@ def default_budget_gb() -> float:
     return round(total, 1) if total is not None else SIMULATED_BUDGET_GB
 
 
+CUSTOM_CARD = "custom"  # the card picker's entry for a budget typed by hand (budget_gb)
+CARD_STORAGE_KEY = "lora_gui-card"  # the browser's localStorage key of the picked card
+
+
+def card_choices() -> list[tuple[str, str]]:
+    """The card picker's (label, key) entries: a budget typed by hand, then every known card
+    (the list ``plan --card`` uses)."""
+    from lora_gui.cards import CARDS
+
+    return [("Budget typed below (GB)", CUSTOM_CARD),
+            *((f"{c.label}: {c.total_gib:,.1f} GiB", c.name) for c in CARDS.values())]
+
+
+def card_budget_gb(name: str | None) -> float | None:
+    """The budget (decimal GB, as budget_gb) a card gives: its whole memory as the driver reports
+    it (the plan counts the CUDA context inside it). None for a typed budget or an unknown name."""
+    from lora_gui.cards import card_by_name
+
+    if not name or name == CUSTOM_CARD:
+        return None
+    try:
+        return round(card_by_name(name).total_bytes / GB, 4)
+    except ValueError:
+        return None
+
+
 def budget_note() -> str:
+    """One line under the card picker: what the budget means on this machine."""
     total = gpu_total_gb()
     if total is None:
-        return "No GPU here: the budget is simulated, enforced by the tracker on CPU. 0 = no budget."
+        return ("**No GPU here: runs are simulated on this CPU**; the tracker enforces the budget "
+                "(0 = none).")
     return f"This GPU has {total:.1f} GB. 0 = no budget."
 
 

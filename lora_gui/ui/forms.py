@@ -21,7 +21,15 @@ from lora_gui.config import BUILTIN_DATA, ConfigError, RunConfig, apply_override
 GROUP_TITLES = {"task": "Task, model and data", "train": "Training", "image": "Images",
                 "memory": "Memory", "lora": "LoRA"}
 GROUP_ORDER = ("task", "train", "image", "memory", "lora")  # unknown groups follow, closed
-OPEN_GROUPS = ("task", "train", "image")  # the everyday settings; the rest start closed
+OPEN_GROUPS = ()  # every group starts closed: the everyday settings sit above them (KEY_FIELDS)
+# The settings that decide a run, shown together at the top of the Train tab (the rest stay in
+# their groups below, several a row). Each still shows only for the tasks it applies to.
+# five a row: max_seq_len (text) and resolution (image) share the first row, one of them hidden
+KEY_FIELDS = ("task", "model", "data", "max_seq_len", "resolution", "batch_size", "lr", "lora_rank",
+              "max_steps")
+BUDGET_FIELDS = ("budget_gb",)  # beside the card picker, which sets it
+PER_ROW = 4  # fields a row in the groups; a row wraps on narrow screens (FIELD_MIN_WIDTH px each)
+FIELD_MIN_WIDTH = 170  # px
 
 
 def settings_fields() -> list[dataclasses.Field]:
@@ -32,31 +40,45 @@ def field_kind(f: dataclasses.Field) -> type:
     return typing.get_type_hints(RunConfig)[f.name]
 
 
-def applies_to(f: dataclasses.Field, task: str) -> bool:
-    """Whether a setting matters for a task (declared by ``option(tasks=...)``)."""
-    tasks = f.metadata.get("tasks")
-    return tasks is None or task in tasks
+def applies_to(f: dataclasses.Field, task: str, kind: str | None = None) -> bool:
+    """Whether a setting matters for a task (declared by ``option(tasks=...)``) and, for image
+    runs whose pipeline is known ('sd', 'sdxl', 'sd3', 'flux'), for that pipeline
+    (``option(kinds=...)``); an unknown pipeline shows every image setting."""
+    tasks, kinds = f.metadata.get("tasks"), f.metadata.get("kinds")
+    if tasks is not None and task not in tasks:
+        return False
+    return kind is None or task != "image" or kinds is None or kind in kinds
 
 
 def label_for(f: dataclasses.Field) -> str:
     return f.metadata.get("label") or f.name.replace("_", " ").capitalize()
 
 
+def number_text(value: float, integer: bool = False) -> str:
+    """A bound as people read it: 1048576 -> "1,048,576", 1e-05 -> "0.00001", 0.9 -> "0.9"."""
+    if integer or float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:.12f}".rstrip("0") if abs(value) >= 1e-12 else f"{value:g}"
+
+
 def range_text(f: dataclasses.Field) -> str:
     low, high = f.metadata.get("low"), f.metadata.get("high")
     if low is None and high is None:
         return ""
-    return f" Range: {low:g} to {high:g}." if high is not None else f" At least {low:g}."
+    integer = field_kind(f) is int
+    if high is None:
+        return f" At least {number_text(low, integer)}."
+    return f" Range: {number_text(low, integer)} to {number_text(high, integer)}."
 
 
 def widget_for(f: dataclasses.Field, value: Any, visible: bool = True,
-               elem_prefix: str = "field") -> gr.components.Component:
+               classes: list[str] | None = None, *, elem_prefix: str = "field") -> gr.components.Component:
     """The widget of one setting: choices -> dropdown, bool -> checkbox, numbers with their range
     in the help (the message next to the field names a bad value), text -> textbox. Its element
     id is ``{elem_prefix}-{name}`` (each tab its own prefix)."""
     meta, kind = f.metadata, field_kind(f)
     common = {"label": label_for(f), "info": meta.get("help", "") + range_text(f),
-              "elem_id": f"{elem_prefix}-{f.name}", "visible": visible}
+              "elem_id": f"{elem_prefix}-{f.name}", "visible": visible, "elem_classes": classes}
     if meta.get("choices"):
         return gr.Dropdown(list(meta["choices"]), value=value, **common)
     if kind is bool:
@@ -68,11 +90,14 @@ def widget_for(f: dataclasses.Field, value: Any, visible: bool = True,
 
 @dataclass
 class Form:
-    """The widgets (by setting name), the message next to each, and the group accordions."""
+    """The widgets (by setting name), the message next to each, the group accordions and the box
+    (a column in a row of fields) that holds each widget and its message."""
 
     widgets: dict[str, gr.components.Component]
     errors: dict[str, gr.Markdown]
     groups: dict[str, gr.Accordion]
+    boxes: dict[str, gr.Column] = dataclasses.field(default_factory=dict)
+    members: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # group -> settings in it
 
     def named(self, values: dict[Any, Any]) -> dict[str, Any]:
         """{setting name: value} from gradio's {component: value} input dict."""
@@ -81,6 +106,17 @@ class Form:
     @property
     def components(self) -> list[gr.components.Component]:
         return list(self.widgets.values())
+
+    @property
+    def layout(self) -> list[Any]:
+        """The accordions and boxes whose visibility follows the task."""
+        return [*self.groups.values(), *self.boxes.values()]
+
+    def merge(self, other: Form) -> Form:
+        """One form of two parts (the key settings at the top, the groups below)."""
+        return Form({**self.widgets, **other.widgets}, {**self.errors, **other.errors},
+                    {**self.groups, **other.groups}, {**self.boxes, **other.boxes},
+                    {**self.members, **other.members})
 
 
 def _groups() -> dict[str, list[dataclasses.Field]]:
@@ -91,32 +127,74 @@ def _groups() -> dict[str, list[dataclasses.Field]]:
     return {g: groups[g] for g in order}
 
 
-def build_form(values: dict[str, Any]) -> Form:
-    """Builds the accordions and widgets inside the current gradio Blocks context."""
+def _boxes(fields: list[dataclasses.Field], values: dict[str, Any], task: str, form: Form,
+           classes: list[str] | None, min_width: int) -> None:
+    """One box (a column: the widget, its message under it) per field, in the current row."""
+    for f in fields:
+        shown = applies_to(f, task)
+        with gr.Column(min_width=min_width, visible=shown) as box:
+            form.widgets[f.name] = widget_for(f, values.get(f.name, f.default), shown, classes)
+            form.errors[f.name] = gr.Markdown("", visible=False, elem_id=f"error-{f.name}",
+                                              elem_classes=["field-error"])
+        form.boxes[f.name] = box
+
+
+def _rows(fields: list[dataclasses.Field], values: dict[str, Any], task: str, per_row: int,
+          form: Form, classes: list[str] | None = None, min_width: int = FIELD_MIN_WIDTH) -> None:
+    """Lays ``fields`` out ``per_row`` a row (0: in the current row), each in its box."""
+    if not per_row:
+        _boxes(fields, values, task, form, classes, min_width)
+        return
+    for start in range(0, len(fields), per_row):
+        with gr.Row(equal_height=False):
+            _boxes(fields[start:start + per_row], values, task, form, classes, min_width)
+
+
+def build_fields(names: tuple[str, ...], values: dict[str, Any], per_row: int = PER_ROW,
+                 min_width: int = FIELD_MIN_WIDTH) -> Form:
+    """The settings ``names`` in rows of ``per_row`` (0: inside the current row), no accordion
+    (the key settings; their widgets carry the ``key-field`` class: help shortened to two
+    lines until the field has focus)."""
     task = values.get("task", "text")
-    widgets: dict[str, gr.components.Component] = {}
-    errors: dict[str, gr.Markdown] = {}
-    accordions: dict[str, gr.Accordion] = {}
-    for group, fields in _groups().items():
+    by_name = {f.name: f for f in settings_fields()}
+    form = Form({}, {}, {})
+    _rows([by_name[n] for n in names if n in by_name], values, task, per_row, form, ["key-field"],
+          min_width)
+    return form
+
+
+def build_form(values: dict[str, Any], skip: tuple[str, ...] = (), per_row: int = PER_ROW) -> Form:
+    """Builds the accordions (several fields a row) inside the current gradio Blocks context;
+    the settings in ``skip`` are left out (built elsewhere with :func:`build_fields`)."""
+    task = values.get("task", "text")
+    form = Form({}, {}, {})
+    for group, all_fields in _groups().items():
+        fields = [f for f in all_fields if f.name not in skip]
+        if not fields:
+            continue
         title = GROUP_TITLES.get(group, group.replace("_", " ").capitalize())
         shown = any(applies_to(f, task) for f in fields)
         with gr.Accordion(title, open=group in OPEN_GROUPS, visible=shown,
                           elem_id=f"group-{group}") as accordion:
-            for f in fields:
-                widgets[f.name] = widget_for(f, values.get(f.name, f.default), applies_to(f, task))
-                errors[f.name] = gr.Markdown("", visible=False, elem_id=f"error-{f.name}",
-                                             elem_classes=["field-error"])
-        accordions[group] = accordion
-    return Form(widgets, errors, accordions)
+            _rows(fields, values, task, per_row, form)
+        form.groups[group] = accordion
+        form.members[group] = [f.name for f in fields]
+    return form
 
 
-def visibility(form: Form, task: str) -> dict[Any, Any]:
-    """Updates that show each setting (and group) only for the tasks it applies to."""
+def visibility(form: Form, task: str, kind: str | None = None) -> dict[Any, Any]:
+    """Updates that show each setting (its widget and box, and its group) only for the tasks
+    (and the image pipeline ``kind``) it applies to."""
     updates: dict[Any, Any] = {}
     for group, fields in _groups().items():
-        updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task) for f in fields))
+        if group in form.groups:
+            inside = [f for f in fields if f.name in form.members.get(group, ())]
+            updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task, kind) for f in inside))
         for f in fields:
-            updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task))
+            if f.name in form.widgets:
+                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind))
+            if f.name in form.boxes:
+                updates[form.boxes[f.name]] = gr.update(visible=applies_to(f, task, kind))
     return updates
 
 

@@ -171,3 +171,13 @@ def test_quick_comparison_uses_the_idle_cores_and_restores_torch_threads(monkeyp
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # idle: torch's own choice
     with cpu_threads_for_load() as threads:
         assert threads == before == torch.get_num_threads()
+
+
+def test_header_says_measured_once_rows_are_and_eval_loss_is_rounded():
+    assert handle.measured_header([]) is None
+    rows = [{"mode": "optimized", "seq_len": 128, "peak_bytes": 5 * 2**20, "memory_source": "tracker",
+             "eval_loss": 2.123456789012345, "status": "ok"}]
+    header = handle.measured_header(rows)
+    assert "measured" in header and "tracker" in header and "nothing was trained" not in header
+    line = handle.table([], rows)[0]
+    assert line[handle.TABLE_COLUMNS.index("eval loss")] == 2.1235

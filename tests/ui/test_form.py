@@ -61,7 +61,7 @@ def values(**kw):
     ({"lr": 5}, "lr", ["5", "1e-07", "1.0"]),
     ({"lora_rank": 0}, "lora_rank", ["0", "1", "1024"]),
     ({"max_seq_len": 8}, "max_seq_len", ["8", "16"]),
-    ({"batch_size": None}, "batch_size", ["empty", "1", "4096"]),
+    ({"batch_size": None}, "batch_size", ["empty", "1", "4,096"]),
     ({"resolution": 700}, "resolution", ["700", "64"]),
     ({"budget_gb": -1}, "budget_gb", ["-1", "0"]),
     ({"data": "/no/such/file.txt"}, "data", ["/no/such/file.txt", "not a readable file"]),
@@ -160,8 +160,8 @@ def test_a_plan_for_settings_the_page_has_since_changed_is_dropped():
         train.build()
     fns = {f.name: f for f in blocks.fns.values()}
     estimate, plan = fns["estimate"], fns["plan"]
-    first = {c: c.value for c in plan.inputs}
-    lr = next(c for c in plan.inputs if getattr(c, "elem_id", None) == "field-lr")
+    first = {c: c.value for c in estimate.inputs}  # the settings, the preset and the card
+    lr = next(c for c in estimate.inputs if getattr(c, "elem_id", None) == "field-lr")
     changed = {**first, lr: 3e-4 if first[lr] != 3e-4 else 2e-4}
     page, other_page = gr.Request(session_hash="page"), gr.Request(session_hash="other")
     estimate.fn(first, page)
@@ -202,3 +202,101 @@ def test_adapter_settings_are_on_the_form_and_a_combination_peft_cannot_run_mark
     assert cfg is None and "adapter: lora or dora" in errors["adapter"]
     cfg, errors = forms.validate({"adapter": "dora", "quantization": "nf4", "rslora": True})
     assert errors == {} and cfg.adapter == "dora"
+
+
+def test_ranges_read_as_numbers_not_exponents():
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    assert forms.range_text(fields["token_budget"]) == " Range: 16 to 4,194,304."
+    window = forms.range_text(fields["window"])
+    assert "e+" not in window and "1,048,576" in window
+    assert forms.number_text(0.9) == "0.9" and forms.number_text(1e-7) == "0.0000001"
+
+
+def test_key_settings_sit_in_boxes_that_follow_the_task():
+    with gr.Blocks():
+        key = forms.build_fields(forms.KEY_FIELDS, handle.form_values("text-demo"), per_row=5)
+        rest = forms.build_form(handle.form_values("text-demo"), skip=forms.KEY_FIELDS)
+    form = key.merge(rest)
+    assert sorted(form.widgets) == sorted(f.name for f in dataclasses.fields(RunConfig))
+    assert not set(forms.KEY_FIELDS) & {n for names in rest.members.values() for n in names}
+    image = forms.visibility(form, "image")
+    assert image[form.boxes["max_seq_len"]]["visible"] is False and image[form.boxes["resolution"]]["visible"]
+    text = forms.visibility(form, "text")
+    assert text[form.boxes["resolution"]]["visible"] is False and text[form.boxes["lr"]]["visible"]
+    assert text[form.groups["image"]]["visible"] is False
+
+
+def test_differs_from_preset_names_each_changed_setting_and_the_card():
+    same = handle.form_values("text-demo")
+    assert handle.differs_from_preset("text-demo", same) == "Settings as in the preset **text-demo**."
+    line = handle.differs_from_preset("text-demo", {**same, "lr": 0.05, "max_steps": 3.0})
+    assert "lr = 0.05" in line and "max_steps = 3" in line and "batch_size" not in line
+    from lora_gui.ui import common
+
+    budget = common.card_budget_gb("24gb")
+    from lora_gui.cards import card_by_name
+
+    assert budget == round(card_by_name("24gb").total_bytes / 1e9, 4)  # the card's memory, in budget_gb's GB
+    assert "card 24gb" in handle.differs_from_preset("text-demo", {**same, "budget_gb": budget}, "24gb")
+    assert common.card_budget_gb(common.CUSTOM_CARD) is None and common.card_budget_gb("nope") is None
+
+
+def test_gauge_draws_the_peak_against_the_budget():
+    half = handle.gauge(50 * 2**20, 100 * 2**20, cells=10)
+    assert half.startswith("`█████░░░░░`") and "50%" in half and "predicted" in half
+    over = handle.gauge(150 * 2**20, 100 * 2**20, cells=10)
+    assert "██████████▓▓▓▓▓" in over and "150%" in over
+
+
+class _Job:
+    def __init__(self, status: str, stop: bool, phases: list) -> None:
+        import threading
+
+        self.name, self.status, self.phase, self.total_steps = "r", status, "training", 10
+        self.started, self.phases = 0.0, phases
+        self.control = type("C", (), {"stop": threading.Event()})()
+        if stop:
+            self.control.stop.set()
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("starting", "running")
+
+
+def test_stop_shows_stopping_at_once_and_an_ended_run_has_no_eta():
+    running = _Job("running", stop=False, phases=[("training", 100.0)])
+    assert "ETA 20 s" in handle.status_line(running, 5, now=120.0)  # 4 s a step
+    stopping = _Job("running", stop=True, phases=[("training", 100.0)])
+    assert "stopping" in handle.status_line(stopping, 5, now=120.0)
+    stopped = _Job("stopped", stop=True, phases=[("training", 100.0), ("done", 130.0)])
+    early, late = (handle.status_line(stopped, 5, now=t) for t in (140.0, 900.0))
+    assert "ETA" not in late and early == late and "trained 30 s" in late
+
+
+def test_image_runs_hide_the_text_only_settings(form):
+    image = forms.visibility(form, "image")
+    for name in ("data_format", "chat_template", "train_on_prompt", "quantization", "double_quant"):
+        assert image[form.widgets[name]]["visible"] is False, name
+    assert image[form.widgets["optimizer"]]["visible"]  # both tasks pick an optimizer
+
+
+def test_a_missing_data_path_is_flagged_before_start_and_nothing_fits():
+    text, fig, _ = handle.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
+    assert "waits for valid settings" in text and "/no/such/corpus.txt" in text
+    assert "fits" not in text and fig is None
+
+
+def test_image_settings_follow_the_pipeline(form):
+    assert handle.image_kind("image", "builtin") == "sd"  # the bundled SD-style pipeline
+    assert handle.image_kind("image", "builtin:drawing") == "sd3"
+    assert handle.image_kind("text", "builtin") is None
+    assert handle.image_kind("image", "black-forest-labs/FLUX.1-dev") is None  # a Hub id: not looked up
+    def shown(kind):
+        updates = forms.visibility(form, "image", kind)
+        return {n for n in ("guidance_scale", "train_text_encoder", "weighting_scheme")
+                if updates[form.widgets[n]]["visible"]}
+
+    assert shown("sd") == {"train_text_encoder"}
+    assert shown("sd3") == {"weighting_scheme"}  # guidance_scale is Flux's only
+    assert shown("flux") == {"weighting_scheme", "guidance_scale"}
+    assert shown(None) == {"guidance_scale", "train_text_encoder", "weighting_scheme"}

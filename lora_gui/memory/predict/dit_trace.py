@@ -26,10 +26,10 @@ from lora_gui.memory.predict.calibrated import calibrated_step, fit_pixel_line
 from lora_gui.memory.predict.model_configs import is_dit_config, load_model_config
 from lora_gui.memory.predict.trace import (
     TraceResult,
-    _attach_lora,
     _check_common,
-    _dtype,
     _trace,
+    as_dtype,
+    attach_lora,
 )
 
 VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling
@@ -63,7 +63,7 @@ def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lor
         model = cls.from_config(kwargs)
     nn.Module.to(model, dtype)
     model.train()
-    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
 
 
 def default_text_tokens(kind: str, text_max_length: int = 0) -> int:
@@ -112,7 +112,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
     factor = VAE_FACTOR * (2 if kind == "flux" else int(cfg.get("patch_size", 2)))
     if h < factor or w < factor or h % factor or w % factor:
         raise ValueError(f"resolution must be a positive multiple of {factor}, got {resolution}")
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     targets = target_modules or lora_targets(kind, "all-linear")
     model = build_dit(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=targets,
                       lora_dropout=lora_dropout)
@@ -191,5 +191,5 @@ def text_encoder_params(name: str) -> int:
 
 def text_encoder_bytes(kind: str, dtype: torch.dtype | str = torch.bfloat16) -> int:
     """Weights of the text encoders of an SD3.5 / Flux.1 pipeline in ``dtype``."""
-    size = torch.empty((), dtype=_dtype(dtype)).element_size()
+    size = torch.empty((), dtype=as_dtype(dtype)).element_size()
     return sum(text_encoder_params(n) for n in ENCODERS_BY_KIND[kind]) * size

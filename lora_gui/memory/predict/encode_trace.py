@@ -129,14 +129,14 @@ def trace_vae_encode(vae_config: dict, height: int, width: int) -> int:
     planner, which has no loaded VAE."""
     from diffusers import AutoencoderKL
 
-    from lora_gui.memory.predict.trace import _materialize
+    from lora_gui.memory.predict.trace import materialize
 
     with torch.device("meta"):
         vae = AutoencoderKL(**vae_config)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracker = StorageTracker()
     with torch.no_grad(), mode:
-        _materialize(vae, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
+        materialize(vae, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
         tracker.track([*vae.parameters(), *vae.buffers()])
         start = tracker.live_bytes
         with tracker:

@@ -142,7 +142,7 @@ def quantize_model(model: nn.Module, quantization: str, double_quant: bool,
 
 def materialize_quant_states(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Gives the quantization state of every quantized layer of a meta model ``make(meta)``
-    (fake or random tensors), as :func:`lora_gui.memory.predict.trace._materialize` does for parameters;
+    (fake or random tensors), as :func:`lora_gui.memory.predict.trace_build.materialize` does for parameters;
     shared tensors (the nested code book) stay shared."""
     import bitsandbytes as bnb
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from lora_gui.config import RunConfig
-from lora_gui.memory.predict.trace import _attach_lora, _trace
+from lora_gui.memory.predict.trace import _trace, attach_lora
 from lora_gui.models.text_encoder_lora import TEXT_ENCODER_LORA_TARGETS, trains
 
 
@@ -28,7 +28,7 @@ def encoders_training_bytes(encoders: list, cfg: RunConfig, batch_size: int, dty
         with torch.device("meta"):
             meta = type(encoder)(encoder.config)
         torch.nn.Module.to(meta, dtype)
-        peft = _attach_lora(meta, cfg.lora_rank, cfg.lora_alpha, TEXT_ENCODER_LORA_TARGETS, cfg.lora_dropout)
+        peft = attach_lora(meta, cfg.lora_rank, cfg.lora_alpha, TEXT_ENCODER_LORA_TARGETS, cfg.lora_dropout)
         vocab = encoder.config.vocab_size
 
         def make_inputs(vocab=vocab) -> dict:

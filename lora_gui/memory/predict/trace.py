@@ -52,7 +52,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,218 +60,29 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lora_gui.memory.predict.adapter_trace import adapter_always_on, quantized_dora
 from lora_gui.memory.predict.batch_trace import batch_structure, kernel_watch
-from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
-from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
-from lora_gui.memory.predict.model_configs import ModelConfig, is_unet_config, load_model_config
-from lora_gui.memory.runtime.tracker import StorageTracker
+from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
+from lora_gui.memory.predict.trace_build import (  # noqa: F401  (attach_lora, materialize: for the other traces)
+    as_dtype,
+    attach_lora,
+    build_text_model,
+    build_unet,
+    materialize,
+)
+from lora_gui.memory.predict.trace_result import (  # noqa: F401  (the names every trace imports from here)
+    BATCH_MASKS,
+    CATEGORIES,
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_ALLOC_ROUNDING,
+    CUDA_CONTEXT_BYTES,
+    CUDA_OVERHEADS_DOC,
+    UNET_LORA_TARGETS,
+    TraceResult,
+    _PhaseTracker,
+    _Record,
+)
 from lora_gui.models.checkpointing import enable_checkpointing
 
 log = logging.getLogger(__name__)
-
-CATEGORIES = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations", "temporaries")
-UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
-BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells attention
-
-# -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
-# CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
-# A100/H100 as shown by nvidia-smi; it is outside torch.cuda.max_memory_allocated().
-CUDA_CONTEXT_BYTES = 500 * 2**20
-# cuBLAS + cuBLASLt workspaces, allocated through the caching allocator on the first matmul (so
-# inside max_memory_allocated): 32 MiB (":4096:8" on Hopper) + 1 MiB, one stream (cuda_kernels).
-CUBLAS_WORKSPACE_BYTES = _CUBLAS + _CUBLASLT
-# The caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize).
-CUDA_ALLOC_ROUNDING = 512
-CUDA_OVERHEADS_DOC = (
-    "cuda_context: CUDA context and lazily loaded kernels (~500 MiB, nvidia-smi only); "
-    "cublas_workspace: 32 MiB cuBLAS (torch default ':4096:8' on Hopper) + 1 MiB cuBLASLt; "
-    "allocator_rounding: every live block at the peak rounded up to 512 bytes (computed from "
-    "the traced storages); kernel workspaces (attention backward) are inside the trace, at the "
-    "moment they are alive; reserved beyond allocated: the caching-allocator replay."
-)
-
-
-@dataclass
-class TraceResult:
-    """Peak memory of one steady-state training step.
-
-    Attributes:
-        peak_bytes: traced peak plus every CUDA overhead: what the card must hold.
-        traced_peak_bytes: peak of live tensor storages in the trace alone (source: tracker).
-        breakdown: category -> bytes alive at the traced peak; sums to ``traced_peak_bytes``.
-        cuda_overheads: name -> bytes (``cuda_context``, ``cublas_workspace``,
-            ``allocator_rounding``, ``allocator_cache``: reserved beyond allocated, from the
-            caching-allocator replay); all 0 for ``device="cpu"``.
-        device: the device the prediction is for ("cuda" or "cpu").
-        seconds: wall time of the trace.
-        info: parameter counts, model type, number of counted allocations, the phase of the peak.
-    """
-
-    peak_bytes: int
-    traced_peak_bytes: int
-    breakdown: dict[str, int]
-    cuda_overheads: dict[str, int]
-    device: str
-    seconds: float
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def allocator_peak_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_allocated`` should show: all but the CUDA context and
-        the allocator's cache beyond its live blocks."""
-        return self.reserved_peak_bytes - self.cuda_overheads.get("allocator_cache", 0)
-
-    @property
-    def reserved_peak_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_reserved`` should show: all but the CUDA context
-        (``peak_bytes`` is this plus the context: what nvidia-smi shows)."""
-        return self.peak_bytes - self.cuda_overheads.get("cuda_context", 0)
-
-
-class _Record:
-    """One counted storage: size, category and the events at which it was born and died."""
-
-    __slots__ = ("nbytes", "category", "born", "died")
-
-    def __init__(self, nbytes: int, category: str, born: int) -> None:
-        self.nbytes, self.category, self.born, self.died = nbytes, category, born, None
-
-
-class _PhaseTracker(StorageTracker):
-    """StorageTracker that keeps a record per storage so the peak can be broken down exactly."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.category = "activations"  # category given to storages counted from now on
-        self.phase = "forward"
-        self.events = 0  # incremented on every count and free
-        self.peak_event = 0
-        self.peak_phase = "forward"
-        self.records: list[_Record] = []
-        self.head_entered = False
-        self.start_event = 0  # the event at which the measured step starts
-
-    def _count(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
-        for storage, nbytes in storages:
-            self.events += 1
-            rec = _Record(nbytes, self.category, self.events)
-            self.records.append(rec)
-            ref = torch.utils.weak.weakref.ref(storage, lambda _r, rec=rec: self._die(rec))
-            self._seen[storage] = (rec, ref)
-            self.live_bytes += nbytes
-            if self.live_bytes > self.peak_bytes:
-                self.peak_bytes, self.peak_event, self.peak_phase = self.live_bytes, self.events, self.phase
-
-    def _die(self, rec: _Record) -> None:
-        self.events += 1
-        rec.died = self.events
-        self.live_bytes -= rec.nbytes
-
-    def enter_head(self, x: torch.Tensor) -> None:
-        """Marks the start of the head (logits + loss): allocations are temporaries until the
-        backward's gradient reaches ``x``, the head's input."""
-        self.category = self.phase = "temporaries"
-        self.head_entered = True
-        if x.requires_grad:
-            x.register_hook(lambda g: setattr(self, "category", "activations"))
-
-    def record_of(self, tensor: torch.Tensor) -> _Record | None:
-        entry = self._seen.get(tensor.untyped_storage())
-        return entry[0] if entry and isinstance(entry[0], _Record) else None
-
-    def live_at_peak(self) -> list[_Record]:
-        p = self.peak_event
-        return [r for r in self.records if r.born <= p and (r.died is None or r.died > p)]
-
-
-# -- building the model ---------------------------------------------------------------------
-def _dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of {sorted(names)}, got {dtype!r}")
-    return names[dtype]
-
-
-def _attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float,
-                 new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
-    """The run's adapter (``adapter``: a :class:`lora_gui.models.adapters.AdapterSpec`; None:
-    plain LoRA) through the engine's own builder, with the rank, alpha and dropout given here."""
-    import dataclasses
-
-    from lora_gui.models.adapters import AdapterSpec, attach_adapter
-
-    if rank < 1:
-        raise ValueError(f"lora rank must be >= 1, got {rank}")
-    tokens = None
-    if new_token_ids:  # chat-template tokens added to the vocabulary: their rows train (as the engine)
-        from lora_gui.models.text import trainable_token_targets
-
-        tokens = trainable_token_targets(model, new_token_ids)
-    spec = dataclasses.replace((adapter or AdapterSpec()).for_trace(), rank=rank,
-                               alpha=alpha if alpha is not None else rank, dropout=dropout)
-    with quantized_dora():
-        return attach_adapter(model, spec, targets, tokens=tokens)
-
-
-def _materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Replaces every meta parameter and buffer by ``make(meta)``, keeping tied weights tied."""
-    done: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in done:
-                done[id(p)] = nn.Parameter(make(p), requires_grad=p.requires_grad)
-            module._parameters[name] = done[id(p)]
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                if id(b) not in done:
-                    done[id(b)] = make(b)
-                module._buffers[name] = done[id(b)]
-
-
-def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
-                     lora_rank: int, lora_alpha: float | None, target_modules: Any,
-                     lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True,
-                     new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
-    """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
-    ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
-    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.predict.quant`)."""
-    from transformers import AutoModelForCausalLM
-
-    if attn_implementation not in ("eager", "sdpa", "windowed"):
-        raise ValueError(f"attn_implementation must be 'eager', 'sdpa' or 'windowed', "
-                         f"got {attn_implementation!r}")
-    if attn_implementation == "windowed":  # W and G come from the config (configure_windowed)
-        from lora_gui.attention import register_windowed_attention
-
-        register_windowed_attention()
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
-    if loss_chunk:
-        from lora_gui.models.chunked_loss import enable_chunked_loss
-
-        enable_chunked_loss(model, loss_chunk)
-    if not lora:
-        return model
-    return _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids, adapter)
-
-
-def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
-               target_modules: Any, lora_dropout: float = 0.0) -> nn.Module:
-    """Builds a diffusers UNet2DConditionModel on the meta device and attaches LoRA (still meta)."""
-    from diffusers import UNet2DConditionModel
-
-    drop = ("architectures", "model_type")  # our preset labels, not UNet arguments
-    cfg = {k: v for k, v in dict(config).items() if not k.startswith("_") and k not in drop}
-    with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(cfg)
-    nn.Module.to(unet, dtype)  # plain cast (diffusers' .to() warns about fp32 modules it has none of)
-    unet.train()
-    return _attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout)
-
 
 # -- the step -------------------------------------------------------------------------------
 def _materialize_adamw_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -357,7 +167,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
         make = (lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu")) if fake else _random_like
-        _materialize(model, make)
+        materialize(model, make)
         if setup is not None:
             setup(model, make)
         if gradient_checkpointing:
@@ -539,14 +349,14 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         text = cfg.get_text_config()
         new_ids = list(range(text.vocab_size, text.vocab_size + added_tokens))
         text.vocab_size += added_tokens
-    model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=_dtype(dtype),
+    model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=as_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
                              lora_dropout=lora_dropout, loss_chunk=loss_chunk,
                              lora=quantization == "none", new_token_ids=new_ids, adapter=adapter)
     setup = None
     if quantization != "none":  # quantize on meta, then LoRA on the quantized layers (as the engine)
-        quant.quantize_model(model, quantization, double_quant, _dtype(dtype))
-        model = _attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter)
+        quant.quantize_model(model, quantization, double_quant, as_dtype(dtype))
+        model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter)
         setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 
@@ -613,7 +423,7 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
     cfg = load_model_config(config)
     if not is_unet_config(cfg):
         raise ValueError("not a UNet2DConditionModel config: use trace_text_step")
-    dt = _dtype(dtype)
+    dt = as_dtype(dtype)
     unet = build_unet(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
                       target_modules=target_modules, lora_dropout=lora_dropout)
     if attention == "eager":

@@ -27,6 +27,8 @@ def build() -> dict[str, Any]:
                             elem_id="compare-model")
         sizes = gr.Textbox(value="", label="Lengths or resolutions (empty: the usual range)",
                            elem_id="compare-sizes")
+        card = gr.Dropdown(common.card_choices(), value=common.CUSTOM_CARD, elem_id="compare-card",
+                           label="GPU card (its memory drawn as a line)")
     message = gr.Markdown(elem_id="compare-message")
     with gr.Row():
         bars = gr.Plot(label="Peak memory per mode", elem_id="compare-bars")
@@ -34,6 +36,7 @@ def build() -> dict[str, Any]:
     table = gr.Dataframe(headers=list(handle.TABLE_COLUMNS), interactive=False, label="Rows",
                          elem_id="compare-table")
     with gr.Accordion("Measure on this machine", open=True):
+        gr.Markdown(common.budget_note(), elem_id="compare-budget-note")
         with gr.Row():
             measure_sizes = gr.Textbox(value="512", label="Lengths (text) or resolutions (image) to measure",
                                        elem_id="compare-measure-sizes")
@@ -49,8 +52,9 @@ def build() -> dict[str, Any]:
                                 elem_id="compare-saved")
             load = gr.Button("Load", elem_id="compare-load")
     shown = [message, bars, lines, table]
-    for trigger in (preset.change, model.change, sizes.submit):
-        trigger(handle.instant, [preset, model, sizes], shown, trigger_mode="always_last")
+    instant_in = [preset, model, sizes, card]
+    for trigger in (preset.change, model.change, sizes.submit, card.change):
+        trigger(handle.instant, instant_in, shown, trigger_mode="always_last")
     preset.change(handle.default_out, preset, out)
     measure.click(handle.measure, [preset, measure_sizes, steps, out], progress)
     load.click(handle.load_saved, saved, shown)
@@ -58,5 +62,7 @@ def build() -> dict[str, Any]:
     seen = gr.State(None)  # what this page last drew of the measuring job
     timer = gr.Timer(2.0)
     stop.click(handle.stop, None, [progress, seen])
-    timer.tick(handle.progress, [preset, model, sizes, out, seen], [progress, bars, lines, table, seen])
-    return {"preset": preset, "model": model, "sizes": sizes, "shown": shown, "instant": handle.instant}
+    timer.tick(handle.progress_and_header, [preset, model, sizes, out, seen, card],
+               [progress, bars, lines, table, seen, message])
+    return {"preset": preset, "model": model, "sizes": sizes, "card": card, "shown": shown,
+            "instant": handle.instant, "instant_in": instant_in}

@@ -58,7 +58,7 @@ def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> li
         speed = m.get("real_tokens_per_s") or m.get("images_per_s")
         lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size") or p.get("batch_size"),
                       _mib(m.get("predicted_peak_bytes") or p.get("peak_bytes")), _mib(m.get("peak_bytes")),
-                      m.get("memory_source"), round(speed, 2) if speed else None, m.get("eval_loss"),
+                      m.get("memory_source"), round(speed, 2) if speed else None, _loss(m.get("eval_loss")),
                       m.get("message") or p.get("message")])
     for p in beside.values():  # sizes and modes nothing measured yet
         lines.append([p["mode"], size(p), "predicted", p["batch_size"], _mib(p.get("peak_bytes")), None,
@@ -66,8 +66,31 @@ def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> li
     return lines
 
 
-def instant(preset: str, model: str, sizes: str = "") -> tuple[str, Any, Any, list[list[Any]]]:
-    """(message, grouped bars, lines per mode, table) of the predicted comparison."""
+def _loss(value: Any) -> Any:
+    """A loss as the table shows it: four decimals (the runs differ in the second or third)."""
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def with_card(fig: Any, card: str | None) -> Any:
+    """Draws the picked card's memory (MiB, as the driver reports it) as a line on a peak-MiB
+    chart; the chart is returned as it was without a card."""
+    from lora_gui.cards import card_by_name
+
+    if fig is None or not card or card == common.CUSTOM_CARD:
+        return fig
+    try:
+        picked = card_by_name(card)
+    except ValueError:
+        return fig
+    fig.add_hline(y=picked.total_bytes / 2**20, line_dash="dot", line_color="black",
+                  annotation_text=f"{picked.name}: {picked.total_bytes / 2**20:,.0f} MiB")
+    return fig
+
+
+def instant(preset: str, model: str, sizes: str = "", card: str | None = None,
+            ) -> tuple[str, Any, Any, list[list[Any]]]:
+    """(message, grouped bars, lines per mode, table) of the predicted comparison, with the
+    picked card's memory drawn on both charts."""
     try:
         rows = predicted_rows(preset, model, sizes)
     except (ValueError, *common.USER_ERRORS) as err:
@@ -77,8 +100,8 @@ def instant(preset: str, model: str, sizes: str = "") -> tuple[str, Any, Any, li
     message = (f"**Predicted** (source: predicted; planner estimates for a CUDA GPU in bf16, nothing "
                f"was trained): {len(ok)} of {len(rows)} rows, per {what}. Press Measure to train "
                "real rows on this machine.")
-    return (message, charts.compare_bars(rows, "memory", "full"), charts.mode_lines(rows),
-            table(rows, []))
+    return (message, with_card(charts.compare_bars(rows, "memory", "full"), card),
+            with_card(charts.mode_lines(rows), card), table(rows, []))
 
 
 def default_out(preset: str) -> str:
@@ -141,7 +164,7 @@ def measured_rows(out_name: str) -> list[dict[str, Any]]:
 
 
 def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,
-             ) -> tuple[str, Any, Any, list[list[Any]], Any]:
+             card: str | None = None) -> tuple[str, Any, Any, list[list[Any]], Any]:
     """The timer's tick: the measuring job's progress, and the measured rows beside the predicted.
 
     ``seen`` is this page's own record of what it last drew (a gr.State: every open page, and a
@@ -154,7 +177,7 @@ def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = Non
     if job is None or job.kind != "compare":
         return (*keep, seen)
     measured = measured_rows(job.name)
-    now = [job.name, job.status, len(measured), preset, model, sizes, out_name]
+    now = [job.name, job.status, len(measured), preset, model, sizes, out_name, card]
     if seen == now:
         return (*keep, seen)
     total = job.total_steps or 0
@@ -168,8 +191,31 @@ def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = Non
     except (ValueError, *common.USER_ERRORS):
         predicted = []
     both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
-    return (status, charts.compare_bars(predicted + measured, "memory", "full"), charts.mode_lines(both),
-            table(predicted, measured), now)
+    return (status, with_card(charts.compare_bars(predicted + measured, "memory", "full"), card),
+            with_card(charts.mode_lines(both), card), table(predicted, measured), now)
+
+
+def measured_header(measured: list[dict[str, Any]]) -> str | None:
+    """The header once rows were measured (None before): predicted rows beside measured ones,
+    the measured rows' sources named."""
+    done = [r for r in measured if r.get("peak_bytes")]
+    if not done:
+        return None
+    sources = ", ".join(sorted({str(r.get("memory_source")) for r in done}))
+    return (f"**Predicted and measured**: {len(done)} row(s) trained on this machine (source: "
+            f"{sources}) beside the planner's predictions (source: predicted). A measured row's "
+            "predicted figure is the plan its own run made for this machine and precision.")
+
+
+def progress_and_header(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,
+                        card: str | None = None) -> tuple:
+    """The timer's tick (:func:`progress`) plus the header, which says "measured" once rows are."""
+    import gradio as gr
+
+    out = progress(preset, model, sizes, out_name, seen, card)
+    job = common.MANAGER.job
+    header = measured_header(measured_rows(job.name)) if job is not None and job.kind == "compare" else None
+    return (*out, gr.update() if header is None or out[-1] == seen else header)
 
 
 def load_saved(name: str) -> tuple[str, Any, Any, list[list[Any]]]:

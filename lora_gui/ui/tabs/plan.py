@@ -19,6 +19,9 @@ def build() -> dict[str, gr.components.Component]:
         preset = gr.Dropdown(common.preset_names(), value="text-demo", label="Preset")
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
+        card = gr.Dropdown(common.card_choices(), value=common.CUSTOM_CARD,
+                           label="GPU card (sets the budget)",
+                           elem_id="plan-card", scale=2)
     fields = {f.name: f for f in forms.settings_fields()}
     with gr.Row():  # the settings' own widgets (choices, ranges and help from RunConfig)
         max_seq_len, resolution, budget = (forms.widget_for(fields[name], value, elem_prefix="plan")
@@ -38,9 +41,11 @@ def build() -> dict[str, gr.components.Component]:
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
                                   *(f"1 GPU, {q} base: longest / batch" for q in choices_of("quantization"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
+    card.change(lambda name: common.card_budget_gb(name) or gr.update(), card, budget)
+    budget.input(lambda: common.CUSTOM_CARD, None, card)
     inputs = [preset, model, max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer]
     button.click(handlers.plan, inputs, [chart, message, buckets, cards])
     longest.click(longest_handlers.plan_tab,
                   [preset, model, budget, device, checkpointing, quantization, optimizer], longest_message)
-    return {"button": button, "chart": chart, "message": message, "preset": preset,
+    return {"card": card, "button": button, "chart": chart, "message": message, "preset": preset,
             "longest": longest, "longest_message": longest_message}

@@ -79,7 +79,8 @@ def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int
     text = (f"**{verdict}** — {result.message if result is not None else 'fixed batch per bucket'}"
             f"\n\nPredicted peak at {shape}: **{peak / 2**20:,.0f} MiB** (source: predicted, {device})")
     for sug in result.suggestions if result is not None else []:
-        text += f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB{' — fits' if sug.fits else ''}"
+        text += (f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB — "
+                 f"{'fits' if sug.fits else 'does not fit'} the budget")
     if table is None:
         table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
     card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,

@@ -1,5 +1,6 @@
-"""Train tab: preset, run name, every setting (derived from RunConfig), the predicted peak,
-Start / Stop / Resume, live charts. Handlers: train_handlers.py."""
+"""Train tab: on one screen, the settings that decide a run, the predicted peak against the card
+and Start / Stop / Resume / Longest that fits (left), the run's live charts (right), the other
+settings in compact groups below. Handlers: train_handlers.py."""
 
 from __future__ import annotations
 
@@ -11,66 +12,149 @@ from lora_gui.ui import common, forms
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import train_handlers as handle
 
-
-def _prediction_panel() -> dict[str, Any]:
-    with gr.Group():
-        text = gr.Markdown(elem_id="predicted")
-        with gr.Row():
-            chart = gr.Plot(label="Predicted peak by category", elem_id="predicted-chart")
-            table = gr.Dataframe(headers=["bucket", "micro-batch"], label="Micro-batch per bucket",
-                                 interactive=False, elem_id="predicted-buckets")
-    return {"text": text, "chart": chart, "table": table}
+CHART_HEIGHT = 250  # px: the run panel shows memory, loss and throughput beside the settings
+SIDE_MIN_WIDTH = 420  # px: below two of these the columns stack (one column on narrow screens)
 
 
-def _charts() -> dict[str, Any]:
+def _plan_details() -> dict[str, Any]:
+    with gr.Accordion("Predicted peak by category and micro-batch per bucket", open=False,
+                      elem_id="plan-details"):
+        chart = gr.Plot(label="Predicted peak by category", elem_id="predicted-chart")
+        table = gr.Dataframe(headers=["bucket", "micro-batch"], label="Micro-batch per bucket",
+                             interactive=False, elem_id="predicted-buckets")
+    return {"chart": chart, "table": table}
+
+
+def _run_panel() -> dict[str, Any]:
+    """The run's status with progress and ETA, its charts and events (the finished run's
+    summary shows in the status when it ends)."""
+    status = gr.Markdown(elem_id="status")
+    memory = gr.Plot(label="Memory over time", elem_id="memory-plot")
     with gr.Row():
-        memory = gr.Plot(label="Memory over time", elem_id="memory-plot")
+        loss = gr.Plot(label="Loss", elem_id="loss-plot", min_width=200)
+        throughput = gr.Plot(label="Throughput", elem_id="throughput-plot", min_width=200)
+    events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
+    with gr.Accordion("More charts", open=False):
         step_peak = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
-    with gr.Row():
-        with gr.Column():
-            loss = gr.Plot(label="Loss", elem_id="loss-plot")
-            smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
-                                  elem_id="loss-smoothing")
-        throughput = gr.Plot(label="Throughput", elem_id="throughput-plot")
-    return {"memory": memory, "step_peak": step_peak, "loss": loss, "smoothing": smoothing,
-            "throughput": throughput}
+        smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
+                              elem_id="loss-smoothing")
+    return {"status": status, "memory": memory, "step_peak": step_peak, "loss": loss,
+            "smoothing": smoothing, "throughput": throughput, "events": events}
 
 
-def build() -> dict[str, Any]:
-    names = common.preset_names()
-    default = "text-demo" if "text-demo" in names else names[0]
-    values = handle.form_values(default)
+def _compact(fig: Any) -> Any:
+    """A chart sized for the run panel."""
+    if fig is not None and hasattr(fig, "update_layout"):
+        fig.update_layout(height=CHART_HEIGHT, margin={"l": 50, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def poll(smoothing: float = 0.0) -> tuple:
+    memory, step_peak, loss, throughput, status, log = handle.poll(smoothing)
+    return (_compact(memory), step_peak, _compact(loss), _compact(throughput), status, log)
+
+
+def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
     with gr.Row():
-        preset = gr.Dropdown(names, value=default, label="Preset", elem_id="preset")
-        run_name = gr.Textbox(value=default, label="Run name (a folder under runs/)", elem_id="run-name")
+        preset = gr.Dropdown(names, value=default, label="Preset", elem_id="preset", min_width=160)
+        run_name = gr.Textbox(value=default, label="Run name (a folder under runs/)", elem_id="run-name",
+                              min_width=160)
+        card = gr.Dropdown(common.card_choices(), value=common.CUSTOM_CARD,
+                           label="GPU card (sets the budget)",
+                           elem_id="card", min_width=220, scale=2)
+        budget = forms.build_fields(forms.BUDGET_FIELDS, values, per_row=0, min_width=120)
         processes = gr.Number(value=max(1, common.gpu_count()), precision=0, elem_id="processes",
                               label="Processes (one per GPU; started with accelerate launch)",
                               visible=common.gpu_count() > 1)
-    gr.Markdown(common.budget_note())
-    form = forms.build_form(values)
+    gr.Markdown(common.budget_note(), elem_id="budget-note")
+    return {"preset": preset, "run_name": run_name, "card": card, "processes": processes,
+            "budget": budget}
+
+
+def _buttons() -> dict[str, Any]:
+    with gr.Row():
+        start = gr.Button("Start", variant="primary", elem_id="start", min_width=100)
+        stop = gr.Button("Stop", elem_id="stop", min_width=100)
+        resume = gr.Button("Resume", elem_id="resume", min_width=100)
+        longest = gr.Button("Longest that fits", elem_id="longest", min_width=140)
+    message = gr.Markdown(elem_id="message")
+    with gr.Row(visible=False) as confirm:
+        overwrite = gr.Button("Overwrite that run", variant="stop", elem_id="confirm-overwrite")
+        resume_that = gr.Button("Resume that run", elem_id="confirm-resume")
+        cancel = gr.Button("Cancel", elem_id="confirm-cancel")
+    return {"start": start, "stop": stop, "resume": resume, "longest": longest, "message": message,
+            "confirm": confirm, "overwrite": overwrite, "resume_that": resume_that, "cancel": cancel}
+
+
+def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
+    """Below the settings groups: the data upload, Save as preset, the sample pictures."""
     upload = gr.File(label="Upload a text data file (.txt, .jsonl, .csv)", elem_id="upload",
-                     file_types=[".txt", ".jsonl", ".csv"], visible=values["task"] == "text")
+                     file_types=[".txt", ".jsonl", ".csv"], visible=values["task"] == "text", height=120)
     with gr.Accordion("Save these settings as a preset", open=False):
         with gr.Row():
             preset_name = gr.Textbox(label="Preset name", elem_id="save-preset-name")
             preset_note = gr.Textbox(label="What it is for (first line of the file)")
             save = gr.Button("Save as preset", elem_id="save-preset")
         save_message = gr.Markdown(elem_id="save-preset-message")
-    panel = _prediction_panel()
-    with gr.Row():
-        start = gr.Button("Start", variant="primary", elem_id="start")
-        stop = gr.Button("Stop", elem_id="stop")
-        resume = gr.Button("Resume", elem_id="resume")
-        longest = gr.Button("Longest that fits", elem_id="longest")
-    message = gr.Markdown(elem_id="message")
-    with gr.Row(visible=False) as confirm:
-        overwrite_btn = gr.Button("Overwrite that run", variant="stop", elem_id="confirm-overwrite")
-        resume_btn = gr.Button("Resume that run", elem_id="confirm-resume")
-        cancel_btn = gr.Button("Cancel", elem_id="confirm-cancel")
-    status = gr.Markdown(elem_id="status")
-    plots = _charts()
-    events = gr.Textbox(label="Events", lines=6, interactive=False, elem_id="events")
     gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
+    return {"upload": upload, "preset_name": preset_name, "preset_note": preset_note, "save": save,
+            "save_message": save_message, "gallery": gallery}
+
+
+def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, run_name: gr.Textbox,
+                      processes: gr.Number) -> None:
+    """Start / Overwrite / Resume (each refused with the field marked when a setting is bad),
+    Cancel and Stop."""
+    message, confirm = buttons["message"], buttons["confirm"]
+
+    def start_as(how: str):
+        def go(data: dict) -> dict:
+            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
+            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
+        return go
+
+    start_out = [message, confirm, *form.errors.values()]
+    buttons["start"].click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
+    buttons["overwrite"].click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
+    for button in (buttons["resume"], buttons["resume_that"]):
+        button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
+    buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
+    buttons["stop"].click(handle.stop, None, message)
+
+
+def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
+    """Every second: the run's charts, status and events, and its sample pictures."""
+    timer = gr.Timer(1.0)
+    poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
+                plots["events"]]
+    timer.tick(poll, plots["smoothing"], poll_out)
+    plots["smoothing"].release(poll, plots["smoothing"], poll_out)
+    timer.tick(handle.sample_gallery, None, gallery)
+    return timer
+
+
+def build() -> dict[str, Any]:
+    names = common.preset_names()
+    default = "text-demo" if "text-demo" in names else names[0]
+    values = handle.form_values(default)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=SIDE_MIN_WIDTH):
+            top = _top_bar(default, names, values)
+            key = forms.build_fields(forms.KEY_FIELDS, values, per_row=5, min_width=140)
+            predicted = gr.Markdown(elem_id="predicted")
+            buttons = _buttons()
+            differs = gr.Markdown(elem_id="differs")
+        with gr.Column(scale=2, min_width=SIDE_MIN_WIDTH):
+            plots = _run_panel()
+            details = _plan_details()
+    rest = forms.build_form(values, skip=(*forms.KEY_FIELDS, *forms.BUDGET_FIELDS))
+    form = top["budget"].merge(key).merge(rest)
+    low = _lower_section(values)
+    upload, save, save_message = low["upload"], low["save"], low["save_message"]
+    preset_name, preset_note = low["preset_name"], low["preset_note"]
+    preset, run_name, card, processes = top["preset"], top["run_name"], top["card"], top["processes"]
+    message = buttons["message"]
+    panel = {"text": predicted, **details}
 
     inputs = {processes, *form.components}
     panel_out = [panel["text"], panel["chart"], panel["table"]]
@@ -81,7 +165,8 @@ def build() -> dict[str, Any]:
         _, errors = handle.config_from_form(cfg_values)
         text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
-                panel["table"]: rows}
+                panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
+                                                                          data[card])}
 
     def plan(data: dict, request: gr.Request) -> tuple:
         values = form.named(data)
@@ -90,41 +175,46 @@ def build() -> dict[str, Any]:
             return (gr.update(),) * len(view)  # the page's settings changed while this planned
         return view
 
-    def fill(name: str) -> dict:
+    def fill(name: str, card_name: str) -> dict:
         filled = handle.form_values(name)
-        updates = forms.visibility(form, filled["task"])  # one update per widget: value and visible
-        for key, value in filled.items():
-            if key in form.widgets:
-                updates[form.widgets[key]] = {**updates[form.widgets[key]], "value": value}
+        budget = common.card_budget_gb(card_name)
+        if budget is not None:  # the picked card stays the budget across presets
+            filled["budget_gb"] = budget
+        kind = handle.image_kind(filled["task"], filled["model"])
+        updates = forms.visibility(form, filled["task"], kind)  # one update per widget: value, visible
+        for key_name, value in filled.items():
+            if key_name in form.widgets:
+                updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
         return {**updates, **forms.error_updates(form, {}),
-                run_name: name, upload: gr.update(visible=filled["task"] == "text")}
+                run_name: name, upload: gr.update(visible=filled["task"] == "text"),
+                panel["text"]: "Predicting for the preset's settings…", differs: ""}
 
-    def on_task(task: str) -> dict:
-        return {**forms.visibility(form, task), upload: gr.update(visible=task == "text")}
+    def on_task(task: str, model: str) -> dict:
+        kind = handle.image_kind(task, model)
+        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text")}
 
-    estimate_out = [*form.errors.values(), *panel_out]
-    fill_out = [*form.components, *form.groups.values(), *form.errors.values(), run_name, upload]
-    preset.change(fill, preset, fill_out).then(estimate, inputs, estimate_out).then(
+    def on_card(card_name: str) -> Any:
+        budget = common.card_budget_gb(card_name)
+        return gr.update() if budget is None else budget
+
+    estimate_in = {preset, card, *inputs}
+    estimate_out = [*form.errors.values(), *panel_out, differs]
+    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, panel["text"],
+                differs]
+    preset.change(fill, [preset, card], fill_out).then(estimate, estimate_in, estimate_out).then(
         plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
-    form.widgets["task"].change(on_task, form.widgets["task"], [*form.components, *form.groups.values(),
-                                                                 upload])
-    gr.on([w.input for w in [*form.components, processes]], estimate, inputs, estimate_out,
+    card.change(on_card, card, form.widgets["budget_gb"]).then(
+        estimate, estimate_in, estimate_out).then(plan, inputs, panel_out, concurrency_limit=1,
+                                                  concurrency_id="plan")
+    form.widgets["budget_gb"].input(lambda: common.CUSTOM_CARD, None, card)
+    task_model = [form.widgets["task"], form.widgets["model"]]
+    gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
+          [*form.components, *form.layout, upload])
+    gr.on([w.input for w in [*form.components, processes]], estimate, estimate_in, estimate_out,
           trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
-    def start_as(how: str):
-        def go(data: dict) -> dict:
-            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
-            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
-        return go
-
-    start_out = [message, confirm, *form.errors.values()]
-    start.click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
-    overwrite_btn.click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
-    for button in (resume, resume_btn):
-        button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
-    cancel_btn.click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
-    stop.click(handle.stop, None, message)
+    _wire_run_buttons(buttons, form, inputs, run_name, processes)
 
     filled = [form.widgets[k] for k in longest_handlers.FILLED if k in form.widgets]
 
@@ -132,8 +222,8 @@ def build() -> dict[str, Any]:
         values, text = longest_handlers.fill_form(form.named(data))
         return {message: text, **{form.widgets[k]: v for k, v in values.items() if k in form.widgets}}
 
-    longest.click(fill_longest, inputs, [message, *filled], concurrency_limit=1,
-                  concurrency_id="plan").then(estimate, inputs, estimate_out).then(
+    buttons["longest"].click(fill_longest, inputs, [message, *filled], concurrency_limit=1,
+                             concurrency_id="plan").then(estimate, estimate_in, estimate_out).then(
         plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
 
     def uploaded(path: str | None) -> tuple:
@@ -143,14 +233,9 @@ def build() -> dict[str, Any]:
     upload.upload(uploaded, upload, [form.widgets["data"], message])
     save_event = save.click(lambda d: handle.save_as_preset(d[preset_name], form.named(d), d[preset_note]),
                             {preset_name, preset_note, *form.components}, save_message)
-    timer = gr.Timer(1.0)
-    timer.tick(handle.poll, plots["smoothing"], [plots["memory"], plots["step_peak"], plots["loss"],
-                                                 plots["throughput"], status, events])
-    plots["smoothing"].release(handle.poll, plots["smoothing"],
-                               [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"],
-                                status, events])
-    timer.tick(handle.sample_gallery, None, gallery)
+    timer = _wire_timer(plots, low["gallery"])
     return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
-            "estimate_out": estimate_out, "panel_out": panel_out, "start": start, "status": status,
-            "message": message, "longest": longest, "saved": save_event, "save_message": save_message,
-            "timer": timer}
+            "estimate_in": estimate_in, "estimate_out": estimate_out, "panel_out": panel_out,
+            "start": buttons["start"], "status": plots["status"], "message": message,
+            "longest": buttons["longest"], "saved": save_event, "save_message": save_message,
+            "timer": timer, "card": card}

@@ -31,6 +31,53 @@ def config_from_form(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str
     return forms.validate(values)
 
 
+def differs_from_preset(preset: str, values: dict[str, Any], card: str | None = None) -> str:
+    """One line naming the settings that differ from the preset (a card's budget included when
+    the budget is the card's)."""
+    try:
+        base = form_values(preset)
+    except (ValueError, *common.USER_ERRORS):
+        return ""
+    card_budget = common.card_budget_gb(card)
+    changed = []
+    for name, value in values.items():
+        if name not in base or _same(value, base[name]):
+            continue
+        if name == "budget_gb" and card_budget is not None and _same(value, card_budget):
+            changed.append(f"budget_gb = {value:g} (card {card})")
+            continue
+        changed.append(f"{name} = {value!r}" if isinstance(value, str) else f"{name} = {value}")
+    if not changed:
+        return f"Settings as in the preset **{preset}**."
+    return f"Differs from the preset **{preset}**: " + ", ".join(changed)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Form values equal as settings (a number field gives 8.0 for the preset's 8)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return (a if a is not None else "") == (b if b is not None else "")
+
+
+def image_kind(task: str, model: str) -> str | None:
+    """The image pipeline ('sd', 'sdxl', 'sd3', 'flux') of a built-in or local model, read from
+    its model_index.json; None for text runs and for Hub ids (not looked up: no network), and
+    then every image setting shows."""
+    from lora_gui.errors import UserError
+    from lora_gui.models.diffusion import BUILTIN_DIFFUSION_DIR, BUILTIN_DRAWING_DIR, pipeline_kind
+
+    if task != "image" or not model:
+        return None
+    local = {"builtin": BUILTIN_DIFFUSION_DIR, "builtin:drawing": BUILTIN_DRAWING_DIR}.get(model)
+    folder = Path(local if local is not None else Path(model).expanduser())
+    if not (folder / "model_index.json").is_file():
+        return None
+    try:
+        return pipeline_kind(str(folder))
+    except (UserError, OSError, ValueError):
+        return None
+
+
 def check_processes(processes: Any, task: str) -> int:
     """The processes field: 1 to the GPU count, for text and image runs alike."""
     try:
@@ -141,6 +188,8 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
         text += f" of {budget / 2**20:,.0f} MiB"
         if common.gpu_total_gb() is None:
             text += " (simulated: no GPU here)"
+    if budget:
+        text += "\n\n" + gauge(pred.peak_bytes, budget)
     if budget and pred.peak_bytes > budget:
         text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
     step = pred.step
@@ -148,6 +197,15 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
     rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
             for bucket, batch in pred.bucket_batches]
     return text, figure, rows
+
+
+def gauge(peak: int, budget: int, cells: int = 30) -> str:
+    """The predicted peak against the budget as one text bar (█ used, ░ free, ▓ over)."""
+    share = peak / budget
+    used = min(cells, round(cells * share))
+    over = "▓" * min(10, round(cells * (share - 1))) if share > 1 else ""
+    return (f"`{'█' * used}{'░' * (cells - used)}{over}` {share:.0%} of the budget "
+            f"({peak / 2**20:,.0f} / {budget / 2**20:,.0f} MiB, predicted)")
 
 
 class ShownForms:
@@ -186,13 +244,32 @@ SHOWN_FORMS = ShownForms()
 
 
 # -- live charts -------------------------------------------------------------------------------
-def _progress(done: int, total: int | None, elapsed: float) -> str:
-    """A text progress bar with ETA (the measured seconds per step so far)."""
+def _progress(done: int, total: int | None, elapsed: float, running: bool = True) -> str:
+    """A text progress bar; while the run trains, its ETA (the measured seconds per step so
+    far); once it has ended, the time it trained instead."""
     if not total:
         return f"step {done}"
-    filled = round(20 * done / total)
-    eta = f", ETA {elapsed / done * (total - done):.0f} s" if done else ""
-    return f"`{'█' * filled}{'░' * (20 - filled)}` step {done}/{total}{eta}"
+    filled = min(20, round(20 * done / total))
+    if not running:
+        tail = f", trained {elapsed:.0f} s"
+    else:
+        tail = f", ETA {elapsed / done * max(0, total - done):.0f} s" if done else ""
+    return f"`{'█' * filled}{'░' * (20 - filled)}` step {done}/{total}{tail}"
+
+
+def status_line(job: Any, done: int, now: float | None = None) -> str:
+    """The run's one-line status: its state ("stopping" as soon as Stop is pressed), progress
+    and ETA (none once it has ended: the clock stops when the run does)."""
+    now = time.time() if now is None else now
+    phases = list(job.phases)
+    train_start = next((t for name, t in phases if name == "training"), job.started)
+    ended = next((t for name, t in phases if name == "done"), None)
+    state = job.status
+    if job.running and job.control.stop.is_set():
+        state = "stopping (after the current step)"
+    elapsed = (ended if ended is not None and not job.running else now) - train_start
+    return (f"**{job.name}**: {state} ({job.phase}) · "
+            f"{_progress(done, job.total_steps, max(0.0, elapsed), job.running)}")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -215,9 +292,7 @@ def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
             charts.memory_figure(records, budget, job.predicted_bytes, simulated),
             charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
     done = records[-1]["step"] if records else 0
-    train_start = next((t for name, t in phases if name == "training"), job.started)
-    status = (f"**{job.name}**: {job.status} ({job.phase}) · "
-              f"{_progress(done, job.total_steps, time.time() - train_start)}")
+    status = status_line(job, done)
     if job.predicted_bytes:
         status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
     if job.error:

@@ -6,6 +6,8 @@ import gradio as gr
 
 from lora_gui.ui.tabs import try_handlers
 
+refresh = try_handlers.refresh_runs  # the list of finished runs, called when the tab opens
+
 
 def build() -> dict[str, gr.components.Component]:
     gr.Markdown("Pick a finished run, type a prompt: the base model and the adapter answer from the "
