@@ -117,7 +117,7 @@ def _materialized(model: torch.nn.Module, device: str, dtype: torch.dtype) -> to
             return (torch.randn(t.shape, device=device, dtype=torch.float32) * 0.02).to(t.dtype)
         return torch.zeros(t.shape, device=device, dtype=t.dtype)
 
-    tr._materialize(model, make)
+    tr.materialize(model, make)
     for name, buf in model.named_buffers():  # rotary inv_freq must hold real values
         if name.endswith("inv_freq"):
             base = getattr(model.config, "rope_theta", 10000.0) if hasattr(model, "config") else 1e4

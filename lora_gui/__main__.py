@@ -185,27 +185,11 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
 
 
 def _print_fits(cfg, device: str) -> None:
-    from lora_gui.memory.predict import planner, run_plan
+    from lora_gui.memory.predict import planner, report, run_plan
 
     rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                    **run_plan.step_kwargs(cfg, device))
-    counts = list(rows[0].by_gpus) if rows else []
-    print(f"\nWhat fits where: longest sequence at batch 1 / largest batch per GPU at {cfg.max_seq_len} "
-          "(N GPUs: FSDP shards the frozen weights; under DDP each GPU is the 1-GPU column, N x the batch)")
-    print("  card   " + "".join(f"{'1 GPU' if n == 1 else f'{n} GPUs':>16}" for n in [1, *counts]))
-
-    def cell(fit: tuple) -> str:
-        return f"{fit[0] or '-'} / {fit[1]}"
-
-    for row in rows:
-        fits = [(row.longest, row.batch_at_chosen), *row.by_gpus.values()]
-        print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(f):>16}" for f in fits))
-    if rows and rows[0].by_quantization:
-        names = list(rows[0].by_quantization)
-        print("\nSame, 1 GPU, per quantization of the base weights (bitsandbytes)")
-        print("  card   " + "".join(f"{q:>16}" for q in names))
-        for row in rows:
-            print(f"  {row.card_gb:>3} GB " + "".join(f"{cell(row.by_quantization[q]):>16}" for q in names))
+    print("\n".join(report.fits_lines(rows, cfg.max_seq_len)))
 
 
 def _int_list(text: str, flag: str) -> list[int]:

@@ -20,22 +20,35 @@ def adapter_always_on(fake: bool) -> Iterator[None]:
     """LoHa / LoKr layers draw ``torch.rand(1)`` each forward to decide module dropout, and
     branch on it: a fake tensor has no value to branch on. Runs only allow module dropout 0,
     so that draw always keeps the adapter on: under fake tensors it is the number 1.0 (its
-    comparison with the dropout is then a plain bool; the real draw is 4 bytes, freed at once)."""
+    comparison with the dropout is then a plain bool; the real draw is 4 bytes, freed at once).
+    Only those two peft modules see the change (their own ``torch`` name): every other
+    ``torch.rand`` of the process, other threads' included, is untouched."""
     if not fake:
         yield
         return
-    real_rand = torch.rand
+    from peft.tuners.loha import layer as loha_layer
+    from peft.tuners.lokr import layer as lokr_layer
 
-    def rand(*size: Any, **kwargs: Any) -> Any:
-        if size in ((1,), ((1,),)) and not kwargs:
-            return 1.0
-        return real_rand(*size, **kwargs)
+    class _AlwaysOn:
+        """torch, except that ``rand(1)`` is 1.0."""
 
-    torch.rand = rand
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+        @staticmethod
+        def rand(*size: Any, **kwargs: Any) -> Any:
+            if size in ((1,), ((1,),)) and not kwargs:
+                return 1.0
+            return torch.rand(*size, **kwargs)
+
+    modules = (loha_layer, lokr_layer)
+    for module in modules:
+        module.torch = _AlwaysOn()
     try:
         yield
     finally:
-        torch.rand = real_rand
+        for module in modules:
+            module.torch = torch
 
 
 @contextlib.contextmanager

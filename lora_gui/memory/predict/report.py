@@ -64,13 +64,6 @@ def resolve_budget(cfg: RunConfig, budget_gb: float | None = None, card: str | N
     return Budget(default.total_bytes, f"default: {default.label}, no GPU here")
 
 
-def bucket_rows(pred: Prediction) -> list[list[Any]]:
-    """[bucket, micro-batch, grad-accum, predicted peak MiB] per bucket of the plan."""
-    if pred.plan is None:
-        return []
-    return [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / MIB)] for b in pred.plan.buckets]
-
-
 def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget) -> tuple[list[Any], str | None]:
     """A text plan's CUDA-only memory, one row per kernel (:mod:`lora_gui.memory.predict.cuda_kernels`),
     and why the budget cannot hold even the CUDA context and the frozen weights (None: it can)."""
@@ -169,4 +162,55 @@ def _budget_lines(pred: Prediction, budget: Budget, bucket_title: str, width: in
               f"{b.peak_bytes / MIB:>18,.0f}" for b in plan.buckets]
     lines += [f"  try {s.switch}: {s.peak_bytes / MIB:,.0f} MiB (saves "
               f"{s.saving_bytes / MIB:,.0f} MiB){' -> fits' if s.fits else ''}" for s in plan.suggestions]
+    return lines
+
+
+def verdict_markdown(plan: Any, peak_bytes: int, budget_bytes: int, shape: str, device: str) -> str:
+    """The dashboard's verdict: fits or not (the plan's own message), the predicted peak and
+    whether each suggested switch fits the budget."""
+    fits = plan.fits if plan is not None else peak_bytes <= budget_bytes
+    message = plan.message if plan is not None else "fixed batch per bucket"
+    text = (f"**{'Fits' if fits else 'Does not fit'}** — {message}\n\nPredicted peak at {shape}: "
+            f"**{peak_bytes / MIB:,.0f} MiB** (source: predicted, {device})")
+    for sug in plan.suggestions if plan is not None else []:
+        text += (f"\n- {sug.switch}: {sug.peak_bytes / MIB:,.0f} MiB — "
+                 f"{'fits' if sug.fits else 'does not fit'} the budget")
+    return text
+
+
+def plan_rows(plan: Any) -> list[list[Any]]:
+    """[bucket, micro-batch, grad-accum, predicted peak MiB] per bucket of a planner's plan."""
+    return [] if plan is None else [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / MIB)]
+                                    for b in plan.buckets]
+
+
+def _fit_cell(fit: tuple) -> str:
+    return f"{fit[0] or '-'} / {fit[1]}"
+
+
+def fits_rows(rows: list[Any]) -> list[list[Any]]:
+    """What fits where, one table row per card: longest at batch 1, batch at the chosen size, the
+    FSDP columns and, for text, the quantized-base columns (the dashboard's table)."""
+    return [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
+             *(_fit_cell(fit) for fit in r.by_gpus.values()),
+             *([_fit_cell(fit) for fit in getattr(r, "by_quantization", {}).values()] or ["-"] * 3)]
+            for r in rows]
+
+
+def fits_lines(rows: list[Any], chosen: int) -> list[str]:
+    """The same as text lines (`plan` on the CLI)."""
+    counts = list(rows[0].by_gpus) if rows else []
+    lines = [f"\nWhat fits where: longest sequence at batch 1 / largest batch per GPU at {chosen} "
+             "(N GPUs: FSDP shards the frozen weights; under DDP each GPU is the 1-GPU column, N x "
+             "the batch)",
+             "  card   " + "".join(f"{'1 GPU' if n == 1 else f'{n} GPUs':>16}" for n in [1, *counts])]
+    for row in rows:
+        fits = [(row.longest, row.batch_at_chosen), *row.by_gpus.values()]
+        lines.append(f"  {row.card_gb:>3} GB " + "".join(f"{_fit_cell(f):>16}" for f in fits))
+    if rows and rows[0].by_quantization:
+        names = list(rows[0].by_quantization)
+        lines += ["\nSame, 1 GPU, per quantization of the base weights (bitsandbytes)",
+                  "  card   " + "".join(f"{q:>16}" for q in names)]
+        lines += [f"  {row.card_gb:>3} GB "
+                  + "".join(f"{_fit_cell(row.by_quantization[q]):>16}" for q in names) for row in rows]
     return lines

@@ -62,29 +62,18 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         pred = predict(cfg, budget, device)
         if cfg.task == "image":
             return _outputs(pred.plan, pred.step, [], budget, device, "the run's largest micro-batch",
-                            pred.peak_bytes, report.bucket_rows(pred))
+                            pred.peak_bytes)
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                        **run_plan.step_kwargs(cfg, device))
     except (ValueError, *common.USER_ERRORS) as err:
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
     return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
-                    pred.peak_bytes, report.bucket_rows(pred))
+                    pred.peak_bytes)
 
 
-def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None,
-             table: list[list[Any]] | None = None):
-    peak = step.peak_bytes if peak is None else peak
-    fits = result.fits if result is not None else peak <= budget
-    verdict = "Fits" if fits else "Does not fit"
-    text = (f"**{verdict}** — {result.message if result is not None else 'fixed batch per bucket'}"
-            f"\n\nPredicted peak at {shape}: **{peak / 2**20:,.0f} MiB** (source: predicted, {device})")
-    for sug in result.suggestions if result is not None else []:
-        text += (f"\n- {sug.switch}: {sug.peak_bytes / 2**20:,.0f} MiB — "
-                 f"{'fits' if sug.fits else 'does not fit'} the budget")
-    if table is None:
-        table = [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / 2**20)] for b in result.buckets]
-    card_rows = [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
-                  *(f"{fit[0] or '-'} / {fit[1]}" for fit in r.by_gpus.values()),
-                  *([f"{fit[0] or '-'} / {fit[1]}" for fit in getattr(r, "by_quantization", {}).values()]
-                    or ["-"] * 3)] for r in rows]
-    return charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text, table, card_rows
+def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None):
+    from lora_gui.memory.predict import report
+
+    text = report.verdict_markdown(result, step.peak_bytes if peak is None else peak, budget, shape, device)
+    return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text,
+            report.plan_rows(result), report.fits_rows(rows))
