@@ -228,6 +228,7 @@ def test_image_train_flow_at_768_with_samples(server, page):
     page.wait_for_function("() => { const el = document.querySelector('#field-resolution input');"
                            " return el && el.value === '768'; }", timeout=2 * MINUTE)
     assert not page.locator("#field-max_seq_len").is_visible()  # a text setting, hidden for images
+    open_group(page, "image", "Images", "cache_latents")  # the image settings' group (closed at first)
     assert page.locator("#field-cache_latents").is_visible()
     for name, value in (("max_steps", "1"), ("sample_images", "1"), ("sample_steps", "2")):
         set_field(page, name, value)
