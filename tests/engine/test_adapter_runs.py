@@ -6,12 +6,12 @@ the base model, must give the logits the trained model gave at the end of traini
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 
-from lora_gui.config import BUILTIN_MODEL_DIR, ConfigError, RunConfig, apply_overrides
+from bench.adapter_variants import tiny_qwen2
+from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.text import train as text_train
 
 LOW, HIGH = -0.01, 0.03  # predicted / measured - 1
@@ -31,19 +31,8 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def qwen2_dir(tmp_path_factory):
-    """A tiny Qwen2 model with the bundled tokenizer, saved as a user's local model would be."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    vocab = json.loads((BUILTIN_MODEL_DIR / "config.json").read_text())["vocab_size"]
-    path = tmp_path_factory.mktemp("qwen2")
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(BUILTIN_MODEL_DIR / name, path / name)
-    return path
+    """A tiny Qwen2-family model saved with save_pretrained (the variants bench's own)."""
+    return tiny_qwen2(tmp_path_factory.mktemp("qwen2"))
 
 
 def _run(tmp_path, monkeypatch, model_dir, **overrides):
