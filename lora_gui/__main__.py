@@ -1,4 +1,4 @@
-"""Command line: ``python -m lora_gui train | plan | compare | generate | export | ui``.
+"""Command line: ``python -m lora_gui train | plan | compare | generate | export | queue | ui``.
 
 The CLI and the UI call the same engine functions.
 """
@@ -323,6 +323,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue(args: argparse.Namespace) -> int:
+    """Runs waiting for the card: see engine/queue_cli.py."""
+    from lora_gui.engine.queue_cli import run
+
+    stop = threading.Event()
+    if args.queue_command == "run":
+        _stop_on_signals(stop)
+    return run(args, lambda line: print(line, flush=True), stop)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from app import main as app_main
 
@@ -420,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="text: the merged model as GGUF (default f16) for llama.cpp / Ollama, the "
                           "adapter alone as a GGUF LoRA where possible, and an Ollama Modelfile")
     exp.set_defaults(func=cmd_export)
+    from lora_gui.engine.queue_cli import add_parser as add_queue_parser
+
+    add_queue_parser(sub).set_defaults(func=cmd_queue)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
     ui.add_argument("ui_args", nargs=argparse.REMAINDER)
     ui.set_defaults(func=cmd_ui)

@@ -109,6 +109,20 @@ class JobManager:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.job: Job | None = None
+        self.queue_runner = None  # the queue's runner (engine.queue_runner), once run_queue is called
+
+    def run_queue(self, runs_root: Path, every_s: float = 1.0):
+        """Starts the queue of ``runs_root`` (``runs_root/queue.json``) from a background thread:
+        the next queued run starts as this manager's job when the card is free. Returns the
+        :class:`lora_gui.engine.queue_runner.QueueRunner` (its ``problem`` is the line to show,
+        e.g. when another dashboard runs that queue)."""
+        from lora_gui.engine.queue_runner import QueueRunner
+
+        if self.queue_runner is None:
+            self.queue_runner = QueueRunner(self, runs_root)
+            threading.Thread(target=self.queue_runner.loop, args=(every_s,), daemon=True,
+                             name="queue-runner").start()
+        return self.queue_runner
 
     def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
               processes: int = 1) -> Job:
