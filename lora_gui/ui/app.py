@@ -46,6 +46,7 @@ def build_app() -> gr.Blocks:
 
     load_diffusers()  # before any request: handlers and runs import diffusers from several threads
     common.MANAGER.attach_live(common.runs_root())  # a run that kept training while no dashboard ran
+    common.MANAGER.run_queue(common.runs_root())  # queued runs start here when the card is free
     with gr.Blocks(title="lora_gui") as demo:
         gr.Markdown("**lora_gui — LoRA training that fits.** Every memory figure names its source: "
                     "`cuda_allocator` (GPU), `tracker` (live tensor bytes; the CPU stand-in for the "
@@ -68,7 +69,8 @@ def build_app() -> gr.Blocks:
         dropdowns = [train_tab["preset"], compare_tab["preset"], plan_tab["preset"], presets_tab["name"]]
         for saved in (train_tab["saved"], presets_tab["saved"]):
             saved.then(_refresh_presets(dropdowns), None, dropdowns)
-        runs_page.select(runs_tab["reload"], None, runs_tab["outputs"])
+        runs_page.select(runs_tab["reload"], None, runs_tab["outputs"]).then(
+            runs_tab["reload_queue"], None, runs_tab["queue_outputs"])
         try_page.select(try_tab.refresh, try_parts["run"], try_parts["run"])  # runs finished since
         _remember_card(demo, card_memory, [train_tab["card"], plan_tab["card"], compare_tab["card"]])
         demo.load(train_tab["estimate"], train_tab["estimate_in"], train_tab["estimate_out"]).then(

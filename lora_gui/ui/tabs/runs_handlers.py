@@ -109,10 +109,12 @@ def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoot
     return fig
 
 
-def overlay(names: list[str] | None, smoothing: float = 0.0) -> tuple[str, Any, Any, Any]:
-    """(message, memory, loss, throughput) with one line per run, for 2 to 4 runs."""
+def overlay(names: list[str] | None, smoothing: float = 0.0, most: int = OVERLAY_RUNS[1],
+            ) -> tuple[str, Any, Any, Any]:
+    """(message, memory, loss, throughput) with one line per run, for 2 to ``most`` runs (a
+    sweep's overlay draws more than the picker's 4)."""
     names = list(names or [])
-    low, high = OVERLAY_RUNS
+    low, high = OVERLAY_RUNS[0], most
     if not low <= len(names) <= high:
         return f"Error: pick {low} to {high} runs to overlay (picked {len(names)})", None, None, None
     try:

@@ -10,6 +10,7 @@ import gradio as gr
 
 from lora_gui.ui import common, forms
 from lora_gui.ui.tabs import longest_handlers
+from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
 
 CHART_HEIGHT = 250  # px: the run panel shows memory, loss and throughput beside the settings
@@ -74,6 +75,7 @@ def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str
 def _buttons() -> dict[str, Any]:
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="start", min_width=100)
+        enqueue = gr.Button("Add to queue", elem_id="enqueue", min_width=100)
         stop = gr.Button("Stop", elem_id="stop", min_width=100)
         resume = gr.Button("Resume", elem_id="resume", min_width=100)
         longest = gr.Button("Longest that fits", elem_id="longest", min_width=140)
@@ -83,7 +85,8 @@ def _buttons() -> dict[str, Any]:
         resume_that = gr.Button("Resume that run", elem_id="confirm-resume")
         cancel = gr.Button("Cancel", elem_id="confirm-cancel")
     return {"start": start, "stop": stop, "resume": resume, "longest": longest, "message": message,
-            "confirm": confirm, "overwrite": overwrite, "resume_that": resume_that, "cancel": cancel}
+            "confirm": confirm, "overwrite": overwrite, "resume_that": resume_that, "cancel": cancel,
+            "enqueue": enqueue}
 
 
 def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +122,12 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
     for button in (buttons["resume"], buttons["resume_that"]):
         button.click(start_as(handle.START_RESUME), {run_name, *inputs}, start_out)
     buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
+
+    def enqueue(data: dict) -> dict:  # the same form -> settings path and messages as Start
+        text, errors = queued.add_from_form(data[run_name], data[processes], form.named(data))
+        return {message: text, confirm: gr.update(visible=False), **forms.error_updates(form, errors)}
+
+    buttons["enqueue"].click(enqueue, {run_name, *inputs}, start_out)
     buttons["stop"].click(handle.stop, None, message)
 
 
