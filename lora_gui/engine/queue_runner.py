@@ -310,8 +310,22 @@ class QueueRunner:
             self._fail(entry.id, str(err))
             return False
         self.current = entry.id
+        self._note_pid(entry.id, job)
         self.say(f"started {entry.label()} -> {job.out}")
         return True
+
+    def _note_pid(self, entry_id: str, job: Any, wait_s: float = 2.0) -> None:
+        """Writes the run's process id into its entry as soon as it is known, so that a runner
+        after a restart sees the run alive before the run takes its folder's lock."""
+        deadline = time.monotonic() + wait_s
+        while job.pid is None and job.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if job.pid is None:
+            return  # the next tick's settle writes it
+        with self.queue.edit() as entries:
+            for entry in entries:
+                if entry.id == entry_id:
+                    entry.pid = job.pid
 
     def idle(self) -> bool:
         """Nothing queued (or starting stopped) and nothing of the queue still running."""
