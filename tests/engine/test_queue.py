@@ -199,3 +199,51 @@ def test_a_sweep_queues_one_run_per_value_and_refuses_all_on_one_bad_value(tmp_p
     with pytest.raises(ConfigError, match="two or more"):
         qr.sweep(tmp_path, cfg_on(small_corpus), "lr", "1e-4", "t")
     assert len(Queue(tmp_path).entries()) == 3  # nothing of the refused sweeps was queued
+
+
+# -- the CLI: python -m lora_gui queue ... --------------------------------------------------------
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    from lora_gui.__main__ import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _one_error_line(code: int, err: str, *needles: str) -> None:
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (code, err)
+    assert "Traceback" not in err and all(n in err for n in needles), err
+
+
+def test_cli_add_list_move_cancel(tmp_path, small_corpus, capsys, quick_plan):
+    sets = [a for k, v in {**TINY, "data": small_corpus}.items() for a in ("--set", f"{k}={v}")]
+    assert _cli(capsys, "queue", "list", "--runs", tmp_path)[1] == "the queue is empty\n"
+    for name in ("one", "two"):
+        code, out, err = _cli(capsys, "queue", "add", "--runs", tmp_path, *sets, "--name", name)
+        assert code == 0 and out.startswith(f"queued {name} (") and str(tmp_path / "queue.json") in out, err
+    assert _cli(capsys, "queue", "move", "--runs", tmp_path, "two", "1")[1].startswith("moved two")
+    code, out, _ = _cli(capsys, "queue", "list", "--runs", tmp_path)
+    assert [line.split()[3] for line in out.splitlines()[1:]] == ["two", "one"]
+    assert _cli(capsys, "queue", "cancel", "--runs", tmp_path, "one")[1].startswith("cancelled one")
+    listed = json.loads(_cli(capsys, "queue", "list", "--runs", tmp_path, "--json")[1])
+    assert [(e["name"], e["state"]) for e in listed] == [("two", "queued"), ("one", "cancelled")]
+
+
+def test_cli_bad_input_gets_one_line(tmp_path, small_corpus, capsys, quick_plan):
+    runs = tmp_path / "runs"
+    code, _, err = _cli(capsys, "queue", "add", "--runs", runs, "--set", "lr=-1", "--name", "x")
+    _one_error_line(code, err, "lr: -1")
+    code, _, err = _cli(capsys, "queue", "add", "--runs", runs, "--set", f"data={tmp_path / 'no.txt'}",
+                        "--name", "x")
+    _one_error_line(code, err, "data:", "no.txt not found")
+    code, _, err = _cli(capsys, "queue", "sweep", "--runs", runs, "--sweep", "lr", "--name", "x")
+    _one_error_line(code, err, "--sweep 'lr': expected KEY=V1,V2")
+    runs.mkdir()
+    (runs / "queue.json").write_text("entries: [oops")
+    code, _, err = _cli(capsys, "queue", "list", "--runs", runs)
+    _one_error_line(code, err, str(runs / "queue.json"), "not valid JSON", "queue.json.bad")
+    holder = qr.QueueRunner(Recorder(), runs)
+    assert holder.lock.acquire()  # a dashboard runs this queue
+    code, _, err = _cli(capsys, "queue", "run", "--runs", runs)
+    _one_error_line(code, err, f"the queue in {runs} is run by another dashboard or `queue run` (pid")
+    holder.close()
