@@ -13,6 +13,7 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine import queue_runner as qr
 from lora_gui.engine.jobs import Job
 from lora_gui.engine.queue_file import MARKER, Queue, QueueError, QueueFileError, parse_queue
+from lora_gui.errors import UserError
 from lora_gui.memory.predict import Prediction
 
 TINY = {"max_seq_len": 64, "max_steps": 2, "eval_fraction": 0.0, "monitor_hz": 0.0}
@@ -50,6 +51,8 @@ def test_the_check_plans_against_the_budget(tmp_path, small_corpus):
         qr.check_run(cfg_on(small_corpus, budget_gb=0.01), "tight")
     with pytest.raises(ConfigError, match=r"queued run gone: data: .*missing.txt not found"):
         qr.check_run(cfg_on(tmp_path / "missing.txt"), "gone")
+    with pytest.raises(UserError, match=r"model: local directory /no/such/model not found"):
+        qr.check_run(cfg_on(small_corpus, model="/no/such/model"), "nomodel")
     bad = {**cfg_on(small_corpus).to_dict(), "lr": -1.0}
     with pytest.raises(ConfigError, match=r"queued run bad: lr: -1.0 is out of range"):
         qr.check_run(bad, "bad")
