@@ -5,7 +5,6 @@ queue run`` (in this process; the run itself is a process of its own); then the 
 overlays the sweep."""
 
 import json
-import time
 
 import pytest
 
@@ -32,15 +31,6 @@ def _states(runs) -> list[str]:
     return [e.state for e in Queue(runs).entries()]
 
 
-def _tick_until(runner: QueueRunner, predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {Queue(runner.root).entries()}")
-        runner.tick()
-        time.sleep(0.2)
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_three_queued_runs_one_after_the_other_across_a_restart_then_overlaid(tmp_path, corpus, capsys,
@@ -65,10 +55,10 @@ def test_three_queued_runs_one_after_the_other_across_a_restart_then_overlaid(tm
     # dashboard 2: re-attaches to the first run, starts the second when the card is free
     manager = JobManager()
     manager.attach_live(runs)
-    second = QueueRunner(manager, runs)
-    _tick_until(second, lambda: _states(runs)[1] == "started", 240, "the second run to start")
+    second = manager.run_queue(runs, every_s=0.2)  # the dashboard's background runner
+    wait_for(lambda: _states(runs)[1] == "started", 240, "the second run to start")
     second.starting = False  # this dashboard closes after its run: the CLI runs the rest
-    _tick_until(second, lambda: _states(runs)[1] == "done", 240, "the second run to end")
+    wait_for(lambda: _states(runs)[1] == "done", 240, "the second run to end")
     second.close()
     assert _states(runs) == ["done", "done", "queued"]
 
