@@ -15,7 +15,7 @@ from lora_gui.ui.tabs import runs_handlers as handle
 def _queue_section() -> dict[str, Any]:
     """The queue's table and its controls, and the sweep helper."""
     rows, line = queued.queue_rows()
-    with gr.Accordion("Queue: runs waiting for the card", open=bool(rows), elem_id="queue"):
+    with gr.Accordion("Queue: runs waiting for the card", open=True, elem_id="queue"):
         table = gr.Dataframe(headers=list(queued.QUEUE_COLUMNS), value=rows, interactive=False,
                              label="Queue (runs start in this order when the card is free)",
                              elem_id="queue-table")
@@ -27,7 +27,9 @@ def _queue_section() -> dict[str, Any]:
             move = gr.Button("Move", elem_id="queue-move", min_width=60)
             cancel = gr.Button("Cancel run", variant="stop", elem_id="queue-cancel", min_width=100)
         with gr.Row():
-            preset = gr.Dropdown(common.preset_names(), label="Sweep: preset", elem_id="sweep-preset")
+            names = common.preset_names()
+            preset = gr.Dropdown(names, value="text-demo" if "text-demo" in names else None,
+                                 label="Sweep: preset", elem_id="sweep-preset")
             key = gr.Textbox(value="lr", label="Setting", elem_id="sweep-key")
             values = gr.Textbox(placeholder="1e-4, 2e-4, 4e-4", label="Values (comma-separated)",
                                 elem_id="sweep-values")
