@@ -143,8 +143,8 @@ def cancel(root: Path, key: str) -> str:
             entry.state, entry.ended, entry.message = "cancelled", time.time(), "cancelled before it started"
             _free_folder(root, entry)
             return f"cancelled {entry.label()}"
-        if entry.state == "started" and entry.out:
-            (Path(entry.out) / "STOP").touch()  # the run reads it after its current step
+        if entry.state == "started" and (Path(root) / entry.name).is_dir():
+            (Path(root) / entry.name / "STOP").touch()  # the run reads it after its current step
             return f"asked {entry.label()} to stop after its current step (a checkpoint is saved)"
         return f"{entry.label()} has ended already ({entry.state})"
 
@@ -242,7 +242,7 @@ class QueueRunner:
                     if not job.running:
                         self._ended_job(entry, job)
                     continue
-                out = Path(entry.out or self.root / entry.name)
+                out = self.root / entry.name
                 if lock_is_live(out) or _pid_alive(entry.pid):
                     continue  # training in another process (started before a restart)
                 self._ended_folder(entry, out)
@@ -281,7 +281,11 @@ class QueueRunner:
     def _start(self, entry: Entry) -> bool:
         """Checks ``entry`` again, claims it and launches its run; False when it failed (the
         next entry may start)."""
-        out = self.root / entry.name
+        try:
+            out = run_folder(self.root, entry.name)  # a hand-edited name stays inside the runs folder
+        except USER_ERRORS as err:
+            self._fail(entry.id, f"{self.queue.path}: entry {entry.id}: {err}")
+            return False
         if not out.is_dir():
             self._fail(entry.id, f"{out}: the run folder was deleted while its run was queued; skipped")
             return False

@@ -250,3 +250,20 @@ def test_cli_bad_input_gets_one_line(tmp_path, small_corpus, capsys, quick_plan)
     code, _, err = _cli(capsys, "queue", "run", "--runs", runs)
     _one_error_line(code, err, f"the queue in {runs} is run by another dashboard or `queue run` (pid")
     holder.close()
+
+
+def test_an_entry_edited_by_hand_into_bad_settings_or_a_path_fails_at_start_with_one_line(
+        tmp_path, small_corpus, quick_plan):
+    for name in ("typo", "escape", "fine"):
+        qr.add(tmp_path, cfg_on(small_corpus), name)
+    with Queue(tmp_path).edit() as entries:
+        entries[0].config["lr"] = "fast"
+        entries[1].name = "../outside"
+    manager = Recorder()
+    runner = qr.QueueRunner(manager, tmp_path)
+    assert runner.tick().name == "fine" and manager.started == ["fine"]
+    typo, escape, _ = Queue(tmp_path).entries()
+    assert typo.state == "failed" and typo.message == "queued run typo: lr: expected float, got 'fast'"
+    assert escape.state == "failed" and "run name '../outside'" in escape.message
+    assert not (tmp_path.parent / "outside").exists()
+    runner.close()
