@@ -186,12 +186,16 @@ class Queue:
 
     @contextlib.contextmanager
     def edit(self) -> Iterator[list[Entry]]:
-        """The entries, locked; the list as left by the block is written back atomically."""
+        """The entries, locked; the list as left by the block is written back atomically (only
+        when it changed: a runner looks every second)."""
         with self._locked():
             entries = self._read()
+            before = [asdict(e) for e in entries]
             yield entries
-            body = {"version": VERSION, "entries": [asdict(e) for e in entries]}
-            _write_atomic(self.path, json.dumps(body, indent=1) + "\n")
+            after = [asdict(e) for e in entries]
+            if after != before or not self.path.is_file():
+                body = {"version": VERSION, "entries": after}
+                _write_atomic(self.path, json.dumps(body, indent=1) + "\n")
 
     def find(self, entries: list[Entry], key: str) -> Entry:
         """The entry with this id, or else the newest with this run name."""

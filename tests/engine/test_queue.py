@@ -91,6 +91,10 @@ def test_order_moves_and_cancel(tmp_path, small_corpus, quick_plan):
     started = [runner.tick(), runner.tick(), runner.tick()]
     assert [e.name if e else None for e in started] == ["a", "b", None]
     assert [e.state for e in Queue(tmp_path).entries()] == ["done", "cancelled", "done"]
+    before = (tmp_path / "queue.json").stat()
+    runner.tick()  # nothing changed: the file is not rewritten
+    after = (tmp_path / "queue.json").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     runner.close()
 
 
