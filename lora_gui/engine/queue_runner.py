@@ -162,11 +162,16 @@ def move(root: Path, key: str, position: int) -> str:
 
 
 def step(root: Path, key: str, delta: int) -> str:
-    """Moves an entry up (delta -1) or down (+1) past the next queued entry."""
+    """Moves a queued entry up (delta -1) or down (+1) past its neighbouring queued entry."""
     entries = Queue(root).entries()
     entry = Queue(root).find(entries, key)
-    order = [e.id for e in entries]
-    return move(root, key, order.index(entry.id) + 1 + delta)
+    queued = [e.id for e in entries if e.state == "queued"]
+    if entry.id not in queued:
+        raise QueueError(f"{entry.label()} is {entry.state}; only queued runs can move")
+    other = queued.index(entry.id) + delta
+    if not 0 <= other < len(queued):
+        return f"{entry.label()} is already {'first' if delta < 0 else 'last'} of the queued runs"
+    return move(root, entry.id, [e.id for e in entries].index(queued[other]) + 1)
 
 
 # -- starting the queue's runs -------------------------------------------------------------------

@@ -81,6 +81,10 @@ def test_order_moves_and_cancel(tmp_path, small_corpus, quick_plan):
     assert qr.move(tmp_path, "c", 1) == f"moved c ({c_id}) to position 1"
     qr.step(tmp_path, "a", -1)
     assert [e.name for e in Queue(tmp_path).entries()] == ["a", "c", "b"]
+    assert qr.step(tmp_path, "a", -1).endswith("is already first of the queued runs")
+    qr.step(tmp_path, "a", 1)
+    qr.step(tmp_path, "a", -1)
+    assert [e.name for e in Queue(tmp_path).entries()] == ["a", "c", "b"]
     assert qr.cancel(tmp_path, "c").startswith("cancelled c")
     assert not (tmp_path / "c").exists()  # its reservation freed
     with pytest.raises(QueueError, match="is cancelled; only queued runs can move"):
@@ -270,4 +274,39 @@ def test_an_entry_edited_by_hand_into_bad_settings_or_a_path_fails_at_start_with
     assert typo.state == "failed" and typo.message == "queued run typo: lr: expected float, got 'fast'"
     assert escape.state == "failed" and "run name '../outside'" in escape.message
     assert not (tmp_path.parent / "outside").exists()
+    runner.close()
+
+
+HOLDER = """
+import sys, time
+from lora_gui.engine.queue_file import RunnerLock
+assert RunnerLock(sys.argv[1]).acquire()
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.integration
+def test_a_second_dashboard_process_gets_one_line_and_takes_over_when_the_first_ends(
+        tmp_path, small_corpus, quick_plan):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    qr.add(tmp_path, cfg_on(small_corpus), "a")
+    root = Path(__file__).resolve().parents[2]
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
+    try:
+        assert other.stdout.readline().strip() == "holding"
+        manager = Recorder()
+        runner = qr.QueueRunner(manager, tmp_path)
+        assert runner.tick() is None and manager.started == []
+        assert runner.problem.startswith(f"the queue in {tmp_path} is run by another dashboard or "
+                                         f"`queue run` (pid {other.pid} on ")
+    finally:
+        other.kill()
+        other.wait()
+    assert runner.tick().name == "a" and runner.problem == ""  # the kernel dropped its lock
     runner.close()
