@@ -63,6 +63,9 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     "lora": {"gradient_checkpointing": False},
     "lora-gc": {"gradient_checkpointing": True},
     "lora-gc-packed": {"gradient_checkpointing": True, "batching": "packed"},
+    # the speed switches off, to measure each on / off (not paired with a TRL configuration)
+    "lora-unfused": {"gradient_checkpointing": False, "lora_fused": False},
+    "lora-gc-unfused": {"gradient_checkpointing": True, "lora_fused": False},
 }
 BENCH_EVAL_FRACTION = 0.0  # lora_gui still holds out one document (its eval loss); TRL skips it too
 TARGET_PEAK, TARGET_SPEED = 0.7, 1.2  # lora_gui at most 0.7x TRL's peak, at least 1.2x its tokens/s
