@@ -88,19 +88,28 @@ def image_1024(work: Path, steps: int) -> dict:
                 run["train_seconds"] / len(records), peak, run["mfu"])
 
 
+def _print(r: dict) -> None:
+    mfu = "—" if r["mfu"] is None else f"{r['mfu']:.2%}"
+    print(f"| {r['row']} | {r['useful_gflop_per_step']:.2f} | {r['step_s']:.3f} | {r['gflop_per_s']:.2f} "
+          f"| {r['peak_gflop_per_s']:.1f} ({r['dtype']}) | {mfu} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rows", default="demo,8k,image", help="rows to run: demo, 8k, image")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = [text_demo(Path(tmp), args.steps), text_long(args.steps), image_1024(Path(tmp), args.steps)]
+    wanted = args.rows.split(",")
     print(f"MFU on {torch.get_num_threads()} CPU thread(s); command: {COMMAND}")
     print("| step | useful GFLOP / step | s / step | useful GFLOP/s | matmul peak GFLOP/s (dtype) | MFU |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        mfu = "—" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        print(f"| {r['row']} | {r['useful_gflop_per_step']:.2f} | {r['step_s']:.3f} | {r['gflop_per_s']:.2f} "
-              f"| {r['peak_gflop_per_s']:.1f} ({r['dtype']}) | {mfu} |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if "demo" in wanted:
+            _print(text_demo(Path(tmp), args.steps))
+        if "8k" in wanted:
+            _print(text_long(args.steps))
+        if "image" in wanted:
+            _print(image_1024(Path(tmp), args.steps))
 
 
 if __name__ == "__main__":
