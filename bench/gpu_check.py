@@ -47,6 +47,7 @@ import torch
 
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
+from lora_gui.models import flops
 from lora_gui.models.checkpointing import enable_checkpointing
 
 LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
@@ -79,11 +80,14 @@ TINY_FLUX = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_chann
 
 
 _RESERVED: list[int] = []  # max_memory_reserved of the last measured step (0 on a CPU)
+_SECONDS: list[float] = []  # median wall seconds of the last row's timed steps
+TIMED_STEPS = 3  # steady-state steps timed after the measured one (speed rows)
 
 
 def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
     """Peak allocated bytes of one steady-state step (a warm step creates the AdamW state);
-    the step's max_memory_reserved is left in ``_RESERVED[-1]``."""
+    the step's max_memory_reserved is left in ``_RESERVED[-1]``, the median seconds of
+    :data:`TIMED_STEPS` further steps in ``_SECONDS[-1]``."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for measured in (False, True):
         if measured and device == "cuda":
@@ -92,12 +96,35 @@ def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
         make_loss().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        _RESERVED.append(torch.cuda.max_memory_reserved())
-        return torch.cuda.max_memory_allocated()
-    _RESERVED.append(0)
-    return 0
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    _RESERVED.append(torch.cuda.max_memory_reserved() if device == "cuda" else 0)
+    times = []
+    for _ in range(TIMED_STEPS):
+        t0 = time.perf_counter()
+        make_loss().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    _SECONDS.append(statistics.median(times))
+    return peak
+
+
+def _speed(model: torch.nn.Module, make_loss, device: str, dtype: torch.dtype, unit: str, count: int,
+           text_lengths: list[int] | None = None) -> dict[str, Any]:
+    """The speed columns of a row: ``unit``/s (tokens or images per step over the median step),
+    the step's useful FLOPs (text: counted from the modules; image: torch's counter on fake
+    inputs) and MFU against this device's measured matmul peak in ``dtype``."""
+    seconds = _SECONDS[-1]
+    if text_lengths is not None:
+        step_flops = flops.text_flops(model).step(text_lengths)
+    else:
+        step_flops = flops.counted_step_flops(model, make_loss)
+    peak = flops.machine_peak(device, dtype)
+    return {"step_s": seconds, f"{unit}_per_s": count / seconds, "useful_flops": step_flops,
+            "peak_flops_per_s": peak.flops_per_s, "peak_source": peak.source,
+            "mfu": flops.mfu(step_flops, seconds, peak.flops_per_s)}
 
 
 def _reserved(measured: int, predicted: tr.TraceResult) -> dict[str, Any]:
@@ -139,11 +166,13 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
         ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
         measured = _real_step_peak(
             model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)
+        speed = _speed(model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss,
+                       device, dtype, "tokens", seq, [seq])
         rows.append({"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers}", "seq_len": seq,
                      "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
                      "predicted_with_context_bytes": predicted.peak_bytes,
                      "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
-                     **_reserved(measured, predicted), "breakdown": predicted.breakdown})
+                     **_reserved(measured, predicted), "breakdown": predicted.breakdown, **speed})
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -313,7 +342,8 @@ def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[st
             return torch.nn.functional.mse_loss(out.float(), latents.float())
 
         measured = _real_step_peak(unet, loss, device)
-        rows.append({"model": name, "resolution": res, "measured_bytes": measured,
+        speed = _speed(unet, loss, device, dtype, "images", 1)
+        rows.append({"model": name, "resolution": res, "measured_bytes": measured, **speed,
                      "predicted_bytes": predicted.allocator_peak_bytes,
                      # same allocator view as the trace: + cuBLAS workspace, no CUDA context
                      "planner_estimate_bytes": planner_estimate.traced_peak_bytes
@@ -368,7 +398,8 @@ def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpo
             return objective.loss_at(m, enc, torch.randn(lat, device=device), sigmas, sigmas * 1000)
 
         measured = _real_step_peak(model, loss, device)
-        rows.append({"model": name, "resolution": res, "measured_bytes": measured,
+        speed = _speed(model, loss, device, dtype, "images", 1)
+        rows.append({"model": name, "resolution": res, "measured_bytes": measured, **speed,
                      "predicted_bytes": predicted.allocator_peak_bytes,
                      "planner_estimate_bytes": planner_estimate.traced_peak_bytes + tr.CUBLAS_WORKSPACE_BYTES,
                      "gradient_checkpointing": gradient_checkpointing,
@@ -431,6 +462,18 @@ def _markdown(result: dict[str, Any]) -> str:
                    f"{r['predicted_bytes'] / mib:,.0f} | {err} | {est} | "
                    f"{r.get('measured_reserved_bytes', 0) / mib:,.0f} | "
                    f"{r.get('predicted_reserved_bytes', 0) / mib:,.0f} | {rerr} |")
+    out += ["", "## Speed (batch 1, median of the timed steps; MFU against this device's measured "
+            "matmul peak)", "",
+            "| model | shape | s / step | tokens or images / s | useful GFLOP / step | MFU |",
+            "|---|---|---|---|---|---|"]
+    for r in result.get("text", []) + result.get("unet", []) + result.get("dit", []):
+        if "step_s" not in r:
+            continue
+        shape = f"seq {r['seq_len']}" if "seq_len" in r else f"{r['resolution']} px"
+        rate = f"{r['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in r else f"{r['images_per_s']:.3f} img/s"
+        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        out.append(f"| {r['model']} | {shape} | {r['step_s']:.3f} | {rate} | "
+                   f"{r['useful_flops'] / 1e9:,.2f} | {mfu} |")
     out += ["", "## Windowed attention vs causal SDPA (fwd+bwd, B=1, 4x64, W=256, G=4)", "",
             "| S | impl | median ms | peak MiB |", "|---|---|---|---|"]
     for r in result.get("flex", []):

@@ -63,6 +63,9 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     "lora": {"gradient_checkpointing": False},
     "lora-gc": {"gradient_checkpointing": True},
     "lora-gc-packed": {"gradient_checkpointing": True, "batching": "packed"},
+    # the speed switches off, to measure each on / off (not paired with a TRL configuration)
+    "lora-unfused": {"gradient_checkpointing": False, "lora_fused": False},
+    "lora-gc-unfused": {"gradient_checkpointing": True, "lora_fused": False},
 }
 BENCH_EVAL_FRACTION = 0.0  # lora_gui still holds out one document (its eval loss); TRL skips it too
 TARGET_PEAK, TARGET_SPEED = 0.7, 1.2  # lora_gui at most 0.7x TRL's peak, at least 1.2x its tokens/s
@@ -144,13 +147,18 @@ def run_trl(name: str, ids: list[list[int]], cfg: RunConfig, folder: Path,
             "train_loss": result.training_loss, "memory_source": MEMORY_SOURCE}
 
 
-def run_lora(name: str, cfg: RunConfig, folder: Path) -> dict[str, Any]:
-    """One lora_gui epoch through its real engine; its own tracker peak."""
+def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None) -> dict[str, Any]:
+    """One lora_gui epoch through its real engine; its own tracker peak. ``profile``: a
+    :class:`bench.step_profile.StepProfile` started and stopped with the training loop."""
     phases: dict[str, float] = {}
 
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") == "phase":
             phases.setdefault(event["phase"], time.perf_counter())
+            if profile is not None and event["phase"] == "training":
+                profile.start()
+            elif profile is not None and event["phase"] == "saving" and not profile.wall:
+                profile.stop()
 
     run_cfg = apply_overrides(cfg, LORA_CONFIGS[name])
     s = train_text(run_cfg, folder / name, overwrite=True, progress=False,
@@ -197,6 +205,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("\nreal tok/s per round: " + "; ".join(f"{k} {v['speeds']}" for k, v in med.items()))
 
 
+def profile_lora(names: list[str], cfg: RunConfig, folder: Path) -> None:
+    """Prints the time split of one profiled lora_gui epoch per configuration (profiler overhead
+    included: the fractions, not the seconds, are the figure)."""
+    from bench.step_profile import StepProfile, format_split, header, top_ops
+
+    print(header())
+    for name in names:
+        prof = StepProfile(cfg.lora_rank)
+        run_lora(name, cfg, folder, prof)
+        print(format_split(name, prof.split()), flush=True)
+        for group in ("other ops", "python / framework"):
+            print(f"    {group}, top ops: " + ", ".join(f"{k} {v:.2f} s" for k, v in top_ops(prof, group, 8)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=192, help="training documents (one epoch)")
@@ -210,6 +232,10 @@ def main() -> None:
                              "picks fp32 on such CPUs)")
     parser.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
+    parser.add_argument("--profile", action="store_true",
+                        help="only profile one lora_gui epoch per configuration and print where "
+                             "its time goes (attention, matmuls, LoRA, loss, optimizer, python)")
+    parser.add_argument("--lora", default=None, help="lora_gui configurations (default: the TRL ones' peers)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -222,6 +248,10 @@ def main() -> None:
                                  "monitor_hz": 0.0, "checkpoint_every": 1_000_000})
     trl_names = [n for n in args.trl.split(",") if n]
     lora_names = list(dict.fromkeys(TRL_CONFIGS[n]["peer"] for n in trl_names))
+    if args.lora:
+        lora_names = [n for n in args.lora.split(",") if n]
+    if args.profile:
+        return profile_lora(lora_names, cfg, folder)
     print(f"{len(ids)} documents, {sum(len(i) for i in ids)} tokens, {args.threads} thread(s), "
           f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}", flush=True)
     rows: list[dict[str, Any]] = []

@@ -25,6 +25,10 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
     assert len(steps) == 8
     for row in steps:  # reserved is at least allocated, nvidia-smi adds the context
         assert row["predicted_bytes"] <= row["predicted_reserved_bytes"] < row["predicted_nvidia_smi_bytes"]
+    for row in out["text"][:1] + out["unet"] + out["dit"]:  # speed rows: rate, FLOPs and MFU
+        assert row["step_s"] > 0 and row["useful_flops"] > 0 and 0 < row["mfu"] < 1.5
+        assert row.get("tokens_per_s", 0) > 0 or row.get("images_per_s", 0) > 0
+    assert "## Speed" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     cards = out["card"]
     assert [r["planned_longest"] for r in cards] == [False, True]
     assert all(r["out_of_memory"] is False and r["attention_workspace_bytes"] > 0 for r in cards)

@@ -180,4 +180,8 @@ def attach_lora(model, cfg: RunConfig, tokenizer=None) -> PeftModel:
         from lora_gui.models.quant import prepare_for_training
 
         prepare_for_training(peft_model)
+    if cfg.lora_fused:  # plain LoRA layers only; every other adapter keeps peft's forward
+        from lora_gui.models.lora_fused import fuse_lora
+
+        fuse_lora(peft_model)
     return peft_model

@@ -105,6 +105,12 @@ def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Fig
                             "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
 
 
+def mfu_label(records: list[dict[str, Any]]) -> str:
+    """' · MFU 12.3% (last step)': useful FLOPs per second over the machine's measured matmul peak."""
+    last = next((r.get("mfu") for r in reversed(records) if r.get("mfu") is not None), None)
+    return "" if last is None else f" · MFU {last:.1%} (last step)"
+
+
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
     """Real (non-padding) tokens/s and padding efficiency per step (image runs: images/s)."""
     margin = {"l": 50, "r": 50, "t": 40, "b": 40}
@@ -112,14 +118,16 @@ def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
         xs, ys, _ = HISTORY.points("images/s", records,
                                    lambda new: (_steps(new), column(new, "images_per_s")))
         return _figure([{"type": "scatter", "x": xs, "y": ys, "name": "images/s"}],
-                       {"title": {"text": "Throughput"}, "xaxis": {"title": {"text": "step"}},
+                       {"title": {"text": "Throughput" + mfu_label(records)},
+                        "xaxis": {"title": {"text": "step"}},
                         "yaxis": {"title": {"text": "images/s"}}, "height": 320, "margin": margin})
     xs, ys, _ = HISTORY.points("tokens/s", records, lambda new: (_steps(new), column(new, "tokens_per_s")))
     ex, ey, _ = HISTORY.points("padding efficiency", records, lambda new: (
         _steps(new), column(new, "real_tokens") / np.maximum(column(new, "padded_tokens"), 1)))
     traces = [{"type": "scatter", "x": xs, "y": ys, "name": "real tokens/s"},
               {"type": "scatter", "x": ex, "y": ey, "name": "padding efficiency", "yaxis": "y2"}]
-    return _figure(traces, {"title": {"text": "Throughput"}, "xaxis": {"title": {"text": "step"}},
+    return _figure(traces, {"title": {"text": "Throughput" + mfu_label(records)},
+                            "xaxis": {"title": {"text": "step"}},
                             "yaxis": {"title": {"text": "real tokens/s"}},
                             "yaxis2": {"title": {"text": "real / padded"}, "overlaying": "y",
                                        "side": "right", "range": [0, 1.05]},

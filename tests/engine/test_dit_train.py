@@ -58,6 +58,7 @@ def test_dit_run_trains_with_the_run_folder_contract(runs, kind):
     out, summary = runs[kind]
     assert summary["status"] == "completed" and summary["steps"] == 2 and summary["task"] == "image"
     assert summary["memory_source"] == "tracker" and summary["switches"]["cache_latents"] == "ram"
+    assert summary["mfu"] > 0 and summary["useful_flops"] > 0  # the transformer's FLOPs are counted
     assert summary["eval_loss"] is not None and summary["base_eval_loss"] is not None
     records = read_records(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)

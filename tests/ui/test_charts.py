@@ -27,6 +27,9 @@ def test_loss_and_throughput_figures():
     assert list(charts.loss_figure(records).data[0].y) == [4.0, 3.5]
     thr = charts.throughput_figure(records)
     assert list(thr.data[1].y) == [0.5, 0.5]
+    assert thr.layout.title.text == "Throughput"  # no FLOP count: no MFU shown
+    records[1]["mfu"] = 0.1234
+    assert charts.throughput_figure(records).layout.title.text == "Throughput · MFU 12.3% (last step)"
 
 
 def test_breakdown_figure_stacks_categories_and_overheads():

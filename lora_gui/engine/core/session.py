@@ -61,6 +61,7 @@ class RunSession:
     total: int
     prediction: dict[str, Any] | None = None
     trackers: Trackers | None = None  # report_to, main process only
+    peak: Any = None  # the device's measured matmul peak (lora_gui.models.flops.MachinePeak), for MFU
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from lora_gui.engine.core.setup import (
     run_device,
     start_state,
 )
+from lora_gui.engine.core.speed import run_peak, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
@@ -76,6 +77,7 @@ from lora_gui.engine.image.ranks import (
     refuse_fsdp,
 )
 from lora_gui.engine.image.samples import generate_samples, sample_prompts
+from lora_gui.engine.image.speed import BucketFlops
 from lora_gui.engine.image.summary import image_summary
 from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache
 from lora_gui.memory.predict.image_run import image_run_prediction
@@ -109,6 +111,7 @@ class ImageSession(RunSession):
     cache_seconds: float = 0.0
     cache_peak_bytes: int = 0
     optimizer_name: str = "adamw"
+    flop_counts: BucketFlops = field(default_factory=BucketFlops)  # useful FLOPs per image, by bucket
 
     def trainable(self) -> list[torch.nn.Parameter]:
         """The UNet's LoRA weights and, with train_text_encoder, the text encoders' (the optimizer's
@@ -199,6 +202,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
         data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
         cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction,
+        peak=run_peak(accelerator.device, accelerator.mixed_precision, unet),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     session.plan_event(budget, **cache, optimizer=optimizer_name)
     return session
@@ -222,6 +226,7 @@ def run_image_step(run: ImageSession, step: Step, n_images: int | None = None) -
             noise, timesteps = image_noise(run.cfg.seed, run.state.step + 1, mb.indices,
                                            enc.latents.shape[1:], sched.config.num_train_timesteps,
                                            enc.latents.device)
+            run.flop_counts.offer(enc, noise, timesteps)
             loss = unet_loss(run.model, sched, enc, noise, timesteps, reduction="sum") / n_images
             run.accelerator.backward(loss)
         except torch.OutOfMemoryError as err:
@@ -255,6 +260,8 @@ def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
               "images_per_s": images / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
               "time": time.time()}
+    run.flop_counts.count_pending(run.model, run.pipeline.noise_scheduler)  # new buckets, untimed
+    record.update(step_speed(run.flop_counts.step(images), seconds, run.peak, run.dist.world_size))
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
         record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
     return record

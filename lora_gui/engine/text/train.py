@@ -61,6 +61,7 @@ from lora_gui.engine.core.setup import (
     run_device,
     start_state,
 )
+from lora_gui.engine.core.speed import run_peak, run_speed, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
@@ -70,6 +71,7 @@ from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import adapters
 from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
+from lora_gui.models.flops import text_flops
 from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.precision import choose_precision, weights_dtype
 from lora_gui.models.quant import check_resume, quant_state_tensors
@@ -219,6 +221,7 @@ class TextSession(RunSession):
     fsdp: bool = False
     token_budget: int = 2048
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
+    flop_costs: Any = None  # lora_gui.models.flops.TextFlops of the model as attached
 
 
 def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
@@ -310,7 +313,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
         fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
-        prediction=prediction,
+        prediction=prediction, flop_costs=text_flops(unwrapped),
+        peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     if dist.is_main:
         (out / STOP_FILE).unlink(missing_ok=True)
@@ -351,6 +355,10 @@ def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
               "tokens_per_s": total["real_tokens"] / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"],
               "memory_source": run.meter.source, "time": time.time()}
+    win = run.cfg.attention == "windowed"  # each query sees its window and the global tokens only
+    flops = run.flop_costs.step([len(run.data.train[i]) for i in step.indices],
+                                run.cfg.window if win else None, run.cfg.global_tokens if win else 0)
+    record.update(step_speed(flops, seconds, run.peak, run.dist.world_size))
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
         record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
     return record
@@ -432,7 +440,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "eval_samples": len(run.data.held_out),
         "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
-        "frozen_bytes_by_rank": run.frozen_bytes_by_rank})
+        "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
+        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)})
     summary["memory_report"] = memory_report(summary)
     if run.dist.is_main:
         write_atomic(out / "run.json", json.dumps(summary, indent=1))

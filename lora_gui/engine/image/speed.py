@@ -1,0 +1,54 @@
+"""Useful FLOPs of an image step: the denoiser's forward and backward for one image of a bucket,
+counted once per bucket on fake copies of a real micro-batch's inputs, times the step's images
+(a step's matmuls and convolutions grow linearly with its images). The text encoders' pass
+(train_text_encoder) and the VAE are not counted: the count is the denoiser's."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lora_gui.engine.image.inputs import unet_loss
+from lora_gui.models.diffusion import Encoded
+from lora_gui.models.flops import counted_step_flops
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BucketFlops:
+    """Per-image useful FLOPs by latent shape; ``pending``: inputs of a bucket not yet counted,
+    kept by the step (one image's slices) and counted after it, outside its timed part."""
+
+    per_image: dict[tuple[int, ...], int | None] = field(default_factory=dict)
+    pending: dict[tuple[int, ...], tuple] = field(default_factory=dict)
+    last_key: tuple[int, ...] | None = None  # latent shape of the latest micro-batch
+
+    def offer(self, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor) -> None:
+        """Keeps one image's inputs of a bucket that has no count yet (views: no copy)."""
+        key = self.last_key = tuple(enc.latents.shape[1:])
+        if key not in self.per_image and key not in self.pending:
+            one = lambda t: None if t is None else t[:1].detach()  # noqa: E731
+            self.pending[key] = (one(enc.latents), one(enc.hidden), one(enc.pooled), one(enc.time_ids),
+                                 noise[:1], timesteps[:1])
+
+    def count_pending(self, model: Any, scheduler: Any) -> None:
+        """Counts every pending bucket (a failed count leaves that bucket without one)."""
+        for key, inputs in self.pending.items():
+            def loss(latents, hidden, pooled, time_ids, noise, timesteps):  # noqa: ANN001, ANN202
+                return unet_loss(model, scheduler, Encoded(latents, hidden, pooled, time_ids), noise,
+                                 timesteps, reduction="sum")
+            try:
+                self.per_image[key] = counted_step_flops(model, loss, *inputs)
+            except Exception as err:  # noqa: BLE001 (a count is a report: the run goes on without it)
+                log.warning("no FLOP count for latents %s: %s", key, err)
+                self.per_image[key] = None
+        self.pending.clear()
+
+    def step(self, images: int) -> int | None:
+        """Useful FLOPs of a step of ``images`` images of the latest micro-batch's latent shape."""
+        one = self.per_image.get(self.last_key) if self.last_key else None
+        return None if one is None else one * images

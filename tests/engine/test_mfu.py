@@ -1,0 +1,105 @@
+"""Model FLOPs utilisation: the FLOP count against a hand count from the config, against torch's
+own counter on a real pass, the measured matmul peak, and `mfu` in run.json of a text and an
+image run."""
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from lora_gui.config import apply_overrides
+from lora_gui.data.build_images import build
+from lora_gui.engine.image.train import train_image
+from lora_gui.engine.text.train import train_text
+from lora_gui.models import flops
+from lora_gui.presets import load_config
+
+H, I, LAYERS, HEADS, KV, VOCAB, R = 64, 160, 2, 4, 2, 128, 4  # noqa: E741 (the MLP width)
+
+
+def _tiny(attn: str = "sdpa", targets: str | list[str] = "all-linear"):
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=H, intermediate_size=I, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=KV, tie_word_embeddings=True,
+                         attn_implementation=attn)
+    torch.manual_seed(0)
+    return get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=R, target_modules=targets))
+
+
+def _hand_count(length: int, targets: tuple[str, ...]) -> int:
+    """Multiply-adds of one sequence, by hand from the config (2 FLOPs each)."""
+    d = H // HEADS  # head dim
+    shapes = {"q_proj": (H, H), "k_proj": (H, KV * d), "v_proj": (H, KV * d), "o_proj": (H, H),
+              "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+    per_token = 0
+    for name, (n_in, n_out) in shapes.items():
+        per_token += LAYERS * 2 * 2 * n_in * n_out  # forward + input gradient
+        if name in targets:  # A (in x r) and B (r x out): forward, input gradient, weight gradient
+            per_token += LAYERS * 3 * 2 * R * (n_in + n_out)
+    per_token += 2 * 2 * H * VOCAB  # output head: forward + input gradient (tied: frozen, no weight grad)
+    pairs = length * (length + 1) // 2  # causal: query i sees keys 0..i
+    attention = LAYERS * 6 * 2 * HEADS * d * pairs  # QK^T and PV forward, 4 matmuls backward
+    return per_token * length + attention
+
+
+def test_text_count_matches_a_hand_count_from_the_config():
+    assert flops.text_flops(_tiny()).step([32, 17]) == sum(
+        _hand_count(n, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+        for n in (32, 17))
+    only = ("q_proj", "v_proj")
+    assert flops.text_flops(_tiny(targets=list(only))).step([40]) == _hand_count(40, only)
+
+
+def test_text_count_against_torch_flop_counter_on_a_real_pass():
+    """torch counts what autograd runs: full (non-causal) eager score rows, and no input gradient
+    for the first layer's q/k/v (their input, the embeddings, needs none); the rest agrees."""
+    model = _tiny("eager")
+    length = 24
+    ids = torch.randint(0, VOCAB, (1, length))
+    counted = flops.counted_step_flops(model, lambda x: model(input_ids=x, labels=x).loss, ids)
+    d = H // HEADS
+    causal_vs_full = LAYERS * 12 * HEADS * d * (length * (length + 1) // 2 - length * length)
+    first_qkv = length * (2 * H * (H + 2 * KV * d) + 3 * 2 * R * H)  # base and A input gradients
+    assert counted == flops.text_flops(model).step([length]) - causal_vs_full - first_qkv
+
+
+def test_windowed_pairs():
+    assert flops.causal_pairs(5) == 15
+    assert flops.causal_pairs(5, window=2) == sum(min(i + 1, 2) for i in range(5))
+    # window 2, 1 global token: query i also sees token 0 once it is out of the window
+    assert flops.causal_pairs(6, window=2, global_tokens=1) == sum(min(i + 1, 2) + (i >= 2) for i in range(6))
+
+
+def test_gemm_peak_is_measured_once_per_device_and_dtype():
+    first = flops.machine_peak("cpu", torch.float32)
+    assert first.flops_per_s > 1e8 and first.source == "measured gemm" and first.dtype == "float32"
+    assert flops.machine_peak("cpu", torch.float32) == first  # cached for the process
+    assert flops.mfu(2e9, 1.0, 1e10) == pytest.approx(0.2) and flops.mfu(1, 1, None) is None
+    assert flops.mfu(2e9, 1.0, 1e10, processes=2) == pytest.approx(0.1)
+
+
+def test_text_run_reports_mfu(tmp_path, small_corpus):
+    cfg = apply_overrides(load_config("text-demo"), {"data": str(small_corpus), "max_seq_len": 64,
+                                                     "batch_size": 4, "max_steps": 2, "monitor_hz": 0})
+    summary = train_text(cfg, tmp_path / "run", progress=False)
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run == summary and 0 < run["mfu"] < 1.5
+    assert run["useful_flops"] > 0 and run["peak_source"] == "measured gemm"
+    assert run["mfu"] == pytest.approx(run["useful_flops"] / run["train_seconds"] / run["peak_flops_per_s"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["flops"] > 0 and r["mfu"] > 0 for r in records)
+
+
+def test_image_run_reports_mfu(tmp_path):
+    build(tmp_path / "pics", count=3)
+    cfg = apply_overrides(load_config("image-512"), {
+        "data": str(tmp_path / "pics"), "max_steps": 2, "batch_size": 1, "monitor_hz": 0,
+        "eval_fraction": 0.34, "sample_images": 0, "resolution": 128})
+    summary = train_image(cfg, tmp_path / "run", progress=False)
+    assert summary["mfu"] is not None and 0 < summary["mfu"] < 1.5
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["flops"] > 0 for r in records)
+    # one image's count is the same in every step of one bucket: linear in the images
+    per_image = {r["bucket"]: r["flops"] / r["images"] for r in records}
+    assert all(v > 1e6 for v in per_image.values())
