@@ -40,13 +40,15 @@ def _answer_text(tok, sample) -> str:
     return tok.decode([t for t, label in zip(sample.input_ids, sample.labels) if label != IGNORE_INDEX])
 
 
-@pytest.mark.parametrize("record", [STRINGS, MESSAGES, TRL_CONVERSATIONAL], ids=["strings", "messages", "trl"])
+@pytest.mark.parametrize("record", [STRINGS, MESSAGES, TRL_CONVERSATIONAL],
+                         ids=["strings", "messages", "trl"])
 def test_each_layout_gives_the_same_answers_with_the_loss_on_them_only(tmp_path, tok, record):
     path = write_jsonl(tmp_path / "p.jsonl", [record] * 4)
     loaded = load_pairs(path, tok, max_seq_len=256, eval_fraction=0.25, seed=0)
     assert len(loaded.train) == 3 and len(loaded.held_out) == 1 and loaded.skipped == 0
     pair = loaded.train[0]
-    assert _answer_text(tok, pair.chosen).startswith(GOOD) and _answer_text(tok, pair.rejected).startswith(BAD)
+    assert _answer_text(tok, pair.chosen).startswith(GOOD)
+    assert _answer_text(tok, pair.rejected).startswith(BAD)
     assert "<|im_end|>" in _answer_text(tok, pair.chosen)  # the end of turn is trained, as in SFT
     assert PROMPT in tok.decode(pair.chosen.input_ids) and len(pair) == len(pair.chosen)
 

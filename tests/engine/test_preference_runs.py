@@ -96,3 +96,19 @@ def test_resume_continues_the_same_pairs(tmp_path, qwen2_dir, demo_pairs):
     assert losses("cut") == pytest.approx(losses("whole"), rel=1e-5, abs=1e-6)
     assert torch.equal(torch.load(tmp_path / "cut" / "reference_logps.pt"), reference)  # read back
     assert whole["eval_reward_accuracy"] == resumed["eval_reward_accuracy"]
+
+
+@pytest.mark.slow
+def test_a_budget_cuts_the_pairs_into_planned_micro_batches(tmp_path, qwen2_dir, demo_pairs):
+    from lora_gui.memory.predict.run_predict import predict_text_run
+
+    whole = predict_text_run(pref_cfg(qwen2_dir, demo_pairs), "cpu")
+    assert whole.shape.batch_size == 8 and whole.step.info["objective"] == "dpo"
+    budget_gb = round(0.7 * whole.peak_bytes / 1e9, 4)  # 8 pairs a micro-batch do not fit
+    cfg = pref_cfg(qwen2_dir, demo_pairs, max_steps=2, budget_gb=budget_gb)
+    summary = train_text(cfg, tmp_path / "run", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["micro_batches"] > 1 and r["batch_size"] == 8 for r in records), records
+    report = summary["memory_report"]
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, report
+    assert report["peak_bytes"] <= budget_gb * 1e9, report  # the planned cut keeps the run under it

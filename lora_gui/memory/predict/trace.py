@@ -378,10 +378,13 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             batch["position_ids"] = torch.arange(seq_len).remainder(max(1, seq_len // 2)).expand(shape)
         return batch
 
-    def loss_fn(m: nn.Module, batch: dict, _tracker: _PhaseTracker) -> torch.Tensor:
+    def loss_fn(m: nn.Module, batch: dict, tracker: _PhaseTracker) -> torch.Tensor:
         if preference is not None:  # the preference run's own step (models.preference_loss)
-            from lora_gui.models.preference_loss import pair_losses
+            from lora_gui.models.preference_loss import REF_KEY, pair_losses, reference_logps
 
+            if preference.reference_pass:  # what pair_losses runs first, here apart so that the
+                batch = {**batch, REF_KEY: reference_logps(m, batch)}  # policy's layers count
+                tracker.category, tracker.head_entered = "activations", False  # as activations
             return pair_losses(m, batch, preference)[0].sum() / batch_size
         return m(**batch, use_cache=False).loss
 
