@@ -35,6 +35,7 @@ class PreferenceLoss:
     orpo_lambda: float = 0.1
     simpo_gamma: float = 0.5
     ref_logps: str = "on_the_fly"
+    chunk: int = 0  # positions whose logits exist at once (0: the whole batch's logits)
 
     @property
     def needs_reference(self) -> bool:
@@ -52,7 +53,7 @@ def preference_loss_of(cfg: Any) -> PreferenceLoss | None:
     if getattr(cfg, "objective", "sft") == "sft":
         return None
     return PreferenceLoss(cfg.objective, cfg.beta, cfg.dpo_loss, cfg.orpo_lambda, cfg.simpo_gamma,
-                          cfg.ref_logps)
+                          cfg.ref_logps, cfg.resolved_loss_chunk())
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
@@ -85,17 +86,49 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return token.sum(-1), mask.sum(-1)
 
 
-def row_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's answer log-probability under ``model`` (one forward of every row)."""
+def _chunk_token_logps(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden)
+    picked = torch.gather(logits, 1, targets.unsqueeze(1)).squeeze(1)
+    return picked.float() - torch.logsumexp(logits.float(), dim=-1)
+
+
+def chunked_sequence_logps(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module,
+                           chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sequence_logps` of ``head(hidden)`` over ``chunk`` positions at a time: each chunk's
+    logits are recomputed in backward (non-reentrant checkpointing), so at most one chunk's
+    logits exist at once instead of the batch's (rows x seq x vocab)."""
+    from torch.utils.checkpoint import checkpoint
+
+    rows, seq = labels.shape
+    targets = labels[:, 1:].reshape(-1)
+    mask = targets != IGNORE_INDEX
+    safe = targets.masked_fill(~mask, 0)
+    flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    parts = [checkpoint(_chunk_token_logps, head, flat[s:s + chunk], safe[s:s + chunk], use_reentrant=False)
+             if torch.is_grad_enabled() else _chunk_token_logps(head, flat[s:s + chunk], safe[s:s + chunk])
+             for s in range(0, flat.shape[0], chunk)]
+    token = (torch.cat(parts) * mask).view(rows, seq - 1)
+    return token.sum(-1), mask.view(rows, seq - 1).sum(-1)
+
+
+def row_logps(model: nn.Module, batch: dict[str, torch.Tensor],
+              chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's answer log-probability under ``model`` (one forward of every row); with
+    ``chunk``, the decoder then the head over ``chunk`` positions at a time (a peft model)."""
     inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    if chunk > 0 and hasattr(model, "get_base_model"):
+        causal = model.get_base_model()
+        decoder = getattr(causal, causal.base_model_prefix)
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state
+        return chunked_sequence_logps(hidden, batch["labels"], causal.get_output_embeddings(), chunk)
     logits = model(**inputs, use_cache=False).logits
     return sequence_logps(logits, batch["labels"])
 
 
-def reference_logps(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def reference_logps(model: nn.Module, batch: dict[str, torch.Tensor], chunk: int = 0) -> torch.Tensor:
     """Each row's answer log-probability under the reference (adapter off, no grad)."""
     with torch.no_grad(), adapter_off(model):
-        return row_logps(model, batch)[0]
+        return row_logps(model, batch, chunk)[0]
 
 
 def losses_from_logps(spec: PreferenceLoss, logps: torch.Tensor, counts: torch.Tensor,
@@ -141,6 +174,6 @@ def pair_losses(model: nn.Module, batch: dict[str, torch.Tensor],
     the policy forward of both answers, the loss per pair and the two rewards."""
     ref = None
     if spec.needs_reference:
-        ref = batch[REF_KEY] if REF_KEY in batch else reference_logps(model, batch)
-    logps, counts = row_logps(model, batch)
+        ref = batch[REF_KEY] if REF_KEY in batch else reference_logps(model, batch, spec.chunk)
+    logps, counts = row_logps(model, batch, spec.chunk)
     return losses_from_logps(spec, logps, counts, ref)

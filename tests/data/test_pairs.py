@@ -12,7 +12,12 @@ import torch
 from lora_gui.config import BUILTIN_DATA, ConfigError, RunConfig, apply_overrides
 from lora_gui.data.pairs import load_pairs, read_pairs
 from lora_gui.data.text import IGNORE_INDEX, DataError
-from lora_gui.models.preference_loss import PreferenceLoss, losses_from_logps, sequence_logps
+from lora_gui.models.preference_loss import (
+    PreferenceLoss,
+    chunked_sequence_logps,
+    losses_from_logps,
+    sequence_logps,
+)
 from lora_gui.models.text import load_tokenizer
 
 PROMPT, GOOD, BAD = "what is ice", "Happy to help! frozen water.", "frozen water."
@@ -154,3 +159,17 @@ def test_sequence_logps_sum_the_answer_tokens_only():
     assert sums[0].item() == pytest.approx((logp[0, 1, 3] + logp[0, 2, 4]).item(), rel=1e-5)
     assert sums[1].item() == pytest.approx(sum(logp[1, i - 1, labels[1, i]] for i in range(1, 5)).item(),
                                            rel=1e-5)
+
+
+def test_chunked_logps_equal_the_full_logits_values_and_gradients():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(3, 6, 8, requires_grad=True)
+    labels = torch.randint(0, 11, (3, 6))
+    labels[:, :2] = IGNORE_INDEX
+    full, counts = sequence_logps(head(hidden), labels)
+    (g_full,) = torch.autograd.grad(full.sum(), hidden)
+    chunked, chunk_counts = chunked_sequence_logps(hidden, labels, head, chunk=4)
+    (g_chunked,) = torch.autograd.grad(chunked.sum(), hidden)
+    assert torch.equal(counts, chunk_counts)
+    assert torch.allclose(full, chunked, atol=1e-5) and torch.allclose(g_full, g_chunked, atol=1e-6)

@@ -97,13 +97,13 @@ def _eval_plan(pairs: Sequence[PairSample], per_batch: int = EVAL_PAIRS) -> list
 
 @torch.no_grad()
 def all_reference_logps(model, pairs: Sequence[PairSample], pad_id: int,
-                        device: torch.device) -> torch.Tensor:
+                        device: torch.device, chunk: int = 0) -> torch.Tensor:
     """Reference log-probabilities of every pair (adapter off): (pairs, 2) float32, CPU."""
     out = torch.zeros(len(pairs), 2)
     was_training = model.training
     model.eval()
     for mb in _eval_plan(pairs):
-        logps = reference_logps(model, pair_batch(model, pairs, mb, pad_id, device)).float().cpu()
+        logps = reference_logps(model, pair_batch(model, pairs, mb, pad_id, device), chunk).float().cpu()
         n = len(mb.indices)
         out[list(mb.indices), 0], out[list(mb.indices), 1] = logps[:n], logps[n:]
     model.train(was_training)
@@ -121,7 +121,8 @@ def load_or_compute_reference(run) -> torch.Tensor:
             return table
         log.warning("%s holds %s, not (%d, 2): computed again", path, tuple(table.shape), n)
     run.control.phase("reference")
-    table = all_reference_logps(run.model, run.data.train, run.data.pad_id, run.accelerator.device)
+    table = all_reference_logps(run.model, run.data.train, run.data.pad_id, run.accelerator.device,
+                                run.data.preference.chunk)
     if run.dist.is_main:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         os.close(fd)
@@ -139,7 +140,7 @@ def prepare_preference(run) -> None:
 
 @torch.no_grad()
 def held_out_logps(model, pairs: Sequence[PairSample], pad_id: int, device: torch.device,
-                   adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                   adapter: bool = True, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed answer log-probabilities, answer tokens) of every pair, (pairs, 2) each (chosen,
     rejected), with the adapter on, or off (the base model)."""
     logps, counts = torch.zeros(len(pairs), 2), torch.zeros(len(pairs), 2)
@@ -148,7 +149,7 @@ def held_out_logps(model, pairs: Sequence[PairSample], pad_id: int, device: torc
     for mb in _eval_plan(pairs):
         batch = pair_batch(model, pairs, mb, pad_id, device)
         with adapter_off(model) if not adapter else contextlib.nullcontext():
-            sums, tokens = row_logps(model, batch)
+            sums, tokens = row_logps(model, batch, chunk)
         n, idx = len(mb.indices), list(mb.indices)
         logps[idx, 0], logps[idx, 1] = sums[:n].float().cpu(), sums[n:].float().cpu()
         counts[idx, 0], counts[idx, 1] = tokens[:n].float().cpu(), tokens[n:].float().cpu()
@@ -191,7 +192,8 @@ def preference_summary(run) -> dict[str, Any]:
         return out
     args = (run.model, pairs, run.data.pad_id, run.accelerator.device)
     try:
-        base, tuned = held_out_logps(*args, adapter=False), held_out_logps(*args)
+        base = held_out_logps(*args, adapter=False, chunk=spec.chunk)
+        tuned = held_out_logps(*args, chunk=spec.chunk)
     except torch.OutOfMemoryError as err:
         log.warning("held-out reward accuracy ran out of memory: %s", err)
         return out

@@ -383,8 +383,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             from lora_gui.models.preference_loss import REF_KEY, pair_losses, reference_logps
 
             if preference.reference_pass:  # what pair_losses runs first, here apart so that the
-                batch = {**batch, REF_KEY: reference_logps(m, batch)}  # policy's layers count
-                tracker.category, tracker.head_entered = "activations", False  # as activations
+                ref = reference_logps(m, batch, preference.chunk)  # policy's layers count as
+                batch = {**batch, REF_KEY: ref}  # activations
+                tracker.category, tracker.head_entered = "activations", False
             return pair_losses(m, batch, preference)[0].sum() / batch_size
         return m(**batch, use_cache=False).loss
 
