@@ -42,6 +42,12 @@ class PreferenceSettings:
                              "stay whole (truncate_prompt); an answer is never cut.", PREFERENCE,
                              choices=("skip", "truncate_prompt"), tasks=TEXT)
 
+    init_adapter: str = option("", "Start from an earlier run's adapter (its run folder or adapter "
+                               "folder, same adapter settings), e.g. an sft run before dpo; empty: a "
+                               "fresh adapter. DPO's reference is then that starting model "
+                               "(ref_logps: precomputed).", PREFERENCE, tasks=TEXT,
+                               label="Start from adapter")
+
     @property
     def is_preference(self) -> bool:
         """True for dpo, orpo and simpo (pairs of answers), False for sft."""
@@ -62,4 +68,8 @@ class PreferenceSettings:
         if self.is_preference and getattr(self, "batching", "auto") == "packed":
             return (f"batching: packed puts several documents in one row; objective: {self.objective} "
                     "runs the two answers of a pair as rows of their own (use bucketed or fixed)")
+        if self.init_adapter and self.objective == "dpo" and self.ref_logps == "on_the_fly":
+            return ("ref_logps: on_the_fly takes the reference from the base with the adapter off, "
+                    "but a run that starts from init_adapter has that starting model as its "
+                    "reference; use ref_logps: precomputed")
         return None

@@ -11,7 +11,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from lora_gui.config import BUILTIN_DATA, RunConfig, apply_overrides
+from lora_gui.config import BUILTIN_DATA, ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.text.train import train_text
 from tests.chat_templates import save_tiny_qwen2
@@ -113,3 +113,32 @@ def test_a_budget_cuts_the_pairs_into_planned_micro_batches(tmp_path, qwen2_dir,
     report = summary["memory_report"]
     assert LOW <= report["predicted_vs_measured"] <= HIGH, report
     assert report["peak_bytes"] <= budget_gb * 1e9, report  # the planned cut keeps the run under it
+
+
+@pytest.mark.slow
+def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, qwen2_dir, demo_pairs):
+    chats = tmp_path / "chats.jsonl"
+    rows = [json.loads(line) for line in demo_pairs.read_text().splitlines()]
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r["prompt"]},
+                                                      {"role": "assistant", "content": r["chosen"]}]})
+                             + "\n" for r in rows))
+    sft = train_text(pref_cfg(qwen2_dir, chats, objective="sft", max_steps=2), tmp_path / "sft",
+                     progress=False)
+    assert sft["status"] == "completed"
+    with pytest.raises(ConfigError, match="ref_logps: precomputed"):
+        pref_cfg(qwen2_dir, demo_pairs, init_adapter=str(tmp_path / "sft"))
+    cfg = pref_cfg(qwen2_dir, demo_pairs, init_adapter=str(tmp_path / "sft"), ref_logps="precomputed")
+    with pytest.raises(ConfigError, match="has rank 8; set lora_rank: 8"):
+        train_text(apply_overrides(cfg, {"lora_rank": 4}), tmp_path / "bad", progress=False)
+    with pytest.raises(ConfigError, match="holds no adapter"):
+        train_text(apply_overrides(cfg, {"init_adapter": str(tmp_path)}), tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written
+    summary = train_text(cfg, tmp_path / "dpo", progress=False)
+    first = json.loads((tmp_path / "dpo" / "metrics.jsonl").read_text().splitlines()[0])
+    assert abs(first["reward_margin"]) < 1e-4  # step 1: the policy is the starting (sft) model
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)
+    train_text(pref_cfg(qwen2_dir, demo_pairs, max_steps=1, ref_logps="precomputed"), tmp_path / "fresh",
+               progress=False)  # the base's reference is not the sft model's
+    assert not torch.equal(torch.load(tmp_path / "dpo" / "reference_logps.pt"),
+                           torch.load(tmp_path / "fresh" / "reference_logps.pt"))
+    assert summary["status"] == "completed"

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lora_gui.config import ConfigError
 from lora_gui.data.batching import MicroBatch, Step, collate, plan_epoch
 from lora_gui.data.model_inputs import attention_implementation, drop_redundant_padding_mask
 from lora_gui.data.pairs import PairSample
@@ -96,14 +97,18 @@ def _eval_plan(pairs: Sequence[PairSample], per_batch: int = EVAL_PAIRS) -> list
 
 
 @torch.no_grad()
-def all_reference_logps(model, pairs: Sequence[PairSample], pad_id: int,
-                        device: torch.device, chunk: int = 0) -> torch.Tensor:
-    """Reference log-probabilities of every pair (adapter off): (pairs, 2) float32, CPU."""
+def all_reference_logps(model, pairs: Sequence[PairSample], pad_id: int, device: torch.device,
+                        chunk: int = 0, adapter_on: bool = False) -> torch.Tensor:
+    """Reference log-probabilities of every pair: (pairs, 2) float32, CPU. The reference is the
+    base (adapter off), or with ``adapter_on`` the model as it starts (a run started from an
+    earlier run's adapter, before its first step)."""
     out = torch.zeros(len(pairs), 2)
     was_training = model.training
     model.eval()
     for mb in _eval_plan(pairs):
-        logps = reference_logps(model, pair_batch(model, pairs, mb, pad_id, device), chunk).float().cpu()
+        batch = pair_batch(model, pairs, mb, pad_id, device)
+        logps = (row_logps(model, batch, chunk)[0] if adapter_on else
+                 reference_logps(model, batch, chunk)).float().cpu()
         n = len(mb.indices)
         out[list(mb.indices), 0], out[list(mb.indices), 1] = logps[:n], logps[n:]
     model.train(was_training)
@@ -121,14 +126,57 @@ def load_or_compute_reference(run) -> torch.Tensor:
             return table
         log.warning("%s holds %s, not (%d, 2): computed again", path, tuple(table.shape), n)
     run.control.phase("reference")
+    if run.state.step:  # a resumed run's model is no longer the starting one
+        raise ConfigError(f"{path} is missing: the reference of a resumed run cannot be computed "
+                          "again from a trained adapter; start the run again")
     table = all_reference_logps(run.model, run.data.train, run.data.pad_id, run.accelerator.device,
-                                run.data.preference.chunk)
+                                run.data.preference.chunk, adapter_on=bool(run.cfg.init_adapter))
     if run.dist.is_main:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         os.close(fd)
         torch.save(table, tmp)
         os.replace(tmp, path)
     return table
+
+
+def start_adapter_dir(path: str) -> Path:
+    """The adapter folder of ``init_adapter``: a run folder's adapter/ or the folder itself."""
+    folder = Path(path)
+    for candidate in (folder / "adapter", folder):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise ConfigError(f"init_adapter: {path} holds no adapter (no adapter_config.json in it or in "
+                      "its adapter/ folder); give a finished run's folder or its adapter folder")
+
+
+def check_start_adapter(cfg) -> Path:
+    """The adapter folder of ``init_adapter``, refused when its rank differs from the run's."""
+    import json
+
+    folder = start_adapter_dir(cfg.init_adapter)
+    try:
+        saved = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"init_adapter: {folder / 'adapter_config.json'} is not valid JSON "
+                          f"({err})") from None
+    rank = saved.get("r")
+    if rank is not None and rank != cfg.lora_rank:
+        raise ConfigError(f"init_adapter: {folder} has rank {rank}; set lora_rank: {rank} to start from it")
+    return folder
+
+
+def load_start_adapter(model, cfg) -> None:
+    """Loads an earlier run's adapter weights into the fresh adapter (same kind, rank, targets)."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    folder = check_start_adapter(cfg)
+    result = set_peft_model_state_dict(model, load_peft_weights(str(folder), device="cpu"))
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise ConfigError(f"init_adapter: {folder} does not fit this run's adapter (e.g. "
+                          f"{unexpected[0]}); use the same adapter, lora_targets and chat template")
+    log.info("adapter started from %s", folder)
 
 
 def prepare_preference(run) -> None:

@@ -65,7 +65,13 @@ from lora_gui.engine.core.setup import (
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
-from lora_gui.engine.text.preference import preference_summary, prepare_preference, run_pair_step
+from lora_gui.engine.text.preference import (
+    check_start_adapter,
+    load_start_adapter,
+    preference_summary,
+    prepare_preference,
+    run_pair_step,
+)
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
@@ -99,6 +105,8 @@ class TextData:
 
 
 def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
+    if cfg.init_adapter:  # refused with the data, before a run folder is written
+        check_start_adapter(cfg)
     if cfg.is_preference:  # pairs through the chat template (lora_gui.data.pairs)
         pairs = load_pairs(cfg.data_path(), tokenizer, max_seq_len=cfg.max_seq_len,
                            eval_fraction=cfg.eval_fraction, seed=cfg.seed,
@@ -284,6 +292,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)
+    if ckpt is None and cfg.init_adapter:  # an earlier run's adapter (e.g. sft before dpo)
+        load_start_adapter(model, cfg)
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
