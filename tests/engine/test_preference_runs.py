@@ -142,3 +142,15 @@ def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, 
     assert not torch.equal(torch.load(tmp_path / "dpo" / "reference_logps.pt"),
                            torch.load(tmp_path / "fresh" / "reference_logps.pt"))
     assert summary["status"] == "completed"
+    # Try: base, the sft adapter the run started from and the dpo adapter side by side
+    from lora_gui.engine.generate import TextTrial, open_run
+    from lora_gui.ui.tabs import try_handlers
+
+    trial = TextTrial(open_run(tmp_path / "dpo"), device="cpu")
+    assert trial.start == tmp_path / "sft" / "adapter"
+    answers = [list(trial.stream("What is AI?", adapter=a, max_new_tokens=6, temperature=0))[-1]
+               for a in (False, "start", True)]
+    assert answers[1] != answers[2] or answers[0] != answers[1]  # three models, not one
+    assert TextTrial(open_run(tmp_path / "fresh"), device="cpu").start is None
+    *texts, message = list(try_handlers.generate(str(tmp_path / "dpo"), "What is AI?", 6, 0.0, 0, 1.0))[-1]
+    assert message.startswith("Done") and texts[4] == answers[1] and texts[1] == answers[2]
