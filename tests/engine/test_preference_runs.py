@@ -154,3 +154,14 @@ def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, 
     assert TextTrial(open_run(tmp_path / "fresh"), device="cpu").start is None
     *texts, message = list(try_handlers.generate(str(tmp_path / "dpo"), "What is AI?", 6, 0.0, 0, 1.0))[-1]
     assert message.startswith("Done") and texts[4] == answers[1] and texts[1] == answers[2]
+
+
+def test_an_out_of_memory_step_is_split_into_smaller_micro_batches_of_pairs(tmp_path, qwen2_dir, demo_pairs,
+                                                                          monkeypatch):
+    monkeypatch.setenv("LORA_GUI_INJECT_OOM", "0:2")
+    summary = train_text(pref_cfg(qwen2_dir, demo_pairs), tmp_path / "run", progress=False)
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["micro_batches"] for r in records] == [1, 2, 2]  # the guard keeps the smaller cap
+    assert all(r["batch_size"] == 8 for r in records)
+    assert summary["memory_report"]["oom_events_recovered"] == 1
