@@ -216,7 +216,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     folder = args.out or Path(tempfile.mkdtemp(prefix="peer-trl-dpo-"))
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = load_config("preference-demo", {"max_steps": args.steps, "max_seq_len": args.max_seq_len,
+    cfg = load_config("preference-demo", {"objective": "dpo", "max_steps": args.steps,
+                                          "max_seq_len": args.max_seq_len,
                                           "monitor_hz": 0.0, "checkpoint_every": 1_000_000,
                                           "model": str(bench_model(folder))})
     rows, held_out, tokenizer = bench_pairs(cfg)
