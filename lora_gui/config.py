@@ -14,13 +14,15 @@ import dataclasses
 import difflib
 import importlib.util
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lora_gui.errors import UserError
+from lora_gui.objective import PreferenceSettings
+from lora_gui.options import TEXT, option
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL_DIR = ASSETS / "base-model"
@@ -28,12 +30,12 @@ BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
                 "builtin:finetune": ASSETS / "corpus" / "finetune.txt",
                 "builtin:pretrain": ASSETS / "corpus" / "pretrain.txt",
                 "builtin:chat": ASSETS / "chat" / "demo.jsonl",  # lora_gui.data.build_chat_demo
+                "builtin:pairs": ASSETS / "pairs" / "demo.jsonl",  # lora_gui.data.build_pairs_demo
                 "builtin:stars": ASSETS / "drawing-stars"}  # image folder (lora_gui.data.drawings)
 BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
-TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
 TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
 ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
 LORA_INITS = ("default", "gaussian", "pissa", "olora")
@@ -44,25 +46,8 @@ class ConfigError(UserError, ValueError):
     """A setting is unknown or out of range; the message names it."""
 
 
-def option(default: Any, help: str, group: str, *, low: float | None = None,
-           high: float | None = None, choices: tuple[str, ...] | None = None,
-           tasks: tuple[str, ...] | None = None, label: str | None = None,
-           kinds: tuple[str, ...] | None = None) -> Any:
-    """Declares one setting with its default, help text, UI group, range and choices.
-
-    ``tasks`` lists the tasks the setting applies to (None: the "image" group's fields apply to
-    image runs, every other field to all tasks); ``label`` is the form's label (None: derived
-    from the name); ``kinds`` lists the image pipelines it applies to ('sd', 'sdxl', 'sd3',
-    'flux'; None: all). The form hides a setting for the tasks (and pipelines) it does not apply to.
-    """
-    meta = {"help": help, "group": group, "low": low, "high": high, "choices": choices,
-            "tasks": tasks or (("image",) if group == "image" else None), "label": label,
-            "kinds": kinds}
-    return field(default=default, metadata=meta)
-
-
 @dataclass
-class RunConfig:
+class RunConfig(PreferenceSettings):
     """All settings of a training run (text now; image settings join with the image engine)."""
 
     # -- task and model ----------------------------------------------------------------------
@@ -363,6 +348,8 @@ class RunConfig:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
         self._check_adapter()
+        if problem := self.preference_problem():
+            raise ConfigError(problem)
         if self.offload_checkpoints and not self.gradient_checkpointing:
             raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
                               "offloaded tensors are the checkpointed layer inputs)")

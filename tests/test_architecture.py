@@ -12,7 +12,7 @@ DOC = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 # memory.runtime (the tracker and what runs beside training) sits below models, which mark
 # host storages for the tracker; memory.predict sits above models, whose real code it traces.
 LAYERS = (
-    ("errors", "units", "config", "cards", "presets"),
+    ("errors", "units", "options", "objective", "config", "cards", "presets"),
     ("data",),
     ("memory.runtime",),
     ("attention",),

@@ -22,6 +22,7 @@ from lora_gui.engine.core.rundir import RunDirError, load_run_config
 log = logging.getLogger(__name__)
 TEXT_ADAPTER_FILE = "adapter_config.json"
 IMAGE_ADAPTER_FILE = "pytorch_lora_weights.safetensors"
+START_ADAPTER = "start"  # peft name of the adapter a run started from (init_adapter)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,25 @@ class TextTrial:
         base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         text_models.fit_embeddings(base, self.tokenizer)  # rows of the chat tokens, then the adapter's
         self.model = PeftModel.from_pretrained(base, str(run.adapter)).to(self.device).eval()
+        self.start = self._load_start_adapter()
+
+    def _load_start_adapter(self) -> Path | None:
+        """The adapter the run started from (init_adapter, e.g. the sft run before a dpo run),
+        loaded beside the trained one; None when the run started fresh or it is gone."""
+        if not self.run.cfg.init_adapter:
+            return None
+        from lora_gui.engine.text.preference import start_adapter_dir
+        from lora_gui.errors import USER_ERRORS
+
+        try:
+            folder = start_adapter_dir(self.run.cfg.init_adapter)
+            self.model.load_adapter(str(folder), adapter_name=START_ADAPTER)
+        except USER_ERRORS as err:
+            log.warning("the adapter this run started from is not shown: %s", err)
+            return None
+        self.model.set_adapter("default")
+        self.model.eval()
+        return folder
 
     def prompt_ids(self, prompt: str) -> torch.Tensor:
         """The prompt as the run trained: through the chat template for chat runs, else BOS + text."""
@@ -89,9 +109,10 @@ class TextTrial:
             ids = bos + self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return torch.tensor([ids], device=self.device)
 
-    def stream(self, prompt: str, *, adapter: bool, max_new_tokens: int = 64, temperature: float = 0.7,
+    def stream(self, prompt: str, *, adapter: bool | str, max_new_tokens: int = 64, temperature: float = 0.7,
                seed: int = 0) -> Iterator[str]:
-        """Yields the growing answer text (base when ``adapter`` is False), token by token."""
+        """Yields the growing answer text (base when ``adapter`` is False; the adapter the run
+        started from when it is ``"start"``), token by token."""
         from transformers import TextIteratorStreamer
 
         from lora_gui.data.chat_template import end_of_turn_ids
@@ -109,7 +130,13 @@ class TextTrial:
             torch.manual_seed(int(seed))  # base and adapter sample from the same stream
             try:
                 with torch.no_grad():
-                    if adapter:
+                    if adapter == START_ADAPTER:
+                        self.model.set_adapter(START_ADAPTER)
+                        try:
+                            self.model.generate(**kwargs)
+                        finally:
+                            self.model.set_adapter("default")
+                    elif adapter:
                         self.model.generate(**kwargs)
                     else:
                         with self.model.disable_adapter():

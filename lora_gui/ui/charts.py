@@ -100,9 +100,30 @@ def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Fig
                                        lambda: SmoothedSeries(smoothing))
         traces.append({"type": "scatter", "x": xs, "y": smooth, "mode": "lines",
                        "name": f"EMA {smoothing:g}"})
-    return _figure(traces, {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
-                            "yaxis": {"title": {"text": "loss"}}, "height": 320,
-                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
+    layout = {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
+              "yaxis": {"title": {"text": "loss"}}, "height": 320,
+              "margin": {"l": 50, "r": 20, "t": 40, "b": 40}}
+    if records and "reward_margin" in records[-1]:  # preference runs: their rewards beside the loss
+        traces += _reward_traces(records)
+        layout |= {"title": {"text": "Loss and rewards"}, "margin": {"l": 50, "r": 50, "t": 40, "b": 40},
+                   "yaxis2": {"title": {"text": "reward"}, "overlaying": "y", "side": "right"}}
+    return _figure(traces, layout)
+
+
+REWARD_SERIES = (("rewards_chosen", "reward chosen"), ("rewards_rejected", "reward rejected"),
+                 ("reward_margin", "reward margin"), ("reward_accuracy", "reward accuracy"))
+
+
+def _reward_traces(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A preference run's per-step rewards (chosen, rejected, margin) and reward accuracy, on the
+    loss chart's right axis."""
+    traces = []
+    for key, name in REWARD_SERIES:
+        xs, ys, _ = HISTORY.points(name, records, lambda new, k=key: (
+            _steps(new), np.array([r.get(k, np.nan) for r in new], dtype=float)))
+        traces.append({"type": "scatter", "x": xs, "y": ys, "mode": "lines", "name": name,
+                       "yaxis": "y2", "line": {"dash": "dot"} if key == "reward_accuracy" else {}})
+    return traces
 
 
 def mfu_label(records: list[dict[str, Any]]) -> str:

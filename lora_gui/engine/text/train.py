@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from peft import set_peft_model_state_dict
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.model_inputs import training_batch
+from lora_gui.data.pairs import load_pairs
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample
 from lora_gui.data.training_data import load_samples
@@ -65,6 +66,13 @@ from lora_gui.engine.core.speed import run_peak, run_speed, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
+from lora_gui.engine.text.preference import (
+    check_start_adapter,
+    load_start_adapter,
+    preference_summary,
+    prepare_preference,
+    run_pair_step,
+)
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
@@ -74,6 +82,7 @@ from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.flops import text_flops
 from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.precision import choose_precision, weights_dtype
+from lora_gui.models.preference_loss import preference_loss_of
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
 __all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
@@ -91,9 +100,21 @@ class TextData:
     pad_id: int
     tokenizer: Any = None  # chat data: carries the chat template, saved with the adapter
     is_chat: bool = False
+    # preference runs: train holds PairSamples, held_out the held-out pairs' chosen rows (eval loss)
+    preference: Any = None  # models.preference_loss.PreferenceLoss
+    held_out_pairs: list = field(default_factory=list)
+    reference: Any = None  # precomputed reference log-probabilities (pairs, 2)
 
 
 def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
+    if cfg.init_adapter:  # refused with the data, before a run folder is written
+        check_start_adapter(cfg)
+    if cfg.is_preference:  # pairs through the chat template (lora_gui.data.pairs)
+        pairs = load_pairs(cfg.data_path(), tokenizer, max_seq_len=cfg.max_seq_len,
+                           eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                           chat_template=cfg.chat_template, long_pairs=cfg.long_pairs)
+        return TextData(pairs.train, [p.chosen for p in pairs.held_out], tokenizer.pad_token_id,
+                        tokenizer, True, preference_loss_of(cfg), pairs.held_out)
     loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
                           max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                           chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)
@@ -109,7 +130,7 @@ def steps_per_epoch(cfg: RunConfig, n_samples: int) -> int:
 def epoch_plan(cfg: RunConfig, data: TextData, epoch: int, planned: bool = False) -> list[Step]:
     """The epoch's steps. ``planned``: the planner's caps per bucket (applied by the guard)
     size the micro-batches instead of the token budget (adaptive batch under a VRAM budget)."""
-    token_budget = cfg.batch_size * cfg.max_seq_len if planned else cfg.token_budget
+    token_budget = cfg.batch_size * cfg.max_seq_len if planned else cfg.sample_token_budget()
     return plan_epoch([len(s) for s in data.train], cfg.resolved_batching(),
                       batch_size=cfg.batch_size, max_seq_len=cfg.max_seq_len, seed=cfg.seed,
                       epoch=epoch, token_budget=token_budget, pad_multiple=cfg.pad_multiple)
@@ -274,6 +295,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)
+    if ckpt is None and cfg.init_adapter:  # an earlier run's adapter (e.g. sft before dpo)
+        load_start_adapter(model, cfg)
     if ckpt is not None:  # a resumed run keeps the precision it started with
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
@@ -311,7 +334,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         cfg=cfg, out=out, control=control, dist=dist, accelerator=accelerator, model=model,
         optimizer=optimizer, scheduler=scheduler, state=state, metrics=metrics, events=events,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
-        fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget,
+        fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps
+        else cfg.sample_token_budget(),
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
         prediction=prediction, flop_costs=text_flops(unwrapped),
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped),
@@ -333,12 +357,24 @@ def _run_share(run: TextSession, step: Step) -> dict[str, Any]:
         if injected_oom(run.dist.rank, run.state.step + 1):
             big = max(mine.micro_batches, key=lambda mb: len(mb.indices))
             raise MicroBatchOutOfMemory(big, torch.OutOfMemoryError("injected by " + INJECT_OOM_ENV))
-        stats = run_step(run.model, run.accelerator, run.data, mine, step_targets(run.data.train, step))
+        stats = (run_pair_step if run.data.preference else run_step)(
+            run.model, run.accelerator, run.data, mine, step_targets(run.data.train, step))
     except MicroBatchOutOfMemory as oom:
         if run.fsdp:  # no way to stop every rank at the same point inside FSDP's all-gathers
             raise FsdpOutOfMemoryError(fsdp.fsdp_oom_message(oom)) from None
         raise
     return {**stats, "indices": mine.indices, "micro_batches": len(mine.micro_batches)}
+
+
+def _row_lengths(samples: Sequence[Any], indices: Sequence[int]) -> list[int]:
+    """Real tokens of each row a step trains: a preference pair is two rows (chosen, rejected);
+    the reference pass under no_grad is not counted as useful work."""
+    rows: list[int] = []
+    for i in indices:
+        sample = samples[i]
+        pair = getattr(sample, "chosen", None) is not None and hasattr(sample, "rejected")
+        rows.extend([len(sample.chosen), len(sample.rejected)] if pair else [len(sample)])
+    return rows
 
 
 def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
@@ -354,9 +390,9 @@ def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
               "seq_len": max(mb.seq_len for mb in step.micro_batches), "seconds": seconds,
               "tokens_per_s": total["real_tokens"] / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"],
-              "memory_source": run.meter.source, "time": time.time()}
+              "memory_source": run.meter.source, "time": time.time(), **stats.get("preference", {})}
     win = run.cfg.attention == "windowed"  # each query sees its window and the global tokens only
-    flops = run.flop_costs.step([len(run.data.train[i]) for i in step.indices],
+    flops = run.flop_costs.step(_row_lengths(run.data.train, step.indices),
                                 run.cfg.window if win else None, run.cfg.global_tokens if win else 0)
     record.update(step_speed(flops, seconds, run.peak, run.dist.world_size))
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
@@ -417,6 +453,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     out = Path(out)
     control = control or TrainControl()
     run = _setup(cfg, out, resume, overwrite, control)
+    if run.data.preference:
+        prepare_preference(run)
     status, message = run_loop(run, lambda epoch: epoch_plan(cfg, run.data, epoch, bool(run.caps.caps)),
                                lambda step, epoch: _one_step(run, step, epoch), progress)
     control.phase("saving")
@@ -442,6 +480,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
         "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
         **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)})
+    if run.data.preference:
+        summary.update(preference_summary(run))
     summary["memory_report"] = memory_report(summary)
     if run.dist.is_main:
         write_atomic(out / "run.json", json.dumps(summary, indent=1))

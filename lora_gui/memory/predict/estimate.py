@@ -183,7 +183,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        device: str = "cuda", attention_window: int | None = None,
                        loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
-                       embeddings_on_host: bool = False, adapter: Any = None) -> TraceResult:
+                       embeddings_on_host: bool = False, adapter: Any = None,
+                       preference: Any = None) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
@@ -202,6 +203,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             they keep in host memory (peak).
         adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`;
             None: plain LoRA): its terms come from :mod:`lora_gui.memory.predict.adapter_estimate`.
+        preference: a preference run's loss: ``batch_size`` pairs are estimated as twice the
+            rows with full logits (the log-probabilities need every position's); the trace runs
+            the real step.
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -211,6 +215,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     """
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+    if preference is not None:
+        batch_size, loss_chunk = 2 * batch_size, 0
     if attn_implementation not in ("eager", "sdpa", "windowed"):
         raise ValueError(f"attn_implementation must be 'eager', 'sdpa' or 'windowed', "
                          f"got {attn_implementation!r}")

@@ -277,6 +277,9 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
         cfg = replace(cfg, batching="bucketed")
         notes.append("planned for one document a row (batching=bucketed): a packed row's block mask "
                      "grows with the square of its length")
+    if cfg.is_preference:  # the traced step is the preference step: both answers, the reference
+        notes.append(f"longest pair ({cfg.objective}): each micro-batch row is a pair, its chosen and "
+                     "rejected answers each up to this length, run together with the reference pass")
     search = _Search(cfg, budget, device, count_cuda_context)
     context = max_positions(search.config)
     cap = MAX_LEN if beyond_context or not context else min(context, MAX_LEN)

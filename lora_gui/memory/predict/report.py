@@ -104,7 +104,8 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_l
     figures = pred.figures
     if figures:
         data = "the run's real data" if figures["from_data"] else "worst case, no data to read"
-        lines.append(f"  peak micro-batch: {figures['batch_size']} x {figures['seq_len']} tokens, mask "
+        rows = f" pairs ({2 * figures['batch_size']} rows)" if cfg.is_preference else ""
+        lines.append(f"  peak micro-batch: {figures['batch_size']}{rows} x {figures['seq_len']} tokens, mask "
                      f"{figures['mask']}, attention kernel on {pred.device}: {figures['kernel']} ({data})")
     lines += [f"  {name:<18} {nbytes / MIB:>10,.1f} MiB" for name, nbytes in step.breakdown.items()]
     lines += [f"  + {name:<16} {nbytes / MIB:>10,.1f} MiB  (CUDA-only overhead, not in the trace)"

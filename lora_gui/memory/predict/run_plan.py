@@ -17,6 +17,7 @@ from lora_gui.memory.predict.parallel import Parallel, per_gpu
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 from lora_gui.models.adapters import adapter_spec
 from lora_gui.models.precision import planned_weights_dtype
+from lora_gui.models.preference_loss import preference_loss_of
 
 
 def model_config_for(cfg: RunConfig, source: str | None = None) -> Any:
@@ -55,6 +56,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
             "offload_checkpoints": cfg.offload_checkpoints, "mlp_chunk": cfg.mlp_chunk,
             "embeddings_on_host": cfg.embeddings_on_host, "adapter": adapter_spec(cfg),
+            "preference": preference_loss_of(cfg),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}

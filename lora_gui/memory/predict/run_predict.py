@@ -107,7 +107,7 @@ def run_steps(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
     engine cuts them: the epoch plan (the budget's caps replace the token budget), the caps,
     the per-rank split."""
     batching = cfg.resolved_batching()
-    token_budget = cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget
+    token_budget = cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.sample_token_budget()
     per_epoch = math.ceil(len(lengths) / cfg.batch_size)
     total = cfg.max_steps or per_epoch * cfg.epochs
     for epoch in range(math.ceil(total / per_epoch)):
@@ -129,7 +129,9 @@ def micro_shapes(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
     for step in run_steps(cfg, lengths, caps, world_size):
         for k, mb in enumerate(step.micro_batches):
             rows = 1 if mb.packed else len(mb.indices)
-            shapes.add(MicroShape(rows, mb.seq_len, _mask_of(mb, lengths, keeps_mask), k > 0))
+            # a pair's two rows rarely share a length: a kept mask always has padding (err high)
+            mask = "padding" if keeps_mask and cfg.is_preference else _mask_of(mb, lengths, keeps_mask)
+            shapes.add(MicroShape(rows, mb.seq_len, mask, k > 0))
     return shapes
 
 
@@ -145,7 +147,7 @@ def worst_case_shapes(cfg: RunConfig, caps: BatchCaps, world_size: int = 1) -> s
     batching = cfg.resolved_batching()
     if batching == "packed":
         return {MicroShape(1, min(cfg.max_seq_len, cfg.token_budget), "packed", True)}
-    token_budget = cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.token_budget
+    token_budget = cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.sample_token_budget()
     lengths = sorted({cfg.max_seq_len, *caps.caps}) if batching != "fixed" else [cfg.max_seq_len]
     out = set()
     for n in (s for s in lengths if s <= cfg.max_seq_len):
@@ -162,6 +164,13 @@ def data_lengths(cfg: RunConfig, source: str) -> tuple[list[int], int, bool]:
     from lora_gui.models.text import load_tokenizer
 
     tokenizer = load_tokenizer(source)
+    if cfg.is_preference:  # pairs: a sample's length is its longer answer's row
+        from lora_gui.data.pairs import load_pairs
+
+        pairs = load_pairs(cfg.data_path(), tokenizer, max_seq_len=cfg.max_seq_len,
+                           eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                           chat_template=cfg.chat_template, long_pairs=cfg.long_pairs)
+        return [len(p) for p in pairs.train], len(tokenizer), True
     loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
                           max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                           chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)

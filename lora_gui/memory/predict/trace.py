@@ -285,7 +285,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     optimizer: str = "adamw", mask: str = "none", grads_before: bool = False,
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
                     embeddings_on_host: bool = False, added_tokens: int = 0,
-                    adapter: Any = None) -> TraceResult:
+                    adapter: Any = None, preference: Any = None) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -326,6 +326,10 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`:
             DoRA, LoHa, LoKr, OFT, rsLoRA, LoRA-FA); its real peft layers run in the step.
             None: plain LoRA. Rank, alpha and dropout come from the arguments above.
+        preference: a preference run's loss (:class:`lora_gui.models.preference_loss.PreferenceLoss`):
+            ``batch_size`` counts pairs, the step runs ``2 x batch_size`` rows through the run's
+            own :func:`~lora_gui.models.preference_loss.pair_losses` (the reference pass with the
+            adapter off, or precomputed reference log-probabilities in the batch). None: next-token loss.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -360,9 +364,13 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         setup = quant.materialize_quant_states
     vocab = cfg.vocab_size
 
+    rows = batch_size * (2 if preference is not None else 1)  # a pair is two rows
+
     def make_inputs() -> dict:  # the tensors the engine's collate() gives the model
-        shape = (batch_size, seq_len)
+        shape = (rows, seq_len)
         batch = {"input_ids": torch.randint(0, vocab, shape), "labels": torch.randint(0, vocab, shape)}
+        if preference is not None and preference.needs_reference and not preference.reference_pass:
+            batch["ref_logps"] = torch.zeros(rows)  # precomputed, float32, as the engine's batch
         if mask == "padding":  # a padded last token (real values matter with fake=False)
             batch["attention_mask"] = torch.ones(shape, dtype=torch.long)
             batch["attention_mask"][-1, -1] = 0
@@ -370,7 +378,15 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             batch["position_ids"] = torch.arange(seq_len).remainder(max(1, seq_len // 2)).expand(shape)
         return batch
 
-    def loss_fn(m: nn.Module, batch: dict, _tracker: _PhaseTracker) -> torch.Tensor:
+    def loss_fn(m: nn.Module, batch: dict, tracker: _PhaseTracker) -> torch.Tensor:
+        if preference is not None:  # the preference run's own step (models.preference_loss)
+            from lora_gui.models.preference_loss import REF_KEY, pair_losses, reference_logps
+
+            if preference.reference_pass:  # what pair_losses runs first, here apart so that the
+                ref = reference_logps(m, batch, preference.chunk)  # policy's layers count as
+                batch = {**batch, REF_KEY: ref}  # activations
+                tracker.category, tracker.head_entered = "activations", False
+            return pair_losses(m, batch, preference)[0].sum() / batch_size
         return m(**batch, use_cache=False).loss
 
     head = model.get_output_embeddings()
@@ -384,7 +400,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",
                     source="tracker" if not fake else "predicted", quantization=quantization,
-                    optimizer=optimizer)
+                    optimizer=optimizer, objective=preference.objective if preference else "sft")
     return res
 
 

@@ -73,22 +73,23 @@ def _trial_for(run: RunInfo):
 
 
 def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperature: float, seed: float,
-             scale: float) -> Iterator[tuple[str, str, Any, Any, str]]:
-    """Streams (base text, adapter text, base picture, adapter picture, message)."""
+             scale: float) -> Iterator[tuple[Any, ...]]:
+    """Streams (base text, adapter text, base picture, adapter picture, starting adapter's text
+    (a run started from an earlier run's adapter), message)."""
     if not run_dir:
-        yield "", "", None, None, "Pick a finished run first (train one, then press Refresh)."
+        yield "", "", None, None, "", "Pick a finished run first (train one, then press Refresh)."
         return
     if not (prompt or "").strip():
-        yield "", "", None, None, "Type a prompt first."
+        yield "", "", None, None, "", "Type a prompt first."
         return
     try:
         run = open_run(run_dir)
         room = generation.room_for_generation(needed_bytes(run, int(max_new_tokens or 64)), _running_job())
         if not room.fits:
-            yield "", "", None, None, room.message
+            yield "", "", None, None, "", room.message
             return
         if not _lock.acquire(blocking=False):
-            yield "", "", None, None, "A generation is already running; wait for it to finish."
+            yield "", "", None, None, "", "A generation is already running; wait for it to finish."
             return
         try:
             yield from _generate(run, prompt, int(max_new_tokens or 64), float(temperature or 0),
@@ -96,27 +97,32 @@ def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperatur
         finally:
             _lock.release()
     except USER_ERRORS as err:
-        yield "", "", None, None, f"Error: {err}"
+        yield "", "", None, None, "", f"Error: {err}"
 
 
 def _generate(run: RunInfo, prompt: str, max_new: int, temperature: float, seed: int,
-              scale: float) -> Iterator[tuple[str, str, Any, Any, str]]:
+              scale: float) -> Iterator[tuple[Any, ...]]:
     trial = _trial_for(run)
     if run.cfg.task == "image":
-        yield "", "", None, None, "Generating pictures…"
+        yield "", "", None, None, "", "Generating pictures…"
         base, tuned = trial.pictures(prompt, seed=seed, scale=scale)
-        yield "", "", base, tuned, f"Done: seed {seed}, LoRA scale {scale:g}, {run.cfg.resolution} px."
+        yield "", "", base, tuned, "", f"Done: seed {seed}, LoRA scale {scale:g}, {run.cfg.resolution} px."
         return
     what = "chat template applied" if run.is_chat else "plain text prompt"
     base = ""
     for base in trial.stream(prompt, adapter=False, max_new_tokens=max_new, temperature=temperature,
                              seed=seed):
-        yield base, "", None, None, f"Base model generating… ({what})"
+        yield base, "", None, None, "", f"Base model generating… ({what})"
+    start = ""
+    if getattr(trial, "start", None) is not None:  # the adapter the run started from, between them
+        for start in trial.stream(prompt, adapter="start", max_new_tokens=max_new, temperature=temperature,
+                                  seed=seed):
+            yield base, "", None, None, start, f"Starting adapter generating… ({what})"
     tuned = ""
     for tuned in trial.stream(prompt, adapter=True, max_new_tokens=max_new, temperature=temperature,
                               seed=seed):
-        yield base, tuned, None, None, f"Adapter generating… ({what})"
-    yield base, tuned, None, None, f"Done: seed {seed}, temperature {temperature:g}, {what}."
+        yield base, tuned, None, None, start, f"Adapter generating… ({what})"
+    yield base, tuned, None, None, start, f"Done: seed {seed}, temperature {temperature:g}, {what}."
 
 
 def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none") -> str:

@@ -29,6 +29,8 @@ def build() -> dict[str, gr.components.Component]:
     message = gr.Markdown(elem_id="try-message")
     with gr.Row():
         base_text = gr.Textbox(label="Base model", lines=6, elem_id="try-base")
+        start_text = gr.Textbox(label="Adapter the run started from (e.g. its sft run)", lines=6,
+                                elem_id="try-start")
         tuned_text = gr.Textbox(label="With the adapter", lines=6, elem_id="try-adapter")
     with gr.Row():
         base_image = gr.Image(label="Base picture", type="pil", elem_id="try-base-image")
@@ -44,7 +46,8 @@ def build() -> dict[str, gr.components.Component]:
         export_message = gr.Markdown(elem_id="export-message")
     refresh.click(try_handlers.refresh_runs, run, run)
     go.click(try_handlers.generate, [run, prompt, max_new, temperature, seed, scale],
-             [base_text, tuned_text, base_image, tuned_image, message])
+             [base_text, tuned_text, base_image, tuned_image, start_text, message])
     export.click(try_handlers.export, [run, out, merged, gguf], export_message)
     return {"run": run, "prompt": prompt, "generate": go, "base": base_text, "adapter": tuned_text,
+            "start": start_text,
             "message": message, "export": export}
