@@ -23,9 +23,29 @@ the native allocator of ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, defa
   ``release_cached_blocks``, every wholly free segment is released and the allocation retried;
   if it still does not fit, the step runs out of memory (``replay(limit=...)``).
 
+With ``expandable_segments:True``, which every run sets (:mod:`lora_gui.memory.runtime.alloc_conf`),
+:class:`ExpandableAllocator` replays what the same file does then (read at pytorch/pytorch commit
+001074d25084, ``Note [Expandable Segments]`` and the functions named here):
+
+- one segment per pool and stream that grows (``find_expandable_block``: the address space of
+  1 1/8 of the card is reserved once; physical pages are mapped as needed), 2 MiB pages in the
+  small pool and 20 MiB (``kLargeBuffer``) in the large one (``ExpandableSegment`` constructor,
+  ``segment_size``);
+- a request no cached block holds maps whole pages after the segment's end and merges them with a
+  free block there (``try_allocate_expandable_block`` -> ``map_block`` -> ``try_merge_blocks``);
+- best fit as above, except that the free block at the end of the mapped part counts as the size
+  it could grow to, so it is taken last (``get_free_block``, ``expandable_size``);
+- blocks of both pools split when at least 512 B remain (``should_split``);
+- under a cap (``set_per_process_memory_fraction``), before it reports out of memory the allocator
+  unmaps every wholly free page (``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``
+  -> ``ExpandableSegment::unmap``) and maps the request again: a capped run needs the pages that
+  hold live blocks, :attr:`Replay.peak_pages`, which is what the plan counts; an uncapped run keeps
+  freed pages mapped, ``peak_reserved`` (the most ``max_memory_reserved`` can show).
+
 Not modelled: several streams (every allocation is on one stream; the offloaded checkpoints'
 side stream only copies), ``max_split_size_mb``, ``roundup_power2_divisions``, garbage-collection
-thresholds, ``expandable_segments:True`` (not set by the engine), and the order in which the real
+thresholds, where a capped expandable segment re-maps a request (it may fill unmapped holes; the
+replay keeps the uncapped layout and counts its live pages), and the order in which the real
 kernels allocate inside one op (the trace sees an op's outputs together).
 """
 
