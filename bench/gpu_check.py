@@ -27,7 +27,12 @@
    planned allocated / reserved (the caching-allocator replay) / nvidia-smi and the attention
    kernel's backward workspace vs measured max_memory_allocated / max_memory_reserved, and
    whether the planned longest ran without running out of memory. Target: reserved within
-   -1%...+5% of the plan, no out-of-memory at a planned length.
+   -1%...+5% of the plan, no out-of-memory at a planned length. The longest answers run attention
+   in head groups (one key/value head a call) when the plan picks it; the first card's answer is
+   then run once more with attention in one call, a row whose ``planned_to_fit`` says whether the
+   plan expects it to run out of memory. The process runs with ``expandable_segments:True`` (as
+   every run does); the planned reserved figure is the pages that hold live blocks (what a capped
+   run needs), ``predicted_reserved_unlimited_bytes`` what an uncapped replay keeps mapped.
 Every row of 1, 1b and 2b also has measured vs planned reserved memory.
 2. Windowed attention (issue 4): ``flex`` vs causal SDPA, forward + backward, batch 1, 4 heads of
    64, bf16, W=256, G=4, S from 1k to 32k: median time and peak allocated bytes.
@@ -40,6 +45,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +260,7 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
     import tempfile
 
     from bench.quant_measure import save_random_model
+    from lora_gui.attention.head_groups import key_value_heads, register_head_groups
     from lora_gui.cards import card_by_name
     from lora_gui.config import RunConfig, apply_overrides
     from lora_gui.engine.core.optim import make_optimizer
@@ -280,15 +287,29 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                 enable_checkpointing(model)
             apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
                                embeddings_on_host=run.embeddings_on_host)
+            base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+            register_head_groups(base_model.config._attn_implementation)
             model.train()
             optimizer, _ = make_optimizer(run, [p for p in model.parameters() if p.requires_grad],
                                           torch.device(device))
-            for seq in [*(lengths if k == 0 else []), answer.seq_len]:
-                planned = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, **step_kwargs(run, "cuda"))
+            # the planned lengths, then (first card) the longest again with attention in head groups
+            # switched the other way (off when the plan chose them, one key/value head a call when
+            # not): the plan says whether that fits, the card says whether the plan is right
+            runs = [(seq, run) for seq in [*(lengths if k == 0 else []), answer.seq_len]]
+            if k == 0:
+                other = 0 if run.attention_head_groups > 1 else key_value_heads(cfg)
+                runs.append((answer.seq_len, replace(run, attention_head_groups=other)))
+            for seq, at in runs:
+                _set_head_groups(model, at.attention_head_groups)
+                planned = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, **step_kwargs(at, "cuda"))
                 ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
                 row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32",
                        "card": card.name, "budget_bytes": card.total_bytes, "seq_len": seq,
-                       "planned_longest": seq == answer.seq_len,
+                       "planned_longest": seq == answer.seq_len and at is run,
+                       "attention_head_groups": at.attention_head_groups,
+                       "planned_to_fit": planned.peak_bytes <= card.total_bytes,
+                       "predicted_reserved_unlimited_bytes": planned.info.get("allocator_replay", {}).get(
+                           "peak_reserved", 0),
                        "switches": answer.switches, "kernel": planned.info.get("kernel"),
                        "attention_workspace_bytes": planned.info.get("attention_workspace_bytes", 0),
                        "predicted_bytes": planned.allocator_peak_bytes,
@@ -304,6 +325,15 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def _set_head_groups(model: torch.nn.Module, groups: int) -> None:
+    """Attention in ``groups`` calls per layer from now on (0: one call), on a built model."""
+    from lora_gui.attention.head_groups import GROUPS_ATTR
+
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups") and hasattr(module, "k_proj"):
+            setattr(module, GROUPS_ATTR, groups)
 
 
 def _unet_extra(c: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -480,14 +510,16 @@ def _markdown(result: dict[str, Any]) -> str:
         peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
     out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
-            "| model | card | seq | longest? | kernel | workspace MiB | measured alloc / reserved MiB | "
-            "planned alloc / reserved MiB | reserved error |", "|---|---|---|---|---|---|---|---|---|"]
+            "| model | card | seq | longest? | head groups | planned to fit | kernel | workspace MiB | "
+            "measured alloc / reserved MiB | planned alloc / reserved MiB | reserved error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.get("card", []):
         measured = "OOM" if r["out_of_memory"] else (f"{r['measured_bytes'] / mib:,.0f} / "
                                                        f"{r['measured_reserved_bytes'] / mib:,.0f}")
         err = f"{r['reserved_error']:+.1%}" if r["reserved_error"] is not None else "-"
         planned = f"{r['predicted_bytes'] / mib:,.0f} / {r['predicted_reserved_bytes'] / mib:,.0f}"
         out.append(f"| {r['model']} | {r['card']} | {r['seq_len']} | {r['planned_longest']} | "
+                   f"{r['attention_head_groups'] or 'off'} | {r['planned_to_fit']} | "
                    f"{r['kernel']} | {r['attention_workspace_bytes'] / mib:,.1f} | {measured} | {planned} | "
                    f"{err} |")
     return "\n".join(out) + "\n"
@@ -500,6 +532,10 @@ def main() -> None:
     parser.add_argument("--only", choices=("all", "dit", "no-dit"), default="all",
                         help="dit: only the SD3 / Flux steps (about 5 min on an H200); no-dit: the rest")
     args = parser.parse_args()
+    # before the first CUDA tensor: the allocator runs use and the plans model (kept if set)
+    from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
+
+    use_expandable_segments()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}

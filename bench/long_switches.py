@@ -9,8 +9,11 @@ arms alike (the order rotates each round); the figure is the median over rounds 
 of the two arms' step times in that round. Arms and their baselines:
 
 - ``gradient_checkpointing``: checkpointing on / off.
-- ``offload_checkpoints``, ``mlp_chunk``, ``embeddings_on_host``, ``loss_chunk``: the switch on /
-  off, both with checkpointing (the setting long sequences run with).
+- ``offload_checkpoints``, ``mlp_chunk``, ``embeddings_on_host``, ``loss_chunk``,
+  ``attention_head_groups``: the switch on / off, both with checkpointing (the setting long
+  sequences run with). The model has grouped-query attention (8 query heads, 2 key/value heads),
+  so attention in 2 head groups runs one key/value head a call, as the 8B's 8 groups do. On a
+  CPU that is only its cost in kernel calls and the joined gradients; on CUDA it is unmeasured.
 
 Writes ``bench/results/long_switches.json`` ({switch: {"slowdown": ratio, "command": ...}}),
 which ``plan --longest`` reads to say what each switch it picks costs. On a CPU the host copies
@@ -44,10 +47,12 @@ ARMS = {  # arm -> (gradient checkpointing, loss_chunk, long-context switches)
     "mlp_chunk": (True, 0, {"mlp_chunk": 256}),
     "embeddings_on_host": (True, 0, {"embeddings_on_host": True}),
     "loss_chunk": (True, 256, {}),
+    "attention_head_groups": (True, 0, {"attention_head_groups": 2}),  # one key/value head a call
 }
 BASELINE = {"gradient_checkpointing": ("checkpointed", "plain"),
             **{k: (k, "checkpointed") for k in ("offload_checkpoints", "mlp_chunk",
-                                                "embeddings_on_host", "loss_chunk")}}
+                                                "embeddings_on_host", "loss_chunk",
+                                                "attention_head_groups")}}
 
 
 def build(base: torch.nn.Module, checkpointing: bool, loss_chunk: int, switches: dict) -> tuple:
@@ -79,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=8192,
                          tie_word_embeddings=False)
     base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     arms = {name: build(base, *spec) for name, spec in ARMS.items()}

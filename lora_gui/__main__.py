@@ -441,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # before torch starts CUDA: the allocator the plans model (kept if the user set it)
+    from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
+
+    use_expandable_segments()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

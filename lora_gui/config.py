@@ -114,6 +114,12 @@ class RunConfig(PreferenceSettings):
                             "many tokens at a time, so its intermediates do not grow with the "
                             "sequence (same result). 0 = off.", "memory", low=0, high=1 << 22,
                             tasks=TEXT)
+    attention_head_groups: int = option(0, "Attention in head groups: run each layer's attention as "
+                                        "this many calls, each over an equal share of the key/value "
+                                        "heads, so the GPU kernels' backward scratch is that many "
+                                        "times smaller (same result, more kernel launches). Must "
+                                        "divide the model's key/value heads. 0 = one call.", "memory",
+                                        low=0, high=1024, tasks=TEXT)
     embeddings_on_host: bool = option(False, "Keep the frozen input embedding table in host memory "
                                       "and move only the looked-up rows to the accelerator.",
                                       "memory", tasks=TEXT)
@@ -353,6 +359,10 @@ class RunConfig(PreferenceSettings):
         if self.offload_checkpoints and not self.gradient_checkpointing:
             raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
                               "offloaded tensors are the checkpointed layer inputs)")
+        if self.attention_head_groups > 1 and self.attention != "windowed" \
+                and self.resolved_attn_backend() == "eager":
+            raise ConfigError("attention_head_groups: needs attn_backend sdpa (or attention: windowed); "
+                              "eager attention keeps its own score matrices")
         return self
 
 

@@ -30,7 +30,14 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
         assert row.get("tokens_per_s", 0) > 0 or row.get("images_per_s", 0) > 0
     assert "## Speed" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     cards = out["card"]
-    assert [r["planned_longest"] for r in cards] == [False, True]
+    # the planned lengths, then the longest again with attention in head groups switched the other way
+    assert [r["planned_longest"] for r in cards] == [False, True, False]
+    groups = [r["attention_head_groups"] for r in cards]
+    assert groups[0] == groups[1] and {groups[1] or 0, groups[2] or 0} == {0, 2}  # 2 key/value heads
+    assert cards[2]["seq_len"] == cards[1]["seq_len"]
+    on, off = sorted(cards[1:], key=lambda r: -(r["attention_head_groups"] or 0))
+    assert on["attention_workspace_bytes"] < off["attention_workspace_bytes"]
     assert all(r["out_of_memory"] is False and r["attention_workspace_bytes"] > 0 for r in cards)
-    assert cards[-1]["predicted_nvidia_smi_bytes"] <= cards[-1]["budget_bytes"]  # the plan fits the card
+    assert cards[1]["predicted_nvidia_smi_bytes"] <= cards[1]["budget_bytes"]  # the plan fits the card
+    assert cards[1]["planned_to_fit"]
     assert "## Cards" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")

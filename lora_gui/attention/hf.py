@@ -64,8 +64,13 @@ IMPL_ATTR = "windowed_impl"
 
 
 def register_windowed_attention() -> None:
-    """Registers the ``"windowed"`` attention and mask functions with transformers (idempotent)."""
-    AttentionInterface.register(ATTENTION_NAME, windowed_attention_forward)
+    """Registers the ``"windowed"`` attention and mask functions with transformers (idempotent).
+
+    The attention function is registered able to run in head groups (a module's
+    ``attention_head_groups``, :mod:`lora_gui.attention.head_groups`; one call when it has none)."""
+    from lora_gui.attention.head_groups import with_head_groups
+
+    AttentionInterface.register(ATTENTION_NAME, with_head_groups(windowed_attention_forward))
     AttentionMaskInterface.register(ATTENTION_NAME, windowed_mask)
 
 

@@ -30,6 +30,7 @@ from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folde
 from lora_gui.engine.core.preflight import check_before_replacing
 from lora_gui.engine.core.rundir import prepare_run_dir
 from lora_gui.engine.core.runstate import died_message
+from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
 
 POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from
@@ -85,6 +86,7 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
     with log_path.open("w", encoding="utf-8") as log:
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
+        use_expandable_segments(env)  # the run's CUDA allocator, as its plan models it
         # a session of its own: the run outlives the dashboard and its terminal's Ctrl-C
         proc = subprocess.Popen(launch_command(preset, job.out, processes, resume), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

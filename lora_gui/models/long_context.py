@@ -226,7 +226,8 @@ def enable_host_embeddings(model: nn.Module) -> torch.Tensor:
 
 
 def apply_long_context(model: nn.Module, *, offload_checkpoints: bool = False, mlp_chunk: int = 0,
-                       embeddings_on_host: bool = False) -> list[torch.Tensor]:
+                       embeddings_on_host: bool = False,
+                       attention_head_groups: int = 0) -> list[torch.Tensor]:
     """Switches on the requested long-context memory switches on a (peft-wrapped) causal LM.
 
     Call after LoRA is attached and gradient checkpointing is switched on.
@@ -235,6 +236,13 @@ def apply_long_context(model: nn.Module, *, offload_checkpoints: bool = False, m
         The tensors that now live in host memory for the whole run (the embedding table).
     """
     host: list[torch.Tensor] = []
+    if attention_head_groups > 1:  # attention per group of key/value heads (lora_gui.attention.head_groups)
+        from lora_gui.attention.head_groups import enable_attention_head_groups
+
+        try:
+            enable_attention_head_groups(model, attention_head_groups)
+        except ValueError as err:
+            raise ModelError(str(err)) from None
     if mlp_chunk:
         log.info("tiled MLP over %d tokens in %d layers", mlp_chunk, enable_tiled_mlp(model, mlp_chunk))
     if offload_checkpoints:

@@ -3,6 +3,7 @@ c10/cuda/CUDACachingAllocator.cpp."""
 
 from lora_gui.memory.predict.allocator import (
     CachingAllocator,
+    ExpandableAllocator,
     replay_records,
     round_size,
     segment_size,
@@ -63,3 +64,39 @@ def test_two_steps_places_the_optimizer_state_between_the_steps():
     r = replay_records(out)
     assert r.peak_allocated == 50 * MIB + 40 * MIB + 60 * MIB
     assert r.peak_reserved >= r.peak_allocated
+
+
+def test_expandable_segments_grow_one_segment_by_pages():
+    a = ExpandableAllocator()
+    x = a.malloc(5 * MIB)  # one 20 MiB page of the large pool's segment, 15 MiB left free at its end
+    a.malloc(5 * MIB)  # fits in that free end: no new page
+    assert a.reserved == 20 * MIB and len(a.segments) == 1
+    a.malloc(30 * MIB)  # the free end (10 MiB) + one more page (20 MiB), merged: still one segment
+    assert a.reserved == 40 * MIB and len(a.segments) == 1
+    a.release(x)
+    a.malloc(4 * MIB)  # best fit reuses the freed block in the middle
+    assert a.reserved == 40 * MIB
+    a.malloc(100)  # the small pool: a segment of its own, 2 MiB pages
+    assert a.reserved == 42 * MIB and len(a.segments) == 2
+
+
+def test_expandable_segments_keep_holes_mapped_but_a_cap_needs_only_live_pages():
+    records = [(100 * MIB, 1, 2), (100 * MIB, 1, None), (150 * MIB, 3, None)]
+    default, expandable = replay_records(records), replay_records(records, expandable=True)
+    assert default.peak_reserved == 350 * MIB and default.peak_pages == default.peak_reserved
+    # the freed 100 MiB stays mapped (reserved), while only the pages under live blocks are needed
+    # once the allocator unmaps free pages under a cap: 100 MiB + 150 MiB rounded to 20 MiB pages
+    assert expandable.peak_reserved == 360 * MIB and expandable.peak_pages == 260 * MIB
+    assert expandable.peak_allocated == default.peak_allocated == 250 * MIB and expandable.expandable
+
+
+def test_the_run_sets_expandable_segments_unless_the_user_chose():
+    from lora_gui.memory.runtime.alloc_conf import expandable_segments_planned, use_expandable_segments
+
+    env: dict[str, str] = {}
+    assert use_expandable_segments(env) and env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    assert not use_expandable_segments(mine) and mine["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    both = "max_split_size_mb:64,expandable_segments:True"
+    assert expandable_segments_planned({"PYTORCH_CUDA_ALLOC_CONF": both})
+    assert not expandable_segments_planned({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})

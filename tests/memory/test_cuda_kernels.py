@@ -102,3 +102,36 @@ def test_a_budget_below_context_and_weights_says_which_and_by_how_much():
     assert "CUDA context alone" in msg and "0.10 GB" in msg
     msg = ck.fixed_shortfall(2 * 10**9, 500 * 2**20, 16 * 10**9)
     assert "frozen weights" in msg and "14.52 GB" in msg
+
+
+@pytest.mark.parametrize("seq", LENGTHS)
+def test_head_groups_shrink_the_planned_workspace_to_one_groups(seq):
+    kw = dict(batch_size=1, seq_len=seq, lora_rank=32, quantization="nf4", gradient_checkpointing=True,
+              loss_chunk=1024)
+    one = estimate_text_step("llama-3.1-8b", **kw)
+    grouped = estimate_text_step("llama-3.1-8b", attention_head_groups=8, **kw)
+    rng = 32 * ck.FLASH_FWD_SAVED_PER_LAYER
+    # 8 groups of 4 query heads against one key/value head: dq_accum and dK / dV expanded to 4 heads
+    assert grouped.info["attention_workspace_bytes"] - rng == pytest.approx(
+        ck.gqa_expected_bytes(1, seq, 32 // 8, 128, gqa=True), rel=0.01)
+    saved = one.info["attention_workspace_bytes"] - grouped.info["attention_workspace_bytes"]
+    drop = one.traced_peak_bytes - grouped.traced_peak_bytes
+    assert 0 <= drop <= saved  # less only where the peak is elsewhere (the logits, short lengths)
+    if seq >= 65_536:
+        assert drop == saved  # the peak is in a layer's attention backward
+
+
+def test_trace_allocates_one_groups_workspace_per_call_and_the_estimate_agrees():
+    kw = dict(config=_gqa_llama(64), batch_size=1, seq_len=256, dtype="bfloat16", gradient_checkpointing=True)
+    one, grouped = trace_text_step(**kw), trace_text_step(attention_head_groups=2, **kw)
+    per_group = ck.attention_backward_bytes("sdpa_flash", batch=1, seq=256, heads=2, kv_heads=1,
+                                            head_dim=32, dtype="bfloat16")
+    assert grouped.info["kernel"] == "sdpa_flash" and grouped.info["attention_workspace_bytes"] == per_group
+    assert one.info["attention_workspace_bytes"] == ck.attention_backward_bytes(
+        "sdpa_flash", batch=1, seq=256, heads=4, kv_heads=2, head_dim=32, dtype="bfloat16")
+    est = estimate_text_step(kw["config"], batch_size=1, seq_len=256, dtype="bfloat16",
+                             gradient_checkpointing=True, attention_head_groups=2)
+    rng = 2 * ck.FLASH_FWD_SAVED_PER_LAYER
+    assert est.info["attention_workspace_bytes"] - rng == per_group
+    cpu = trace_text_step(**{**kw, "device": "cpu"}, attention_head_groups=2)
+    assert cpu.info["attention_workspace_bytes"] == 0  # a CPU kernel has no such scratch

@@ -134,3 +134,17 @@ def test_image_runs_get_the_largest_resolution_and_batch():
         longest_image(cfg, 1e6, "cpu")
     with pytest.raises(ConfigError, match="text runs"):
         longest_text(cfg, 2e9, "cpu")
+
+
+def test_head_groups_are_tried_on_cuda_only_and_win_length_on_a_long_8b():
+    cfg = apply_overrides(RunConfig(), {"model": "llama-3.1-8b", "batch_size": 1, "lora_rank": 32,
+                                        "quantization": "nf4"})
+    assert longest_mod.switch_choices(cfg, "cuda")["attention_head_groups"] == [0, 8]  # one kv head a call
+    assert longest_mod.switch_choices(cfg, "cpu")["attention_head_groups"] == [0]  # no kernel scratch there
+    eager = replace(cfg, attn_backend="eager")
+    assert longest_mod.switch_choices(eager, "cuda")["attention_head_groups"] == [0]
+    result = longest_text(cfg, 25_345_130_496, "cuda", beyond_context=True, confirm=False)  # a 24 GB card
+    assert result.switches.get("attention_head_groups") == 8
+    without = longest_text(replace(cfg, attention_head_groups=1), 25_345_130_496, "cuda",
+                           beyond_context=True, confirm=False)
+    assert result.seq_len > without.seq_len

@@ -70,9 +70,12 @@ def test_cuda_overheads_reported_separately(llama_cfg):
     assert 0 < o["allocator_rounding"] < CUDA_ALLOC_ROUNDING * res.info["allocations"]
     assert res.reserved_peak_bytes == res.peak_bytes - o["cuda_context"]
     assert res.allocator_peak_bytes == res.reserved_peak_bytes - o["allocator_cache"]
-    replay = res.info["allocator_replay"]  # a tiny model: 2 MiB segments hold far more than it needs
-    assert o["allocator_cache"] == replay["peak_reserved"] - replay["peak_allocated"] > 0
-    assert replay["peak_reserved"] % (2 * 2**20) == 0  # segments are multiples of 2 MiB
+    replay = res.info["allocator_replay"]  # a tiny model: 2 MiB pages hold far more than it needs
+    assert replay["expandable_segments"]  # what runs use (PYTORCH_CUDA_ALLOC_CONF unset here)
+    # a capped run needs the pages that hold live blocks; uncapped, freed pages stay mapped
+    assert o["allocator_cache"] == replay["peak_pages"] - replay["peak_allocated"] > 0
+    assert replay["peak_pages"] <= replay["peak_reserved"]
+    assert replay["peak_reserved"] % (2 * 2**20) == 0  # pages are 2 MiB (small pool) or 20 MiB
 
 
 @pytest.mark.parametrize("cfg", [TINY_UNET, TINY_UNET_XL], ids=["sd-like", "sdxl-like"])

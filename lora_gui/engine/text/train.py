@@ -308,7 +308,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
-                       embeddings_on_host=cfg.embeddings_on_host)  # after checkpointing, before .to()
+                       embeddings_on_host=cfg.embeddings_on_host,
+                       attention_head_groups=cfg.attention_head_groups)  # after checkpointing, before .to()
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
     optimizer, optimizer_name = make_optimizer(cfg, adapters.param_groups(model, cfg),

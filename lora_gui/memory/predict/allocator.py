@@ -23,9 +23,29 @@ the native allocator of ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, defa
   ``release_cached_blocks``, every wholly free segment is released and the allocation retried;
   if it still does not fit, the step runs out of memory (``replay(limit=...)``).
 
+With ``expandable_segments:True``, which every run sets (:mod:`lora_gui.memory.runtime.alloc_conf`),
+:class:`ExpandableAllocator` replays what the same file does then (read at pytorch/pytorch commit
+001074d25084, ``Note [Expandable Segments]`` and the functions named here):
+
+- one segment per pool and stream that grows (``find_expandable_block``: the address space of
+  1 1/8 of the card is reserved once; physical pages are mapped as needed), 2 MiB pages in the
+  small pool and 20 MiB (``kLargeBuffer``) in the large one (``ExpandableSegment`` constructor,
+  ``segment_size``);
+- a request no cached block holds maps whole pages after the segment's end and merges them with a
+  free block there (``try_allocate_expandable_block`` -> ``map_block`` -> ``try_merge_blocks``);
+- best fit as above, except that the free block at the end of the mapped part counts as the size
+  it could grow to, so it is taken last (``get_free_block``, ``expandable_size``);
+- blocks of both pools split when at least 512 B remain (``should_split``);
+- under a cap (``set_per_process_memory_fraction``), before it reports out of memory the allocator
+  unmaps every wholly free page (``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``
+  -> ``ExpandableSegment::unmap``) and maps the request again: a capped run needs the pages that
+  hold live blocks, :attr:`Replay.peak_pages`, which is what the plan counts; an uncapped run keeps
+  freed pages mapped, ``peak_reserved`` (the most ``max_memory_reserved`` can show).
+
 Not modelled: several streams (every allocation is on one stream; the offloaded checkpoints'
 side stream only copies), ``max_split_size_mb``, ``roundup_power2_divisions``, garbage-collection
-thresholds, ``expandable_segments:True`` (not set by the engine), and the order in which the real
+thresholds, where a capped expandable segment re-maps a request (it may fill unmapped holes; the
+replay keeps the uncapped layout and counts its live pages), and the order in which the real
 kernels allocate inside one op (the trace sees an op's outputs together).
 """
 
@@ -40,12 +60,25 @@ from dataclasses import dataclass
 # traces (batch 1) measured 6.9% (512 tokens), 10.3% (2,048) and 9.9% (4,096, checkpointed) of the
 # allocated peak; the largest, rounded up, so the estimate errs high. The trace replays instead.
 CACHE_ALLOWANCE = 0.11
+# The same with expandable_segments:True (what runs use, lora_gui.memory.runtime.alloc_conf): a
+# capped run needs the pages that hold live blocks (ExpandableAllocator.peak_pages); the replay of
+# the same traces measured +0.65% (2,048 tokens) and +0.32% (4,096, the long-context switches)
+# of the allocated peak; 2% is taken so the estimate errs high.
+EXPANDABLE_CACHE_ALLOWANCE = 0.02
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" request
 SMALL_BUFFER = 2 << 20  # kSmallBuffer: small-pool segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: segment for large requests under kMinLargeAlloc
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
+
+
+def cache_allowance(allocated: int) -> int:
+    """Reserved beyond allocated that a closed form adds on CUDA, for the allocator runs use."""
+    from lora_gui.memory.runtime.alloc_conf import expandable_segments_planned
+
+    share = EXPANDABLE_CACHE_ALLOWANCE if expandable_segments_planned() else CACHE_ALLOWANCE
+    return int(share * allocated)
 
 
 def round_size(nbytes: int) -> int:
@@ -83,12 +116,18 @@ class Replay:
         peak_reserved: max of cached segments (what max_memory_reserved shows).
         out_of_memory: a segment did not fit ``limit`` even after releasing the free ones.
         segments: segments allocated at the end.
+        peak_pages: with expandable segments, the most bytes of mapped pages that held a live
+            block at once: what a run capped below ``peak_reserved`` needs, since the allocator
+            unmaps wholly free pages before it reports out of memory (the default allocator:
+            ``peak_reserved``).
     """
 
     peak_allocated: int
     peak_reserved: int
     out_of_memory: bool
     segments: int
+    peak_pages: int = 0  # expandable segments: most bytes of pages with a live block at once
+    expandable: bool = False
 
 
 class CachingAllocator:
@@ -158,8 +197,8 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block
 
-    def release(self, block: _Block) -> None:
-        """Frees a block: it merges with free neighbours and stays cached."""
+    def release(self, block: _Block) -> _Block:
+        """Frees a block: it merges with free neighbours and stays cached (returns the merged block)."""
         small = self.segments[block.seg][0]
         self.allocated -= block.size
         block.free = True
@@ -181,9 +220,103 @@ class CachingAllocator:
             first_small, seg_size, _ = self.segments[block.seg]
             self.segments[block.seg] = (first_small, seg_size, block)
         self._cache(block, small)
+        return block
 
 
-def replay_records(records: Iterable[tuple[int, int, int | None]], *, limit: int | None = None) -> Replay:
+class ExpandableAllocator(CachingAllocator):
+    """The same allocator with ``expandable_segments:True`` (see :data:`EXPANDABLE_SOURCE`).
+
+    Each pool has one segment that grows: a request no cached block holds maps pages at the end
+    of the segment (2 MiB pages in the small pool, 20 MiB in the large one), merged with a free
+    block at its end; blocks of both pools split when at least 512 B remain. Replayed without a
+    limit: under one, the real allocator also unmaps wholly free pages before it fails
+    (``release_blocks`` -> ``unmap_block``), so this reserved figure is an upper bound there.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__(limit)
+        self.last: dict[bool, _Block | None] = {True: None, False: None}  # block at the mapped end
+        self.live_pages: dict[bool, dict[int, int]] = {True: {}, False: {}}  # page -> live blocks on it
+        self.pages = self.peak_pages = 0  # bytes of pages holding a live byte (both pools)
+
+    def _pages(self, block: _Block, small: bool, delta: int) -> None:
+        """Counts the pages under a block that is born (+1) or freed (-1)."""
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+        counts = self.live_pages[small]
+        for p in range(block.offset // page, (block.offset + block.size - 1) // page + 1):
+            n = counts.get(p, 0) + delta
+            if n and not counts.get(p, 0):
+                self.pages += page
+            elif not n:
+                self.pages -= page
+            counts[p] = n
+        self.peak_pages = max(self.peak_pages, self.pages)
+
+    def malloc(self, nbytes: int) -> _Block:
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool, last = self.free[small], self.last[small]
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i < len(pool) and last is not None and pool[i] == last.key() and i + 1 < len(pool):
+            i += 1  # get_free_block: the end block counts as what it can expand to, so it comes last
+        if i < len(pool):
+            block = self.blocks[pool[i]]
+            self._uncache(block, small)
+        else:
+            block = self._expand(size, small)
+        remaining = block.size - size
+        if remaining >= MIN_BLOCK:  # should_split with expandable segments: both pools
+            rest = _Block(block.seg, block.offset + size, remaining)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            else:
+                self.last[small] = rest
+            block.next, block.size = rest, size
+            self._cache(rest, small)
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._pages(block, small, 1)
+        return block
+
+    def _expand(self, size: int, small: bool) -> _Block:
+        """``try_allocate_expandable_block``: maps whole pages after the segment's end block."""
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+        last = self.last[small]
+        if last is None:  # the pool's segment, reserved address space, nothing mapped yet
+            seg = self.next_segment
+            self.next_segment += 1
+            block = _Block(seg, 0, 0)
+            self.segments[seg] = (small, 0, block)
+        elif last.free:
+            block = last
+            self._uncache(block, small)
+        else:
+            block = _Block(last.seg, last.offset + last.size, 0)
+            block.prev, last.next = last, block
+        mapped = (size - block.size + page - 1) // page * page
+        if self.limit is not None and self.reserved + mapped > self.limit:
+            self.out_of_memory = True  # counted anyway, so the replay goes on
+        block.size += mapped
+        small_, seg_size, first = self.segments[block.seg]
+        self.segments[block.seg] = (small_, seg_size + mapped, first)
+        self.reserved += mapped
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.last[small] = block
+        return block
+
+    def release(self, block: _Block) -> _Block:
+        small = self.segments[block.seg][0]
+        self._pages(block, small, -1)
+        merged = super().release(block)
+        if merged.next is None:
+            self.last[small] = merged
+        return merged
+
+
+def replay_records(records: Iterable[tuple[int, int, int | None]], *, limit: int | None = None,
+                   expandable: bool = False) -> Replay:
     """Replays a trace's storages through the allocator, in the order they were born and died.
 
     Args:
@@ -191,11 +324,12 @@ def replay_records(records: Iterable[tuple[int, int, int | None]], *, limit: int
             None: alive at the end). Storages born at event 0 or before the others (weights,
             optimizer state) are allocated first, in their order.
         limit: bytes the allocator may reserve; None: no cap.
+        expandable: replay ``expandable_segments:True`` (:class:`ExpandableAllocator`).
 
     Returns:
         A :class:`Replay`.
     """
-    alloc = CachingAllocator(limit)
+    alloc = (ExpandableAllocator if expandable else CachingAllocator)(limit)
     events: list[tuple[int, int, int]] = []  # (event, 0 = free first / 1 = malloc, index)
     sizes: list[int] = []
     for i, (nbytes, born, died) in enumerate(records):
@@ -210,7 +344,8 @@ def replay_records(records: Iterable[tuple[int, int, int | None]], *, limit: int
             live[i] = alloc.malloc(sizes[i])
         elif i in live:
             alloc.release(live.pop(i))
-    return Replay(alloc.peak_allocated, alloc.peak_reserved, alloc.out_of_memory, len(alloc.segments))
+    return Replay(alloc.peak_allocated, alloc.peak_reserved, alloc.out_of_memory, len(alloc.segments),
+                  getattr(alloc, "peak_pages", alloc.peak_reserved), expandable)
 
 
 def two_steps(before: list[int], state: list[int], step: list[tuple[int, int, int | None]],

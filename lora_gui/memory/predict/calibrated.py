@@ -46,9 +46,9 @@ def calibrated_step(fit: tuple[dict[str, int], float, float], *, batch_size: int
     traced = sum(breakdown.values())
     overheads = {"cuda_context": 0, "cublas_workspace": 0, "allocator_rounding": 0}
     if device == "cuda":
-        from lora_gui.memory.predict.allocator import CACHE_ALLOWANCE
+        from lora_gui.memory.predict.allocator import cache_allowance
 
         overheads.update(cuda_context=CUDA_CONTEXT_BYTES, cublas_workspace=CUBLAS_WORKSPACE_BYTES,
-                         allocator_cache=int(CACHE_ALLOWANCE * (traced + CUBLAS_WORKSPACE_BYTES)))
+                         allocator_cache=cache_allowance(traced + CUBLAS_WORKSPACE_BYTES))
     info = {"source": "predicted (trace-calibrated)", "batch_size": batch_size, "resolution": (h, w)}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)

@@ -184,7 +184,7 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
                        embeddings_on_host: bool = False, adapter: Any = None,
-                       preference: Any = None) -> TraceResult:
+                       preference: Any = None, attention_head_groups: int = 0) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
@@ -201,6 +201,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             layer input reloaded at a time), the MLP's saved tensors for ``mlp_chunk`` tokens
             instead of all, the embedding table in host memory. ``info["host_bytes"]``: what
             they keep in host memory (peak).
+        attention_head_groups: attention as this many calls per layer
+            (:mod:`lora_gui.attention.head_groups`): on CUDA the kernel's backward workspace is one
+            group's, plus the query gradient the groups' gradients are joined into.
         adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`;
             None: plain LoRA): its terms come from :mod:`lora_gui.memory.predict.adapter_estimate`.
         preference: a preference run's loss: ``batch_size`` pairs are estimated as twice the
@@ -269,7 +272,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
     grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
-    kernel, workspace = _cuda_attention(s, d, attn_implementation, batch_size, seq_len, device)
+    kernel, workspace = _cuda_attention(s, d, attn_implementation, batch_size, seq_len, device,
+                                        attention_head_groups)
     dequantized = q["transient"]
     if long.get("attention_peak"):  # the tiled layer peaks in its attention's backward
         dequantized, mlp_grads = _attention_peak_terms(s, d, targets, lora_rank, quantization)
@@ -298,17 +302,18 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
 
 
 def cache_allowance(allocated: int) -> int:
-    """Reserved beyond allocated that a closed form adds on CUDA (:data:`allocator.CACHE_ALLOWANCE`)."""
-    from lora_gui.memory.predict.allocator import CACHE_ALLOWANCE
+    """Reserved beyond allocated that a closed form adds on CUDA (:func:`allocator.cache_allowance`)."""
+    from lora_gui.memory.predict.allocator import cache_allowance as allowance
 
-    return int(CACHE_ALLOWANCE * allocated)
+    return allowance(allocated)
 
 
 def _cuda_attention(s: dict[str, int], d: int, attn: str, batch: int, seq: int,
-                    device: str) -> tuple[str, int]:
+                    device: str, groups: int = 0) -> tuple[str, int]:
     """The attention kernel on ``device`` and its backward's workspace (bytes, one layer at a time,
     :mod:`lora_gui.memory.predict.cuda_kernels`), for a batch without a mask (transformers passes K / V
-    with their own heads: enable_gqa). 0 on a CPU, whose trace sees the kernel's memory itself."""
+    with their own heads: enable_gqa). 0 on a CPU, whose trace sees the kernel's memory itself.
+    In ``groups`` > 1 head groups the workspace is one group's (H / groups query heads)."""
     from lora_gui.memory.predict.cuda_kernels import (
         FLASH_FWD_SAVED_PER_LAYER,
         attention_backward_bytes,
@@ -319,8 +324,9 @@ def _cuda_attention(s: dict[str, int], d: int, attn: str, batch: int, seq: int,
         return attn if device == "cuda" else "", 0
     dtype = {2: "bfloat16", 4: "float32"}[d]
     kernel = sdpa_kernel(mask=False, dtype=dtype, head_dim=s["hd"])
-    workspace = attention_backward_bytes(kernel, batch=batch, seq=seq, heads=s["nh"],
-                                         kv_heads=s["kv"] // s["hd"], head_dim=s["hd"], dtype=dtype)
+    n = groups if groups > 1 else 1
+    workspace = attention_backward_bytes(kernel, batch=batch, seq=seq, heads=s["nh"] // n,
+                                         kv_heads=s["kv"] // s["hd"] // n, head_dim=s["hd"], dtype=dtype)
     saved = s["L"] * FLASH_FWD_SAVED_PER_LAYER if kernel == "sdpa_flash" else 0  # rng state per layer
     return kernel, workspace + saved
 

@@ -48,7 +48,8 @@ COSTS_FILE = Path(__file__).resolve().parents[3] / "bench" / "results" / "long_s
 # Order in which switches are tried when their speed cost is not measured (cheapest first); the
 # weights rank them only and are never shown as a cost: the answer says "not measured".
 DEFAULT_ORDER = {"loss_chunk": 1.01, "optimizer": 1.02, "embeddings_on_host": 1.03,
-                 "mlp_chunk": 1.05, "offload_checkpoints": 1.10, "gradient_checkpointing": 1.35}
+                 "attention_head_groups": 1.04, "mlp_chunk": 1.05, "offload_checkpoints": 1.10,
+                 "gradient_checkpointing": 1.35}
 LOSS_CHUNKS = (1024, 256)  # positions of one chunk of the chunked loss (logits = 12 B x vocab each)
 # tokens of one MLP tile: smaller tiles save little more (Llama-3.1-8B at 8 GB: 10,304 tokens at
 # 2048, 12,096 at 512, estimate) while every tile adds ops to the trace that confirms the answer
@@ -159,7 +160,20 @@ def switch_choices(cfg: RunConfig, device: str) -> dict[str, list[Any]]:
     optimizer = cfg.resolved_optimizer(device)
     eight_bit = device == "cuda" and optimizer == "adamw" and bitsandbytes_present()
     choices["optimizer"] = [cfg.optimizer, "adamw8bit"] if eight_bit else [cfg.optimizer]
+    choices["attention_head_groups"] = [cfg.attention_head_groups, *_head_groups(cfg, device)]
     return choices
+
+
+def _head_groups(cfg: RunConfig, device: str) -> list[int]:
+    """Attention in one call per key/value head, where it saves memory: on CUDA with SDPA (the
+    kernels' backward scratch; a CPU kernel has none), when the user has not set it."""
+    if device != "cuda" or cfg.attention_head_groups or cfg.attention == "windowed" \
+            or cfg.resolved_attn_backend() != "sdpa":
+        return []
+    from lora_gui.attention.head_groups import key_value_heads
+
+    kv = key_value_heads(model_config_for(cfg))
+    return [kv] if kv > 1 else []
 
 
 def _combinations(cfg: RunConfig, device: str) -> list[dict[str, Any]]:

@@ -239,7 +239,8 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
         overheads["cuda_context"] = CUDA_CONTEXT_BYTES
         reserved = _replay(tracker)
         # reserved beyond allocated: what the allocator's segments hold that no live block uses
-        overheads["allocator_cache"] = max(0, reserved.peak_reserved - reserved.peak_allocated)
+        # (expandable segments: the pages a capped run needs, the allocator unmapping free ones)
+        overheads["allocator_cache"] = max(0, reserved.peak_pages - reserved.peak_allocated)
     n_train = sum(p.numel() for p in trainable)
     info = {
         "trainable_params": n_train,
@@ -250,7 +251,9 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
     }
     if reserved is not None:
         info["allocator_replay"] = {"peak_allocated": reserved.peak_allocated,
-                                    "peak_reserved": reserved.peak_reserved, "segments": reserved.segments}
+                                    "peak_reserved": reserved.peak_reserved, "segments": reserved.segments,
+                                    "peak_pages": reserved.peak_pages,
+                                    "expandable_segments": reserved.expandable}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, seconds, info)
 
 
@@ -259,13 +262,15 @@ def _replay(tracker: _PhaseTracker):
     from lora_gui.memory.predict.allocator import replay_records, two_steps
     from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as cublas
     from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as cublaslt
+    from lora_gui.memory.runtime.alloc_conf import expandable_segments_planned
 
     start = tracker.start_event
     before = [r for r in tracker.records if r.born <= start and (r.died is None or r.died > start)]
     state = [r.nbytes for r in before if r.category == "optimizer_state"]
     kept = [r.nbytes for r in before if r.category != "optimizer_state"]
     step = [(r.nbytes, r.born, r.died) for r in tracker.records if r.born > start]
-    return replay_records(two_steps(kept, state, step, fixed=(cublas, cublaslt)))
+    return replay_records(two_steps(kept, state, step, fixed=(cublas, cublaslt)),
+                          expandable=expandable_segments_planned())
 
 
 # -- public entry points --------------------------------------------------------------------
@@ -285,7 +290,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     optimizer: str = "adamw", mask: str = "none", grads_before: bool = False,
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
                     embeddings_on_host: bool = False, added_tokens: int = 0,
-                    adapter: Any = None, preference: Any = None) -> TraceResult:
+                    adapter: Any = None, preference: Any = None,
+                    attention_head_groups: int = 0) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -323,6 +329,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             ``info["host_bytes"]`` (peak), outside ``peak_bytes``.
         added_tokens: tokens a chat template added to the vocabulary: the embeddings grow by as
             many rows and those rows train (peft trainable tokens), as in the engine.
+        attention_head_groups: attention as this many calls per layer, each over a share of the
+            key/value heads (:mod:`lora_gui.attention.head_groups`); on CUDA each call's backward
+            scratch is that of its own heads. 0: one call.
         adapter: the run's adapter variant (:class:`lora_gui.models.adapters.AdapterSpec`:
             DoRA, LoHa, LoKr, OFT, rsLoRA, LoRA-FA); its real peft layers run in the step.
             None: plain LoRA. Rank, alpha and dropout come from the arguments above.
@@ -395,12 +404,14 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                  optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda",
                  packed_rows=mask == "packed", grads_before=grads_before,
                  long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
-                               "embeddings_on_host": embeddings_on_host})
+                               "embeddings_on_host": embeddings_on_host,
+                               "attention_head_groups": attention_head_groups})
     kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",
                     source="tracker" if not fake else "predicted", quantization=quantization,
-                    optimizer=optimizer, objective=preference.objective if preference else "sft")
+                    optimizer=optimizer, objective=preference.objective if preference else "sft",
+                    attention_head_groups=attention_head_groups)
     return res
 
 

@@ -11,7 +11,7 @@ from lora_gui.ui import common, forms
 
 # settings the answer fills in the Train tab's form
 FILLED = ("max_seq_len", "loss_chunk", "gradient_checkpointing", "offload_checkpoints", "mlp_chunk",
-          "embeddings_on_host", "optimizer", "batching")
+          "embeddings_on_host", "optimizer", "batching", "attention_head_groups")
 
 
 def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any], str]:
