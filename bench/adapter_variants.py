@@ -27,12 +27,13 @@ VARIANTS = {"lora": {}, "dora": {"adapter": "dora"}, "loha": {"adapter": "loha"}
             "dora nf4": {"adapter": "dora", "quantization": "nf4"}}
 
 
-def tiny_qwen2(path: Path) -> Path:
+def tiny_qwen2(path: Path, intermediate_size: int = 160) -> Path:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     vocab = json.loads((BUILTIN_MODEL_DIR / "config.json").read_text())["vocab_size"]
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=intermediate_size,
+                         num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=True)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)

@@ -204,6 +204,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from lora_gui.engine.compare.spec import CompareSettings, format_table
     from lora_gui.engine.compare.text_rows import run_comparison
 
+    if args.variants:
+        return _compare_variants(args)
     if bool(args.seq_lens) == bool(args.resolutions):
         raise ConfigError("compare: give --seq-lens (text) or --resolutions (image), not both")
     cfg = load_config(args.preset, parse_set_args(args.set))
@@ -244,6 +246,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(format_table(result["rows"]))
         print(f"\nrows: {Path(args.out) / 'compare.json'}, {Path(args.out) / 'compare.csv'}"
               + (f"; report: {args.html}" if args.html else ""))
+    return 130 if stop.is_set() else 0
+
+
+def _compare_variants(args: argparse.Namespace) -> int:
+    """compare --variants: each adapter variant trained on the same data, steps and budget."""
+    from lora_gui.engine.compare.variants import (
+        DEFAULT_STEPS,
+        format_variants_table,
+        parse_variants,
+        run_variants,
+    )
+
+    variants = parse_variants(args.variants)
+    if args.resolutions:
+        raise ConfigError("--variants: compares text runs (--seq-lens); drop --resolutions")
+    lengths = _int_list(args.seq_lens, "--seq-lens") if args.seq_lens else []
+    if len(lengths) > 1:
+        raise ConfigError(f"--variants: give one length in --seq-lens, got {args.seq_lens}")
+    cfg = load_config(args.preset, parse_set_args(args.set))
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    result = run_variants(cfg, variants, Path(args.out), seq_len=lengths[0] if lengths else None,
+                          steps=args.steps or DEFAULT_STEPS, eval_samples=args.eval_samples,
+                          overwrite=args.overwrite, stop=stop, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps(result["rows"], indent=1))
+    else:
+        print(format_variants_table(result["rows"]))
+        print(f"\nrows: {Path(args.out) / 'compare.json'}, {Path(args.out) / 'compare.csv'}")
     return 130 if stop.is_set() else 0
 
 
@@ -396,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--quick", action="store_true",
                      help="memory question only: traditional, strong baseline and optimized on the "
                           "preset's data, a few steps a row (minutes instead of the full comparison)")
+    cmp.add_argument("--variants", help="adapters side by side on the same data, steps and budget, e.g. "
+                                         "lora,dora,loha,lokr,oft (text; one --seq-lens length, default "
+                                         "the preset's max_seq_len; --steps default 20)")
     cmp.add_argument("--out", required=True, help="folder for compare.json, compare.csv and the runs")
     cmp.add_argument("--questions", default="memory,speed", help="memory (same work), speed (same budget)")
     cmp.add_argument("--data", default="corpus,full", help="corpus (real documents), full (filled rows)")

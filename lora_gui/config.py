@@ -38,6 +38,7 @@ MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
 TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
 ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
+IMAGE_ADAPTERS = ADAPTERS[:4]  # OFT's blocks are not offered for UNet / DiT layers
 LORA_INITS = ("default", "gaussian", "pissa", "olora")
 DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipelines a setting is for
 
@@ -232,8 +233,8 @@ class RunConfig(PreferenceSettings):
     adapter: str = option("lora", "Adapter kind: lora; dora (LoRA plus a learned magnitude per "
                           "output: often closer to full fine-tuning, about 25% slower, more "
                           "activation memory); loha (low-rank Hadamard product); lokr (Kronecker "
-                          "product); oft (orthogonal rotation of blocks of lora_rank input features).",
-                          "lora", choices=ADAPTERS, tasks=TEXT)
+                          "product); oft (orthogonal rotation of blocks of lora_rank input features; "
+                          "text runs).", "lora", choices=ADAPTERS)
     lora_fused: bool = option(True, "LoRA: add the adapter's output inside the base layer's matmul "
                               "(one fused multiply-add, no full-width temporaries): same results "
                               "and memory, faster. Off: peft's own forward.", "lora", tasks=TEXT)
@@ -366,10 +367,25 @@ class RunConfig(PreferenceSettings):
         return self
 
 
+    def _check_image_adapter(self) -> None:
+        if self.adapter not in IMAGE_ADAPTERS:
+            raise ConfigError(f"adapter: {self.adapter} is for text runs; image runs use one of "
+                              f"{', '.join(IMAGE_ADAPTERS)}")
+        text_only = [k for k, on in (("rslora", self.rslora), ("lora_fa", self.lora_fa),
+                                     ("lora_init", self.lora_init != "default"),
+                                     ("lora_plus_ratio", self.lora_plus_ratio != 1.0)) if on]
+        if text_only:
+            raise ConfigError(f"{text_only[0]}: applies to text runs; leave it at its default for an "
+                              "image run")
+        if self.adapter != "lora" and self.train_text_encoder:
+            raise ConfigError(f"train_text_encoder: the text encoders train plain LoRA; use adapter: lora "
+                              f"with train_text_encoder, or train_text_encoder: false with "
+                              f"{self.adapter}")
+
     def _check_adapter(self) -> None:
         """Refuses adapter settings that peft or bitsandbytes cannot run, naming what works."""
-        if self.task == "image" and self.adapter != "lora":
-            raise ConfigError(f"adapter: {self.adapter} is for text runs; image runs use adapter: lora")
+        if self.task == "image":
+            self._check_image_adapter()
         if self.adapter not in ("lora", "dora"):
             lora_only = {"rslora": self.rslora, "lora_fa": self.lora_fa,
                          "lora_init": self.lora_init != "default",

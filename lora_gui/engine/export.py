@@ -42,9 +42,14 @@ def model_card(run: RunInfo, merged: bool) -> str:
         return f"{value:.4f}" if isinstance(value, float) else "not measured"
 
     kind = "merged model (base + LoRA)" if merged else "LoRA adapter (peft format)"
+    files = ""
     if run.cfg.task == "image":
-        kind = "LoRA adapter (diffusers format: pipe.load_lora_weights)"
-    return (f"# {run.out.name}: {kind}\n\nTrained with lora_gui.\n\n"
+        kind = f"{run.cfg.adapter} adapter (image)"
+        info_file = run.adapter / "adapter_info.json"
+        info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
+        files = "".join(f"- `{name}`: {who}\n" for name, who in info.get("files", {}).items())
+        files = f"\n## Which tools read which file\n\n{files}" if files else ""
+    return (f"# {run.out.name}: {kind}\n\nTrained with lora_gui.\n{files}\n"
             f"- base model: `{run.cfg.model}`\n- data: `{run.cfg.data}` (format: {run.cfg.data_format})\n"
             f"- task: {run.cfg.task}\n"
             f"- chat template: {'yes, in the tokenizer files' if run.is_chat else 'no'}\n"
@@ -174,6 +179,8 @@ def export_run(run_dir: str | Path, out: str | Path, merged: bool = False, gguf:
             for item in run.adapter.iterdir():
                 if item.is_file():
                     shutil.copy2(item, staging / item.name)
+                elif item.is_dir():  # an image run's peft folder (LoHa / LoKr)
+                    shutil.copytree(item, staging / item.name)
         card = model_card(run, merged or gguf is not None)
         if gguf_lines:
             card += "\n## GGUF (llama.cpp, Ollama, LM Studio)\n\n" + "\n".join(gguf_lines) + "\n"

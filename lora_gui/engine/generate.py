@@ -51,6 +51,8 @@ def open_run(run_dir: str | Path) -> RunInfo:
     cfg = load_run_config(out)
     adapter = out / "adapter"
     needed = IMAGE_ADAPTER_FILE if cfg.task == "image" else TEXT_ADAPTER_FILE
+    if cfg.task == "image" and (adapter / "peft" / TEXT_ADAPTER_FILE).is_file():
+        needed = f"peft/{TEXT_ADAPTER_FILE}"  # LoHa / LoKr: a peft folder (diffusers cannot load them)
     if not (adapter / needed).is_file():
         raise RunDirError(f"{out}: has no trained adapter (no adapter/{needed}); train it to the end "
                           "or stop it so that it saves one")

@@ -23,8 +23,11 @@ saved layer input for A) and ``lora_plus_ratio`` (LoRA+: B learns this many time
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,3 +159,80 @@ def _targeted(config: Any, name: str, check: Any) -> bool:
     if config.target_modules == "all-linear":
         return not name.endswith(("lm_head", "output", "embed_out"))
     return bool(check(config, name))
+
+
+INIT_FILE = "lora_init.safetensors"  # in the run folder: the decomposed initialisation (pissa / olora)
+
+
+def save_init(model: nn.Module, path: Any) -> int:
+    """Writes what a decomposing initialisation (PiSSA's SVD, OLoRA's QR) produced: every adapted
+    layer's residual base weight and its initial A and B, so that a resume loads them instead of
+    decomposing again. Atomic (temp file, then rename). Returns the tensors written."""
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+            tensors[f"{name}.base_layer.weight"] = module.get_base_layer().weight.detach()
+            tensors[f"{name}.lora_A.default.weight"] = module.lora_A["default"].weight.detach()
+            tensors[f"{name}.lora_B.default.weight"] = module.lora_B["default"].weight.detach()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, tmp)
+    os.replace(tmp, path)
+    return len(tensors)
+
+
+def load_init(model: nn.Module, path: Any, init: str) -> None:
+    """Puts a saved initialisation (:func:`save_init`) into a model whose adapter was attached
+    without decomposing, and records ``init`` in its peft config again (a saved adapter then says
+    how it was initialised: peft redoes it on the original base when loading it).
+
+    Raises:
+        ConfigError: the file does not match the model's adapted layers (names the file).
+    """
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path))
+    params = dict(model.named_parameters())
+    missing = [k for k in saved if k not in params]
+    if missing:
+        raise ConfigError(f"{path}: does not match this run's adapter ({len(missing)} tensors, first "
+                          f"{missing[0]}); start the run again without resuming")
+    for key, value in saved.items():
+        params[key].data = value.to(params[key].device, params[key].dtype, copy=True)  # own storage
+    model.peft_config["default"].init_lora_weights = init
+
+
+@contextlib.contextmanager
+def decomposition_progress(init: str | None, every: int = 8) -> Iterator[None]:
+    """Logs a progress line while peft decomposes the adapted weights (``init`` pissa / olora;
+    None: nothing to report): the first layer and every ``every``-th, with the layer's name,
+    its size and the time so far, and a closing line with the count."""
+    if init not in ("pissa", "olora"):
+        yield
+        return
+    from peft.tuners.lora.layer import LoraLayer
+
+    name = "pissa_init" if init == "pissa" else "olora_init"
+    real = getattr(LoraLayer, name)
+    done, start = [0], time.perf_counter()
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, *args, **kwargs)
+        done[0] += 1
+        if done[0] == 1 or done[0] % every == 0:
+            w = self.get_base_layer().weight
+            log.info("lora_init %s: %d layers decomposed (last %s x %s), %.1f s", init, done[0],
+                     w.shape[0], w.shape[1], time.perf_counter() - start)
+        return result
+
+    setattr(LoraLayer, name, timed)
+    try:
+        yield
+    finally:
+        setattr(LoraLayer, name, real)
+    log.info("lora_init %s: %d layers decomposed in %.1f s", init, done[0], time.perf_counter() - start)

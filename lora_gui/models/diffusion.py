@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, get_peft_model_state_dict
+from peft import get_peft_model_state_dict
 
 from lora_gui.config import ASSETS, RunConfig
 from lora_gui.models import dit
@@ -259,10 +259,19 @@ def lora_targets(cfg: RunConfig, kind: str = "sd") -> list[str]:
 
 
 def attach_unet_lora(unet, cfg: RunConfig) -> None:
-    """Adds a trainable LoRA adapter (peft, diffusers' ``add_adapter``) to the frozen UNet."""
+    """Adds the run's trainable adapter (LoRA, DoRA, LoHa or LoKr, built by
+    :func:`lora_gui.models.adapters.peft_config` as text runs and the memory trace build it;
+    diffusers' ``add_adapter``) to the frozen UNet / DiT transformer. LoRA / DoRA start with a
+    Gaussian A as diffusers' training scripts do."""
+    import dataclasses
+
+    from lora_gui.models.adapters import adapter_spec, peft_config
+
     kind = {v: k for k, v in dit.DIT_TRANSFORMERS.items()}.get(type(unet).__name__, "sd")
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                        init_lora_weights="gaussian", target_modules=lora_targets(cfg, kind))
+    spec = adapter_spec(cfg)
+    if spec.kind in ("lora", "dora"):
+        spec = dataclasses.replace(spec, init="gaussian")
+    config = peft_config(spec, lora_targets(cfg, kind))
     try:
         unet.add_adapter(config)
     except ValueError as err:
@@ -343,41 +352,63 @@ def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],
 
 
 def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Path:
-    """Writes out/adapter/pytorch_lora_weights.safetensors (diffusers format) atomically, and
-    kohya_lora.safetensors next to it when asked."""
-    from diffusers.utils import convert_state_dict_to_diffusers, convert_state_dict_to_kohya
+    """Writes out/adapter/ atomically: LoRA / DoRA in diffusers' format
+    (pytorch_lora_weights.safetensors), LoHa / LoKr as a peft folder (``peft/``: diffusers cannot
+    load them), kohya_lora.safetensors (kohya / LyCORIS keys) when asked, and adapter_info.json
+    naming which tools read which file (:mod:`lora_gui.models.image_adapter`)."""
+    from diffusers.utils import convert_state_dict_to_diffusers
 
+    from lora_gui.models import image_adapter
+
+    config = model.unet.peft_config["default"]
+    kind = adapter_kind(config)
+    rank, alpha = adapter_rank_alpha(config)
     peft_sd = {k: v.detach().float().cpu().contiguous()
                for k, v in get_peft_model_state_dict(model.unet).items()}
     final = out / "adapter"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".adapter-"))
-    if dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
+    files = {}
+    if not image_adapter.diffusers_loads(kind):
+        image_adapter.save_peft_folder(tmp, model.unet, peft_sd)
+        files[image_adapter.PEFT_FOLDER] = image_adapter.READERS[image_adapter.PEFT_FOLDER]
+    elif dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
         dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
     else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
         from lora_gui.models import text_encoder_lora
 
         model.pipeline_class.save_lora_weights(
             tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
-            unet_lora_adapter_metadata=model.unet.peft_config["default"].to_dict(),
-            **text_encoder_lora.save_kwargs(model))
+            unet_lora_adapter_metadata=config.to_dict(), **text_encoder_lora.save_kwargs(model))
+    if image_adapter.diffusers_loads(kind):
+        files[ADAPTER_FILE] = image_adapter.READERS[ADAPTER_FILE]
     if export_kohya:
         from safetensors.torch import save_file
 
-        kohya = convert_state_dict_to_kohya({f"unet.{k}": v for k, v in peft_sd.items()})
-        # kohya's alpha is the LoRA alpha (scale = alpha / rank); the converter writes the rank
-        alpha = float(model.unet.peft_config["default"].lora_alpha)
-        kohya = {k: (torch.tensor(alpha) if k.endswith(".alpha") else v) for k, v in kohya.items()}
-        save_file(kohya, tmp / KOHYA_FILE, metadata={"ss_network_alpha": str(alpha),
-                                                     "ss_network_module": "networks.lora"})
+        save_file(image_adapter.kohya_state_dict(peft_sd, kind, rank, alpha), tmp / KOHYA_FILE,
+                  metadata=image_adapter.kohya_metadata(kind, rank, alpha))
+        files[KOHYA_FILE] = image_adapter.READERS[KOHYA_FILE]
     (tmp / "adapter_info.json").write_text(json.dumps(
-        {"base_model": model.source, "kind": model.kind,
-         "lora_rank": model.unet.peft_config["default"].r,
-         "lora_alpha": model.unet.peft_config["default"].lora_alpha,
-         "target_modules": sorted(model.unet.peft_config["default"].target_modules)}, indent=1))
+        {"base_model": model.source, "kind": model.kind, "adapter": kind, "lora_rank": rank,
+         "lora_alpha": alpha, "target_modules": sorted(config.target_modules), "files": files}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    log.info("adapter saved in %s: %s", final, "; ".join(f"{name}: {who}" for name, who in files.items()))
     return final
+
+
+def adapter_kind(config: Any) -> str:
+    """lora, dora, loha or lokr from a peft config."""
+    name = type(config).__name__
+    if name == "LoraConfig":
+        return "dora" if config.use_dora else "lora"
+    return {"LoHaConfig": "loha", "LoKrConfig": "lokr"}.get(name, name)
+
+
+def adapter_rank_alpha(config: Any) -> tuple[int, float]:
+    """The rank and alpha of a peft LoRA / DoRA / LoHa / LoKr config."""
+    alpha = config.lora_alpha if hasattr(config, "lora_alpha") else config.alpha
+    return int(config.r), float(alpha)
 
 
 def load_pipeline(source: str, adapter: str | Path | None = None, device: str = "cpu"):
@@ -391,6 +422,8 @@ def load_pipeline(source: str, adapter: str | Path | None = None, device: str = 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     pipe = cls.from_pretrained(source, torch_dtype=dtype, **extra)
     if adapter is not None:
-        pipe.load_lora_weights(str(adapter))
+        from lora_gui.models.image_adapter import load_into_pipeline
+
+        load_into_pipeline(pipe, Path(adapter))
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)

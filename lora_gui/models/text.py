@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import PeftModel
@@ -158,20 +159,36 @@ def trainable_token_targets(model, new_ids: list[int]) -> list[int] | dict[str, 
     return {names[model.get_input_embeddings()]: new_ids, names[model.get_output_embeddings()]: new_ids}
 
 
-def attach_lora(model, cfg: RunConfig, tokenizer=None) -> PeftModel:
+def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None) -> PeftModel:
     """Wraps the model with trainable LoRA adapters; base weights are frozen. With a tokenizer
     larger than the model's vocabulary (chat template tokens added), the embeddings grow and the
-    new tokens' rows are trained too and saved in the adapter (peft trainable tokens)."""
+    new tokens' rows are trained too and saved in the adapter (peft trainable tokens).
+    ``saved_init``: a file of :func:`lora_gui.models.adapters.save_init` (a resumed PiSSA / OLoRA
+    run): the adapter is attached without decomposing and the saved initialisation loaded."""
     new_ids = trainable_token_targets(model, fit_embeddings(model, tokenizer))
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
         t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    import dataclasses
+
     from lora_gui.models.adapters import adapter_spec, attach_adapter
 
     spec = adapter_spec(cfg)
-    if spec.init in ("pissa", "olora"):
+    decompose = spec.init in ("pissa", "olora")
+    if decompose and saved_init is not None:
+        log.info("lora_init %s: loading the initialisation saved in %s (no new decomposition)",
+                 spec.init, saved_init)
+    elif decompose:
         log.info("lora_init %s: decomposing every adapted weight before the first step", spec.init)
     try:
-        peft_model = attach_adapter(model, spec, targets, task_type="CAUSAL_LM", tokens=new_ids)
+        from lora_gui.models.adapters import decomposition_progress
+
+        with decomposition_progress(spec.init if decompose and saved_init is None else None):
+            peft_model = attach_adapter(model, dataclasses.replace(spec, init="default") if saved_init
+                                        else spec, targets, task_type="CAUSAL_LM", tokens=new_ids)
+        if saved_init is not None:
+            from lora_gui.models.adapters import load_init
+
+            load_init(peft_model, saved_init, spec.init)
     except ConfigError:
         raise
     except ValueError as err:

@@ -85,6 +85,7 @@ class CompareSettings:
     measure: str = "measured"  # or "predicted": the planner alone
     eval_samples: int = 8
     device: str = "auto"  # predicted: the device to plan for ("cuda" or "cpu"); auto: this one
+    variants: list[str] | None = None  # compare --variants: the adapters compared
 
     def validate(self) -> CompareSettings:
         if not self.seq_lens or any(n < 16 for n in self.seq_lens):

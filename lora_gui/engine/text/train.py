@@ -243,6 +243,25 @@ class TextSession(RunSession):
     token_budget: int = 2048
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
     flop_costs: Any = None  # lora_gui.models.flops.TextFlops of the model as attached
+    init_peak_bytes: int | None = None  # measured peak of a decomposing lora_init (pissa / olora)
+
+
+def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, device: torch.device,
+            dist: Dist) -> tuple[Any, int | None]:
+    """The run's adapter on ``base``. A decomposing lora_init (PiSSA's SVD, OLoRA's QR) runs here,
+    before the first step, measured (its peak counts when above the steps'), and its result is
+    saved in the run folder so that a resume loads it instead of decomposing again."""
+    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, measured_init
+
+    tokenizer = data.tokenizer if data.is_chat else None
+    saved = out / adapters.INIT_FILE
+    if cfg.lora_init not in DECOMPOSING_INITS:
+        return text_models.attach_lora(base, cfg, tokenizer), None
+    if resume and saved.is_file():
+        return text_models.attach_lora(base, cfg, tokenizer, saved_init=saved), None
+    model, peak, _source = measured_init(base, lambda: text_models.attach_lora(base, cfg, tokenizer), device)
+    dist.on_main(lambda: adapters.save_init(model, saved))
+    return model, peak
 
 
 def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
@@ -291,7 +310,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type), device)
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
-    model = text_models.attach_lora(base, cfg, data.tokenizer if data.is_chat else None)
+    model, init_peak = _attach(cfg, base, data, out, resume, device, dist)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)
@@ -325,6 +344,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
                                                [len(s) for s in data.train], added_rows)
+    if init_peak is None and prediction and "step_peak_bytes" in prediction:  # a resume loaded the
+        predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")  # init: no SVD now
     meter = PeakMeter(accelerator.device, budget)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
@@ -338,7 +359,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps
         else cfg.sample_token_budget(),
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
-        prediction=prediction, flop_costs=text_flops(unwrapped),
+        prediction=prediction, flop_costs=text_flops(unwrapped), init_peak_bytes=init_peak,
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     if dist.is_main:
@@ -483,6 +504,10 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)})
     if run.data.preference:
         summary.update(preference_summary(run))
+    if run.init_peak_bytes is not None:  # the decomposing lora_init, measured before step 1
+        summary["init_peak_bytes"] = run.init_peak_bytes
+        if summary["peak_bytes"] is not None and run.init_peak_bytes > summary["peak_bytes"]:
+            summary["step_peak_bytes"], summary["peak_bytes"] = summary["peak_bytes"], run.init_peak_bytes
     summary["memory_report"] = memory_report(summary)
     if run.dist.is_main:
         write_atomic(out / "run.json", json.dumps(summary, indent=1))

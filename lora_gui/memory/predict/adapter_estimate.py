@@ -11,7 +11,9 @@ The estimate (:mod:`lora_gui.memory.predict.estimate`) is written for plain LoRA
   frozen A needs no copy of the layer input (the float32 input copies are not kept);
 - a fixed term: LoHa and LoKr keep the dense weight delta (float32, in x out) of every adapted
   module for the backward; DoRA builds ``B A`` and the norm of ``W + B A`` of one module at a
-  time (one float32 in x out matrix transient).
+  time (one float32 in x out matrix transient); OFT keeps four float32 tensors of its
+  block-diagonal rotation per adapted module for the backward (in / r blocks of r x r each:
+  fitted on the trace, whose gap to the estimate grew by 4.0 x 4 bytes x r x in per module).
 """
 
 from __future__ import annotations
@@ -66,5 +68,7 @@ def variant_terms(spec: Any, dims: dict[str, tuple[int, int]], layers: int, d: i
         fixed = F32 * max(dense)
     elif spec.kind in ("loha", "lokr"):
         fixed = F32 * sum(dense) * layers
+    elif spec.kind == "oft":  # four float32 block-diagonal tensors per module, in x r numbers each
+        fixed = 4 * F32 * r * sum(dims[t][0] for t in targets) * layers
     return {"numels": numels, "per_token": per_token, "fixed": fixed,
             "drop_a_outputs": spec.kind in ("loha", "lokr", "oft"), "drop_input_copies": spec.fa}

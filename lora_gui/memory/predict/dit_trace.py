@@ -52,7 +52,7 @@ def dit_kind(config: dict[str, Any]) -> str:
 
 
 def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
-              target_modules: Any, lora_dropout: float = 0.0) -> nn.Module:
+              target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None) -> nn.Module:
     """The SD3 / Flux transformer of ``config`` on the meta device with LoRA attached (still meta)."""
     import diffusers
 
@@ -63,7 +63,7 @@ def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lor
         model = cls.from_config(kwargs)
     nn.Module.to(model, dtype)
     model.train()
-    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout)
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
 
 
 def default_text_tokens(kind: str, text_max_length: int = 0) -> int:
@@ -79,7 +79,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                    gradient_checkpointing: bool = False, dtype: torch.dtype | str = torch.bfloat16,
                    device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
                    fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
-                   weighting_scheme: str = "none", image_window: int = 0) -> TraceResult:
+                   weighting_scheme: str = "none", image_window: int = 0, adapter: Any = None) -> TraceResult:
     """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
 
     Args:
@@ -95,6 +95,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         attention: 'sdpa' (the model's processors) or 'eager' (math SDPA: S x S scores kept).
         weighting_scheme: the loss weighting (changes a few temporaries only).
         image_window: windowed attention over image tokens (radius in tokens; 0 = full).
+        adapter: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
 
     Returns:
         A :class:`~lora_gui.memory.predict.trace.TraceResult`.
@@ -115,7 +116,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
     dt = as_dtype(dtype)
     targets = target_modules or lora_targets(kind, "all-linear")
     model = build_dit(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=targets,
-                      lora_dropout=lora_dropout)
+                      lora_dropout=lora_dropout, adapter=adapter)
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
     set_dit_attention(model.get_base_model(), attention, image_window)
@@ -153,18 +154,20 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 @functools.lru_cache(maxsize=16)
 def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
                  text_seq_len: int | None, image_window: int = 0,
-                 device: str = "cpu") -> tuple[dict[str, int], float, float]:
+                 device: str = "cpu", adapter: Any = None) -> tuple[dict[str, int], float, float]:
     """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels
     (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "image_window": image_window}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "image_window": image_window,
+          "adapter": adapter}
     return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw), 512, 1024)
 
 
 def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int], lora_rank: int = 16,
                       gradient_checkpointing: bool = False, dtype: Any = "bfloat16", device: str = "cuda",
-                      text_seq_len: int | None = None, image_window: int = 0) -> TraceResult:
+                      text_seq_len: int | None = None, image_window: int = 0,
+                      adapter: Any = None) -> TraceResult:
     """Trace-calibrated estimate of a DiT step with SDPA (linear in pixels and batch, see the
     module docstring; windowed image attention is linear too); default LoRA targets.
     ``info["source"] = "predicted (trace-calibrated)"``."""
@@ -173,7 +176,7 @@ def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[i
     cfg = dict(load_model_config(config))
     key = json.dumps(cfg, sort_keys=True, default=str)
     fit = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""), text_seq_len,
-                       image_window, "cuda" if device == "cuda" else "cpu")
+                       image_window, "cuda" if device == "cuda" else "cpu", adapter)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
 
 

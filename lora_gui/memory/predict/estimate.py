@@ -351,7 +351,8 @@ def _unet_key(config: Any) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                      text_seq_len: int, device: str = "cpu") -> tuple[dict[str, int], float, float]:
+                      text_seq_len: int, device: str = "cpu",
+                      adapter: Any = None) -> tuple[dict[str, int], float, float]:
     """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels
     (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     import json
@@ -361,14 +362,16 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": device, "text_seq_len": text_seq_len}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "adapter": adapter}
     return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
 def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
                        lora_rank: int = 16, gradient_checkpointing: bool = False,
-                       dtype: Any = "bfloat16", device: str = "cuda", text_seq_len: int = 77) -> TraceResult:
-    """Trace-calibrated estimate for a UNet2DConditionModel step (linear in pixels and batch).
+                       dtype: Any = "bfloat16", device: str = "cuda", text_seq_len: int = 77,
+                       adapter: Any = None) -> TraceResult:
+    """Trace-calibrated estimate for a UNet2DConditionModel step (linear in pixels and batch);
+    ``adapter``: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
 
     A UNet's activations (convolutions, GroupNorm, SDPA attention: no S x S term) grow linearly
     with the pixel count and the batch, so two fake traces at batch 1 (256 and 512 px, cached
@@ -384,5 +387,5 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     traced_on = "cuda" if device == "cuda" else "cpu"
     fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                            str(dtype).replace("torch.", ""), text_seq_len, traced_on)
+                            str(dtype).replace("torch.", ""), text_seq_len, traced_on, adapter)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)

@@ -30,6 +30,7 @@ from lora_gui.memory.predict.text_encoder_step import training_bytes
 from lora_gui.memory.predict.trace import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, TraceResult
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.models import dit
+from lora_gui.models.adapters import adapter_spec
 from lora_gui.models.diffusion import ImageModel, lora_targets, resolve_pipeline_source
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
 
     used = sorted(set(buckets), key=lambda b: b[0] * b[1])
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": weights_dtype, "device": device}
+            "dtype": weights_dtype, "device": device, "adapter": adapter_spec(cfg)}
     caps: dict[int, int] = {}
     plan = None
     if cfg.resolved_image_batch() == "adaptive":
@@ -228,7 +229,7 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
         p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens,
-            "image_window": cfg.image_window}
+            "image_window": cfg.image_window, "adapter": adapter_spec(cfg)}
     out = ImagePrediction(BatchCaps())
     caps = out.caps
     if cfg.resolved_image_batch() == "adaptive":

@@ -79,7 +79,30 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
     pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps,
                             added_tokens=added_tokens)
-    return caps.caps, pred.step, plan, pred.to_json()
+    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, pred.to_json())
+
+
+def with_init_peak(cfg: RunConfig, source: str | None, device: str,
+                   figures: dict[str, Any]) -> dict[str, Any]:
+    """A decomposing ``lora_init`` (PiSSA's SVD, OLoRA's QR) runs before the first step: its
+    traced peak is ``init_peak_bytes``, and the run's peak when it is above the steps'
+    (``step_peak_bytes`` then keeps the steps' figure)."""
+    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, init_peak_bytes
+    from lora_gui.memory.predict.run_plan import step_kwargs
+    from lora_gui.memory.predict.run_predict import model_config_for
+    from lora_gui.memory.predict.trace_build import as_dtype
+
+    if cfg.lora_init not in DECOMPOSING_INITS:
+        return figures
+    kw = step_kwargs(cfg, device)
+    init = init_peak_bytes(model_config_for(cfg, source), dtype=as_dtype(kw["dtype"]),
+                           target_modules=kw["target_modules"], spec=kw["adapter"], device=device)
+    figures["init_peak_bytes"] = init
+    if init > figures["peak_bytes"]:
+        log.info("the %s initialisation (%.1f MiB) is this run's predicted peak, above its steps "
+                 "(%.1f MiB)", cfg.lora_init, init / 2**20, figures["peak_bytes"] / 2**20)
+        figures["step_peak_bytes"], figures["peak_bytes"] = figures["peak_bytes"], init
+    return figures
 
 
 # -- every entry point --------------------------------------------------------------------------

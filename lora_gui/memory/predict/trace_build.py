@@ -90,8 +90,8 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
 
 
 def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
-               target_modules: Any, lora_dropout: float = 0.0) -> nn.Module:
-    """Builds a diffusers UNet2DConditionModel on the meta device and attaches LoRA (still meta)."""
+               target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None) -> nn.Module:
+    """Builds a diffusers UNet2DConditionModel on the meta device and attaches the adapter (still meta)."""
     from diffusers import UNet2DConditionModel
 
     drop = ("architectures", "model_type")  # our preset labels, not UNet arguments
@@ -100,6 +100,6 @@ def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_
         unet = UNet2DConditionModel.from_config(cfg)
     nn.Module.to(unet, dtype)  # plain cast (diffusers' .to() warns about fp32 modules it has none of)
     unet.train()
-    return attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout)
+    return attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import gradio as gr
 
+from lora_gui.config import ADAPTERS
 from lora_gui.ui import common
 from lora_gui.ui.tabs import compare_handlers as handle
 
@@ -43,6 +44,9 @@ def build() -> dict[str, Any]:
             steps = gr.Number(value=QUICK_STEPS, precision=0, label="Steps a row", elem_id="compare-steps")
             out = gr.Textbox(value=handle.default_out(default), label="Saved as (a folder under runs/)",
                              elem_id="compare-out")
+        variants = gr.CheckboxGroup(list(ADAPTERS), value=[], elem_id="compare-variants",
+                                    label="Adapter variants side by side (text: same data, steps and "
+                                          "budget at the first length; none: traditional vs optimized)")
         with gr.Row():
             measure = gr.Button("Measure", variant="primary", elem_id="compare-measure")
             stop = gr.Button("Stop", elem_id="compare-stop")
@@ -56,7 +60,7 @@ def build() -> dict[str, Any]:
     for trigger in (preset.change, model.change, sizes.submit, card.change):
         trigger(handle.instant, instant_in, shown, trigger_mode="always_last")
     preset.change(handle.default_out, preset, out)
-    measure.click(handle.measure, [preset, measure_sizes, steps, out], progress)
+    measure.click(handle.measure, [preset, measure_sizes, steps, out, variants], progress)
     load.click(handle.load_saved, saved, shown)
     saved.focus(lambda: gr.update(choices=handle.saved_comparisons()), None, saved)
     seen = gr.State(None)  # what this page last drew of the measuring job

@@ -50,7 +50,8 @@ def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> li
     def size(r: dict[str, Any]) -> int:
         return r.get("seq_len") or r.get("resolution")
 
-    done = {(r["mode"], size(r)): r for r in measured if r.get("question", "memory") == "memory"}
+    shown = ("memory", "variants")  # the variants' rows: mode = the adapter
+    done = {(r["mode"], size(r)): r for r in measured if r.get("question", "memory") in shown}
     beside = {(p["mode"], size(p)): p for p in predicted}
     lines = []
     for key, m in done.items():
@@ -108,9 +109,10 @@ def default_out(preset: str) -> str:
     return f"compare-{preset}"
 
 
-def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
-    """Starts the quick measured comparison as the one background job (refused while a training
-    job runs, naming it)."""
+def measure(preset: str, sizes: str, steps: Any, out_name: str, variants: list[str] | None = None) -> str:
+    """Starts the quick measured comparison (or, with ``variants``, the adapter variants side by
+    side at the first length) as the one background job (refused while a training job runs,
+    naming it)."""
     from lora_gui.config import apply_overrides
     from lora_gui.engine.compare import quick
 
@@ -126,6 +128,8 @@ def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
         else:
             quick.quick_settings(lengths, n_steps)
         out = common.runs_root() / common.check_run_name(out_name or default_out(preset))
+        if variants:
+            return _measure_variants(base, variants, lengths[0], n_steps, out)
 
         def work(job) -> dict[str, Any]:
             return quick.run_quick(base, lengths, out, steps=n_steps, stop=job.control.stop,
@@ -136,6 +140,23 @@ def measure(preset: str, sizes: str, steps: Any, out_name: str) -> str:
     except (ValueError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
     return f"Measuring **{job.name}** into `{out}` (rows appear below as they finish)"
+
+
+def _measure_variants(base: Any, variants: list[str], seq_len: int, steps: int, out: Path) -> str:
+    from lora_gui.engine.compare.variants import parse_variants, run_variants
+
+    chosen = parse_variants(",".join(variants))
+    if base.task != "text":
+        raise ConfigError(f"variants: compared on text runs; the preset is a {base.task} run")
+
+    def work(job) -> dict[str, Any]:
+        return run_variants(base, chosen, out, seq_len=seq_len, steps=steps, stop=job.control.stop,
+                            on_row=job.add_record)
+
+    job = common.MANAGER.start_work(out.name, out, base, "compare", work)
+    job.total_steps = len(chosen)
+    return (f"Measuring **{job.name}**: {', '.join(chosen)} at length {seq_len}, {steps} steps each, "
+            f"into `{out}` (rows appear below as they finish)")
 
 
 def stop() -> tuple[str, None]:
