@@ -340,6 +340,10 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if state.base_eval_loss is None:
         state.base_eval_loss = evaluate(model, data.held_out, data.pad_id, accelerator.device,
                                         cfg.token_budget)
+    # every module in training mode: transformers loads the base in eval mode, in which its layers
+    # skip gradient checkpointing (more activation memory than planned) and dropout; a resumed run
+    # does not pass through the first evaluation, which used to switch them on
+    model.train()
     budget = int(cfg.budget_gb * GB) or None
     caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
