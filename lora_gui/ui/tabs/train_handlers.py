@@ -68,7 +68,11 @@ def image_kind(task: str, model: str) -> str | None:
 
     if task != "image" or not model:
         return None
+    from lora_gui.ui import paths
+
     local = {"builtin": BUILTIN_DIFFUSION_DIR, "builtin:drawing": BUILTIN_DRAWING_DIR}.get(model)
+    if local is None and not paths.is_allowed(model):  # the form marks the field when validated
+        return None
     folder = Path(local if local is not None else Path(model).expanduser())
     if not (folder / "model_index.json").is_file():
         return None
