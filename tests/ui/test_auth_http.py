@@ -116,14 +116,14 @@ def test_every_run_route_refuses_without_the_login_and_works_with_it(served, con
     delete = _endpoint(config, "runs-delete-confirm")
     opened = _endpoint(config, "runs-open")
     export = _endpoint(config, "export-button")
-    gallery = next(d for d in config["dependencies"] if d["api_name"] == "sample_gallery")
+    tick = next(d for d in config["dependencies"] if d["api_name"] == "poll")  # the Train tab's timer
 
     client = _login(url)  # logged in: each route reaches its handler
     table = _result(client, url, reload, [])[0]
     assert {"keep", "gone"} <= {row[0] for row in table["data"]}
     message = _result(client, url, start, _defaults(config, start, **{"run-name": "../x"}))[0]
     assert message.startswith("Error:") and "run name" in message.lower()
-    pictures = _result(client, url, gallery, [])[0]
+    pictures = _result(client, url, tick, [0.6])[-1]  # charts, status, events, sample pictures
     file_url = pictures[0]["image"]["url"]
     assert client.get(file_url).content == (work / "runs" / "live" / "samples" / "step-1.png").read_bytes()
     assert _result(client, url, delete, ["gone"])[0].startswith("Deleted")
@@ -141,7 +141,7 @@ def test_every_run_route_refuses_without_the_login_and_works_with_it(served, con
             assert client.get(f"{url}{path}").status_code in DENIED, path
         for dep, data in ((reload, []), (start, _defaults(config, start, **{"run-name": "new"})),
                           (stop, []), (delete, ["keep"]), (opened, ["keep", 0.0]),
-                          (export, _defaults(config, export)), (gallery, [])):
+                          (export, _defaults(config, export)), (tick, [0.6])):
             assert _call(client, url, dep, data).status_code in DENIED, dep["api_name"]
         joined = client.post(f"{url}/gradio_api/queue/join", json={
             "data": ["keep"], "fn_index": delete["id"], "session_hash": "intruder", "trigger_id": None,

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
-from lora_gui.ui import common, forms
+from lora_gui.ui import common, forms, live
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import train_handlers as handle
 
@@ -49,9 +50,28 @@ def _compact(fig: Any) -> Any:
     return fig
 
 
-def poll(smoothing: float = 0.0) -> tuple:
-    memory, step_peak, loss, throughput, status, log = handle.poll(smoothing)
-    return (_compact(memory), step_peak, _compact(loss), _compact(throughput), status, log)
+PAGES = live.PageMemory()  # what each open page was last sent
+
+
+def _serialised(figs: tuple) -> tuple:
+    """The four charts as gradio sends them (plotly JSON), made once for every page."""
+    memory, step_peak, loss, throughput = figs
+    return tuple(PlotData(type="plotly", plot=fig.to_json())
+                 for fig in (_compact(memory), step_peak, _compact(loss), _compact(throughput)))
+
+
+def poll(smoothing: float = 0.0, request: gr.Request | None = None) -> tuple:
+    """The timer's tick for one page: the charts, status, events and sample pictures of the job
+    every page shows; a chart, log or gallery this page already holds is not sent again."""
+    page = request.session_hash if request is not None else None
+    key, figs = handle.live_charts(smoothing, finish=_serialised)
+    status, log = handle.live_status()
+    pictures = handle.sample_gallery()
+    if not PAGES.changed(page, "charts", key):
+        figs = (gr.skip(),) * len(figs)
+    log_out = log if PAGES.changed(page, "log", log) else gr.skip()
+    gallery = pictures if PAGES.changed(page, "gallery", tuple(pictures)) else gr.skip()
+    return (*figs, status, log_out, gallery)
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -123,13 +143,13 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 
 
 def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every second: the run's charts, status and events, and its sample pictures."""
+    """Every second, one event per page: the run's charts, status, events and sample pictures
+    (a tick of several pages at once runs in parallel: the charts are built once for all)."""
     timer = gr.Timer(1.0)
     poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
-                plots["events"]]
-    timer.tick(poll, plots["smoothing"], poll_out)
+                plots["events"], gallery]
+    timer.tick(poll, plots["smoothing"], poll_out, concurrency_limit=None, show_progress="hidden")
     plots["smoothing"].release(poll, plots["smoothing"], poll_out)
-    timer.tick(handle.sample_gallery, None, gallery)
     return timer
 
 

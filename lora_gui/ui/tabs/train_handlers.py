@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
-from lora_gui.ui import charts, common, forms
+from lora_gui.ui import charts, common, forms, live
 
 START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
 
@@ -280,22 +281,50 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
-    """The timer's tick: figures and status of the current training job (full history, so a
-    reloaded page re-attaches with everything; long histories are downsampled)."""
-    job = common.MANAGER.job
+CHARTS = live.SharedView()  # the live charts of each job state, shared by every open page
+TEXTS = live.SharedView()  # the events log and the sample pictures of each job state
+
+
+def chart_key(job: Any, smoothing: float) -> tuple:
+    """What the live charts depend on: the job, its counts of records, memory samples and phases,
+    its planned peak and the smoothing (counts only: O(1), whatever the run's length)."""
+    if job is None or job.kind != "training":
+        return ("no job", smoothing)
+    return (id(job), job.started, len(job.records), len(job.samples), len(job.phases),
+            job.predicted_bytes, smoothing)
+
+
+def _figures(job: Any, smoothing: float) -> tuple[Any, Any, Any, Any]:
+    """(memory over time, peak per step, loss, throughput) of the job."""
     if job is None or job.kind != "training":
         empty: list[dict] = []
         return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
-                charts.throughput_figure(empty), "No training yet. Pick a preset and press Start.", "")
-    records, events = job.snapshot()
+                charts.throughput_figure(empty))
+    records, _ = job.snapshot()
     samples, phases = job.memory_snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
     simulated = common.gpu_total_gb() is None
-    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
+    return (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
             charts.memory_figure(records, budget, job.predicted_bytes, simulated),
-            charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
-    done = records[-1]["step"] if records else 0
+            charts.loss_figure(records, smoothing), charts.throughput_figure(records))
+
+
+def live_charts(smoothing: float = 0.0, finish: Callable[[tuple], Any] = tuple) -> tuple[tuple, Any]:
+    """(key, ``finish(figures)``) of the current job: built once per key for every page (``finish``
+    serialises them once too), the curves themselves extended by the new records only
+    (lora_gui.ui.history), each downsampled to at most MAX_POINTS."""
+    job = common.MANAGER.job
+    smoothing = float(smoothing or 0.0)
+    key = chart_key(job, smoothing)
+    return key, CHARTS.get(key, lambda: finish(_figures(job, smoothing)))
+
+
+def live_status() -> tuple[str, str]:
+    """(status line, events log) of the current job."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        return "No training yet. Pick a preset and press Start.", ""
+    done = job.records[-1]["step"] if job.records else 0
     status = status_line(job, done)
     if job.predicted_bytes:
         status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
@@ -308,16 +337,32 @@ def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
         if s.get("message"):
             status += f"\n\n{s['message']}"
-    log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
-    return (*figs, status, log)
+
+    def log() -> str:
+        events = list(job.events)  # a copy: the follower appends to it
+        return "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
+
+    return status, TEXTS.get(("log", id(job), len(job.events)), log)
+
+
+def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
+    """The timer's tick: figures and status of the current training job (full history, so a
+    reloaded page re-attaches with everything; long histories are downsampled)."""
+    return (*live_charts(smoothing)[1], *live_status())
 
 
 def sample_gallery() -> list[str]:
-    """Sample pictures of the current training job (runs/NAME/samples/*.png)."""
+    """Sample pictures of the current training job (runs/NAME/samples/*.png), listed again only
+    when the folder changed."""
     job = common.MANAGER.job
     if job is None or job.kind != "training":
         return []
-    return sorted(str(p) for p in (job.out / "samples").glob("*.png"))
+    folder = job.out / "samples"
+    try:
+        stamp = folder.stat().st_mtime_ns
+    except OSError:
+        return []
+    return TEXTS.get(("samples", id(job), stamp), lambda: sorted(str(p) for p in folder.glob("*.png")))
 
 
 UPLOAD_DIR = Path("runs") / "uploads"
