@@ -30,7 +30,7 @@ def test_pages_share_one_build_per_tick_and_get_only_what_changed(monkeypatch, t
     builds = handle.CHARTS.builds
 
     first = [train.poll(0.6, _page(name)) for name in ("a", "b")]
-    assert handle.CHARTS.builds == builds + 1  # two pages, one build
+    assert handle.CHARTS.builds == builds + 2  # two pages, one build of each part (timeline, steps)
     assert all(x is y for x, y in zip(first[0][:4], first[1][:4]))  # the very same charts
     assert '"y":' in first[0][2].plot and "shared" in first[0][4]  # loss chart, status names the run
 
@@ -39,11 +39,12 @@ def test_pages_share_one_build_per_tick_and_get_only_what_changed(monkeypatch, t
     reloaded = train.poll(0.6, _page("c"))  # a page opened (or reloaded) mid-run gets everything
     assert reloaded[:4] == first[0][:4]
 
-    job.add_record(_record(4))
+    job.add_record(_record(4))  # a new step: the per-step charts change, memory over time does not
     after = [train.poll(0.6, _page(name)) for name in ("a", "b", "c")]
-    assert handle.CHARTS.builds == builds + 2
-    assert all(x is y is z for x, y, z in zip(*(a[:4] for a in after)))
-    assert after[0][2].plot != first[0][2].plot  # the new step is in the charts
+    assert handle.CHARTS.builds == builds + 3
+    assert all(a[0] == {"__type__": "update"} for a in after)
+    assert all(x is y is z for x, y, z in zip(*(a[1:4] for a in after)))
+    assert after[0][2].plot != first[0][2].plot  # the new step is in the loss chart
 
 
 def test_a_page_without_a_job_sees_the_empty_charts(monkeypatch):

@@ -53,25 +53,29 @@ def _compact(fig: Any) -> Any:
 PAGES = live.PageMemory()  # what each open page was last sent
 
 
-def _serialised(figs: tuple) -> tuple:
-    """The four charts as gradio sends them (plotly JSON), made once for every page."""
-    memory, step_peak, loss, throughput = figs
-    return tuple(PlotData(type="plotly", plot=fig.to_json())
-                 for fig in (_compact(memory), step_peak, _compact(loss), _compact(throughput)))
+def _serialised(part: str, figs: tuple) -> tuple:
+    """Charts as gradio sends them (plotly JSON), made once for every page; the run panel's
+    charts sized for it (the peak per step, first of the "steps" part, keeps its size: it has
+    an accordion of its own)."""
+    sized = [fig if part == "steps" and i == 0 else _compact(fig) for i, fig in enumerate(figs)]
+    return tuple(PlotData(type="plotly", plot=fig.to_json()) for fig in sized)
 
 
 def poll(smoothing: float = 0.0, request: gr.Request | None = None) -> tuple:
     """The timer's tick for one page: the charts, status, events and sample pictures of the job
     every page shows; a chart, log or gallery this page already holds is not sent again."""
     page = request.session_hash if request is not None else None
-    key, figs = handle.live_charts(smoothing, finish=_serialised)
+    (timeline_key, (memory,)), (steps_key, step_charts) = handle.live_charts(smoothing, finish=_serialised)
     status, log = handle.live_status()
     pictures = handle.sample_gallery()
-    if not PAGES.changed(page, "charts", key):
-        figs = (gr.skip(),) * len(figs)
+    if not PAGES.changed(page, "timeline", timeline_key):
+        memory = gr.skip()
+    if not PAGES.changed(page, "steps", steps_key):
+        step_charts = (gr.skip(),) * 3
     log_out = log if PAGES.changed(page, "log", log) else gr.skip()
     gallery = pictures if PAGES.changed(page, "gallery", tuple(pictures)) else gr.skip()
-    return (*figs, status, log_out, gallery)
+    step_peak, loss, throughput = step_charts
+    return (memory, step_peak, loss, throughput, status, log_out, gallery)
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:

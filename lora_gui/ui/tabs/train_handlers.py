@@ -281,42 +281,56 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-CHARTS = live.SharedView()  # the live charts of each job state, shared by every open page
+CHARTS = live.SharedView(keep=8)  # the live charts of each job state, shared by every open page
 TEXTS = live.SharedView()  # the events log and the sample pictures of each job state
 
 
-def chart_key(job: Any, smoothing: float) -> tuple:
-    """What the live charts depend on: the job, its counts of records, memory samples and phases,
-    its planned peak and the smoothing (counts only: O(1), whatever the run's length)."""
+def chart_keys(job: Any, smoothing: float) -> tuple[tuple, tuple]:
+    """What the live charts depend on: (memory over time: the job, its counts of memory samples
+    and phases, its planned peak; the per-step charts: the job, its count of records, planned
+    peak and the smoothing). Counts only: O(1), whatever the run's length."""
     if job is None or job.kind != "training":
-        return ("no job", smoothing)
-    return (id(job), job.started, len(job.records), len(job.samples), len(job.phases),
-            job.predicted_bytes, smoothing)
+        return ("no job",), ("no job", smoothing)
+    return ((id(job), job.started, len(job.samples), len(job.phases), job.predicted_bytes),
+            (id(job), job.started, len(job.records), job.predicted_bytes, smoothing))
 
 
-def _figures(job: Any, smoothing: float) -> tuple[Any, Any, Any, Any]:
-    """(memory over time, peak per step, loss, throughput) of the job."""
+def _timeline(job: Any) -> tuple[Any]:
     if job is None or job.kind != "training":
-        empty: list[dict] = []
-        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
-                charts.throughput_figure(empty))
-    records, _ = job.snapshot()
+        return (charts.memory_timeline([], []),)
     samples, phases = job.memory_snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
     simulated = common.gpu_total_gb() is None
-    return (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
-            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
+    return (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),)
+
+
+def _step_charts(job: Any, smoothing: float) -> tuple[Any, Any, Any]:
+    """(peak per step, loss, throughput) of the job."""
+    if job is None or job.kind != "training":
+        empty: list[dict] = []
+        return charts.memory_figure(empty), charts.loss_figure(empty), charts.throughput_figure(empty)
+    records, _ = job.snapshot()
+    budget = int(job.cfg.budget_gb * GB) or None
+    return (charts.memory_figure(records, budget, job.predicted_bytes, common.gpu_total_gb() is None),
             charts.loss_figure(records, smoothing), charts.throughput_figure(records))
 
 
-def live_charts(smoothing: float = 0.0, finish: Callable[[tuple], Any] = tuple) -> tuple[tuple, Any]:
-    """(key, ``finish(figures)``) of the current job: built once per key for every page (``finish``
-    serialises them once too), the curves themselves extended by the new records only
-    (lora_gui.ui.history), each downsampled to at most MAX_POINTS."""
+def _as_is(part: str, figs: tuple) -> tuple:
+    return figs
+
+
+def live_charts(smoothing: float = 0.0, finish: Callable[[str, tuple], Any] = _as_is,
+                ) -> tuple[tuple[tuple, Any], tuple[tuple, Any]]:
+    """((key, ``finish("timeline", (memory over time,))``), (key, ``finish("steps", (peak per
+    step, loss, throughput))``)) of the current job. Each is built once per key for every page (``finish``
+    serialises once too); the curves are extended by the new records only
+    (lora_gui.ui.history) and downsampled to at most MAX_POINTS."""
     job = common.MANAGER.job
     smoothing = float(smoothing or 0.0)
-    key = chart_key(job, smoothing)
-    return key, CHARTS.get(key, lambda: finish(_figures(job, smoothing)))
+    timeline_key, steps_key = chart_keys(job, smoothing)
+    timeline = CHARTS.get(("timeline", timeline_key), lambda: finish("timeline", _timeline(job)))
+    steps = CHARTS.get(("steps", steps_key), lambda: finish("steps", _step_charts(job, smoothing)))
+    return (timeline_key, timeline), (steps_key, steps)
 
 
 def live_status() -> tuple[str, str]:
@@ -348,7 +362,8 @@ def live_status() -> tuple[str, str]:
 def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
     """The timer's tick: figures and status of the current training job (full history, so a
     reloaded page re-attaches with everything; long histories are downsampled)."""
-    return (*live_charts(smoothing)[1], *live_status())
+    (_, (timeline,)), (_, (step_peak, loss, throughput)) = live_charts(smoothing)
+    return (timeline, step_peak, loss, throughput, *live_status())
 
 
 def sample_gallery() -> list[str]:
