@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,34 +147,84 @@ def latencies(ticks: dict[str, list[float]], key: str = "chart") -> list[float]:
 
 
 def open_pages(browser, url: str, n: int, poll_id: int) -> list:
+    """``n`` pages, one browser context each (as n users), loading at once; returns when every
+    page shows the run (its status and a first chart update)."""
+    started = time.time()
     pages = []
     for _ in range(n):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         context.add_init_script(f"({PAGE_PROBE})({poll_id})")
         page = context.new_page()
-        page.set_default_timeout(600_000)
-        page.goto(url)
+        page.set_default_timeout(1_200_000)
+        page.goto(url, wait_until="commit")
         pages.append(page)
-    for page in pages:  # every page shows the run before the window opens
+    for page in pages:
         page.wait_for_function("() => (document.getElementById('status') || {innerText: ''})"
                                ".innerText.includes('step')")
         page.wait_for_function("() => window.__ticks && window.__ticks.chart.length > 0")
+    print(f"{n} pages show the run after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
     return pages
 
 
+CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (its children not included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` (this bench's Playwright driver and its Chromium)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str, float]]:
+    """Starts timing the CPU of each group of processes; the returned call gives the cores each
+    used on average since (processes alive at both ends)."""
+    before = {name: {pid: cpu_seconds(pid) for pid in pids} for name, pids in groups.items()}
+
+    def done() -> dict[str, float]:
+        return {f"cpu_{name}": sum(cpu_seconds(pid) - t for pid, t in seen.items()) / window
+                for name, seen in before.items()}
+    return done
+
+
 def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
-            settle: float) -> dict[str, Any]:
+            settle: float, server_pid: int) -> dict[str, Any]:
+    from lora_gui.engine.core.lock import read_lock
+
     pages = open_pages(browser, url, pages_n, poll_id) if pages_n else []
     time.sleep(settle)
     for page in pages:
         page.evaluate("() => { window.__ticks = {joins: [], chart: [], status: []}; }")
+    info = read_lock(run)
+    train = {info.pid} | descendants(info.pid) if info else set()
+    usage = cpu_use({"server": {server_pid}, "run": train,
+                     "browser": descendants(os.getpid()) - {server_pid} - train}, window)
     t0 = time.time()
     time.sleep(window)
     t1 = time.time()
+    cores = usage()
     per_page = [page.evaluate("() => window.__ticks") for page in pages]
     for page in pages:
         page.context.close()
-    result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0}
+    result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
+                              **cores}
     if pages:
         chart = [latencies(t) for t in per_page]
         status = [latencies(t, "status") for t in per_page]
@@ -221,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
                 for n in order:
-                    row = measure(browser, url, run, n, args.window, poll_id, args.settle)
+                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid)
                     row["round"] = r + 1
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -267,26 +318,34 @@ def summarise(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
             "ratio_median": statistics.median(ratios), "ratios": ratios,
             "tick_ms_median": statistics.median(r["tick_ms_median_of_pages"] for r in many),
             "tick_ms_worst_page": max(r["tick_ms_worst_page"] for r in many),
-            "tick_ms_p90": statistics.median(r["tick_ms_p90"] for r in many)}
+            "tick_ms_p90": statistics.median(r["tick_ms_p90"] for r in many),
+            **{f"{key}_{label}": statistics.median(r[key] for r in rows if (r["pages"] > 0) == (label == "n"))
+               for key in ("cpu_server", "cpu_browser", "cpu_run") for label in ("0", "n")}}
+
+
+def _cores(row: dict[str, Any]) -> str:
+    return f"{row['cpu_server']:.2f} | {row['cpu_browser']:.2f} | {row['cpu_run']:.2f} |"
 
 
 def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespace) -> str:
-    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | ticks timed / sent |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | ticks timed / sent "
+           "| CPU cores: server | browser | run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["pages"]:
             out.append(f"| {r['round']} | {r['pages']} | {r['steps_per_s']:.3f} | "
                        f"{r['tick_ms_median_of_pages']:.0f} | {r['tick_ms_worst_page']:.0f} | "
                        f"{r['tick_ms_p90']:.0f} | "
-                       f"{r['chart_updates_timed']} / {r['ticks_sent']} |")
+                       f"{r['chart_updates_timed']} / {r['ticks_sent']} | {_cores(r)}")
         else:
-            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | — | — | — | — |")
+            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | — | — | — | — | {_cores(r)}")
     out.append(f"\nMedians over {args.rounds} rounds of {args.window:.0f} s: steps/s "
                f"{s['steps_per_s_0']:.3f} (0 pages) vs {s['steps_per_s_n']:.3f} ({args.pages} pages), "
                "per-round ratio median "
                f"{s['ratio_median']:.3f} ({', '.join(f'{x:.3f}' for x in s['ratios'])}); tick latency "
                f"median {s['tick_ms_median']:.0f} ms, worst page {s['tick_ms_worst_page']:.0f} ms, "
-               f"p90 {s['tick_ms_p90']:.0f} ms")
+               f"p90 {s['tick_ms_p90']:.0f} ms; the server's CPU {s['cpu_server_0']:.2f} vs "
+               f"{s['cpu_server_n']:.2f} cores, the browser's {s['cpu_browser_0']:.2f} vs "
+               f"{s['cpu_browser_n']:.2f}, the run's {s['cpu_run_0']:.2f} vs {s['cpu_run_n']:.2f}")
     return "\n".join(out)
 
 

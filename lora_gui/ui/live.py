@@ -50,6 +50,18 @@ class PageMemory:
         self._sent: OrderedDict[tuple[str, str], Hashable] = OrderedDict()
         self.keep = keep
 
+    def set(self, page: str | None, part: str, key: Hashable) -> None:
+        """Remembers ``key`` for ``part`` of ``page`` (a page's own state, such as an open
+        accordion)."""
+        if page is not None:
+            with self._lock:
+                self._sent[(page, part)] = key
+                self._sent.move_to_end((page, part))
+
+    def get(self, page: str | None, part: str, default: Hashable = None) -> Hashable:
+        with self._lock:
+            return self._sent.get((page, part), default)
+
     def changed(self, page: str | None, part: str, key: Hashable) -> bool:
         """True (and ``key`` remembered) when ``page`` has not been sent ``key`` for ``part``."""
         if page is None:  # a call without a page (the HTTP API): always the whole answer

@@ -11,6 +11,8 @@ from lora_gui.ui import common
 from lora_gui.ui.tabs import train
 from lora_gui.ui.tabs import train_handlers as handle
 
+SKIP = {"__type__": "update"}  # gr.skip(): the page keeps what it shows
+
 
 def _page(name: str) -> SimpleNamespace:
     return SimpleNamespace(session_hash=name)
@@ -31,19 +33,23 @@ def test_pages_share_one_build_per_tick_and_get_only_what_changed(monkeypatch, t
 
     first = [train.poll(0.6, _page(name)) for name in ("a", "b")]
     assert handle.CHARTS.builds == builds + 2  # two pages, one build of each part (timeline, steps)
-    assert all(x is y for x, y in zip(first[0][:4], first[1][:4]))  # the very same charts
+    shown = (0, 2, 3)  # memory over time, loss, throughput; the peak per step waits in "More charts"
+    assert all(first[0][i] is first[1][i] for i in shown)  # the very same charts
+    assert first[0][1] == SKIP
     assert '"y":' in first[0][2].plot and "shared" in first[0][4]  # loss chart, status names the run
 
     again = train.poll(0.6, _page("a"))  # nothing new: the page keeps what it holds
-    assert all(part == {"__type__": "update"} for part in again[:4]) and "shared" in again[4]
+    assert all(part == SKIP for part in again[:4]) and "shared" in again[4]
     reloaded = train.poll(0.6, _page("c"))  # a page opened (or reloaded) mid-run gets everything
     assert reloaded[:4] == first[0][:4]
+    assert train.more_charts(True)(0.6, _page("c")).plot.count("Memory per step") == 1  # opened
 
     job.add_record(_record(4))  # a new step: the per-step charts change, memory over time does not
     after = [train.poll(0.6, _page(name)) for name in ("a", "b", "c")]
     assert handle.CHARTS.builds == builds + 3
-    assert all(a[0] == {"__type__": "update"} for a in after)
-    assert all(x is y is z for x, y, z in zip(*(a[1:4] for a in after)))
+    assert all(a[0] == SKIP for a in after)
+    assert all(x is y is z for x, y, z in zip(*(a[2:4] for a in after)))
+    assert after[0][1] == after[1][1] == SKIP and "Memory per step" in after[2][1].plot  # c opened it
     assert after[0][2].plot != first[0][2].plot  # the new step is in the loss chart
 
 

@@ -35,12 +35,12 @@ def _run_panel() -> dict[str, Any]:
         loss = gr.Plot(label="Loss", elem_id="loss-plot", min_width=200)
         throughput = gr.Plot(label="Throughput", elem_id="throughput-plot", min_width=200)
     events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
-    with gr.Accordion("More charts", open=False):
+    with gr.Accordion("More charts", open=False, elem_id="more-charts") as more:
         step_peak = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
         smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
                               elem_id="loss-smoothing")
     return {"status": status, "memory": memory, "step_peak": step_peak, "loss": loss,
-            "smoothing": smoothing, "throughput": throughput, "events": events}
+            "smoothing": smoothing, "throughput": throughput, "events": events, "more": more}
 
 
 def _compact(fig: Any) -> Any:
@@ -75,7 +75,22 @@ def poll(smoothing: float = 0.0, request: gr.Request | None = None) -> tuple:
     log_out = log if PAGES.changed(page, "log", log) else gr.skip()
     gallery = pictures if PAGES.changed(page, "gallery", tuple(pictures)) else gr.skip()
     step_peak, loss, throughput = step_charts
+    if page is not None and not PAGES.get(page, "more open", False):
+        step_peak = gr.skip()  # in the closed "More charts": drawn when the page opens it
     return (memory, step_peak, loss, throughput, status, log_out, gallery)
+
+
+def more_charts(opened: bool):
+    """The "More charts" accordion opened or closed on a page: an open one gets its chart now and
+    on every tick after; a closed one none."""
+    def toggle(smoothing: float, request: gr.Request) -> Any:
+        page = request.session_hash if request is not None else None
+        PAGES.set(page, "more open", opened)
+        if not opened:
+            return gr.skip()
+        _, (_, (step_peak, _, _)) = handle.live_charts(smoothing, finish=_serialised)
+        return step_peak
+    return toggle
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +169,8 @@ def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
                 plots["events"], gallery]
     timer.tick(poll, plots["smoothing"], poll_out, concurrency_limit=None, show_progress="hidden")
     plots["smoothing"].release(poll, plots["smoothing"], poll_out)
+    plots["more"].expand(more_charts(True), plots["smoothing"], plots["step_peak"])
+    plots["more"].collapse(more_charts(False), plots["smoothing"], plots["step_peak"])
     return timer
 
 

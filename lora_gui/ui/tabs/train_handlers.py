@@ -170,11 +170,34 @@ def _switch_hints(cfg: RunConfig, plan: Any) -> list[str]:
     return hints
 
 
+PLANS = live.SharedView(keep=16)  # the plans of the last settings asked for, shared by every page
+
+
+def _inputs_stamp(values: dict[str, Any]) -> tuple:
+    """Size and modification time of the data and model the settings name (a plan reads them)."""
+    stamp = []
+    for name in ("data", "model"):
+        try:
+            info = Path(str(values.get(name) or "")).expanduser().stat()
+            stamp.append((info.st_size, info.st_mtime_ns))
+        except (OSError, ValueError):
+            stamp.append(None)
+    return tuple(stamp)
+
+
 def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
     """(text, breakdown figure, [bucket, micro-batch] rows) for the form as it stands.
 
     exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
-    when it starts (same function, same inputs)."""
+    when it starts (same function, same inputs). The run's own plan takes seconds: pages that
+    open with the same settings (and the same data and model files) share one."""
+    if exact:
+        key = (json.dumps([values, processes], sort_keys=True, default=str), _inputs_stamp(values))
+        return PLANS.get(key, lambda: _prediction_view(values, processes, exact))
+    return _prediction_view(values, processes, exact)
+
+
+def _prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
     from lora_gui.memory.predict import estimate, predict
 
     cfg, errors = config_from_form(values)
