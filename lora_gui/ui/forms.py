@@ -234,6 +234,26 @@ def check_data_path(value: str, task: str) -> None:
         raise DataError(f"data: {value} cannot be read ({err.strerror})") from None
 
 
+PATH_FIELDS = ("model", "data", "tracker_dir")  # settings that name a file or folder
+
+
+def check_typed_paths(clean: dict[str, Any], errors: dict[str, str]) -> dict[str, str]:
+    """{setting: message} for each path setting outside the folders the dashboard may use
+    (:mod:`lora_gui.ui.paths`); bundled names and empty values are not paths."""
+    from lora_gui.ui import paths
+
+    found = {}
+    for name in PATH_FIELDS:
+        value = clean.get(name)
+        if name in errors or not value or value == "builtin" or value.startswith("builtin:"):
+            continue
+        try:
+            paths.check(name, value)
+        except paths.PathNotAllowedError as err:
+            found[name] = str(err)
+    return found
+
+
 def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
     """The form's values -> (validated RunConfig or None, {setting name: message}).
 
@@ -250,6 +270,7 @@ def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
             apply_overrides(RunConfig(), {f.name: clean[f.name]})
         except ConfigError as err:
             errors[f.name] = str(err)
+    errors.update(check_typed_paths(clean, errors))
     if "data" in clean and "data" not in errors:
         try:
             check_data_path(clean["data"], clean.get("task", "text"))

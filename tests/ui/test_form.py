@@ -64,7 +64,7 @@ def values(**kw):
     ({"batch_size": None}, "batch_size", ["empty", "1", "4,096"]),
     ({"resolution": 700}, "resolution", ["700", "64"]),
     ({"budget_gb": -1}, "budget_gb", ["-1", "0"]),
-    ({"data": "/no/such/file.txt"}, "data", ["/no/such/file.txt", "not a readable file"]),
+    ({"data": "no/such/file.txt"}, "data", ["no/such/file.txt", "not a readable file"]),
     ({"data": " "}, "data", ["empty"]),
     ({"window": 4096, "attention": "windowed"}, "window", ["4096", "max_seq_len"]),
     ({"batch_table": "512-8"}, "batch_table", ["512-8"]),

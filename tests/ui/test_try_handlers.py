@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.memory.predict import generation
+from lora_gui.ui import common
 from lora_gui.ui.tabs import try_handlers
 
 MIB = 2**20
@@ -45,13 +46,13 @@ def test_generate_refuses_beside_a_big_job_and_bad_input(tmp_path, monkeypatch):
     (run / "adapter").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(RunConfig().to_dict()))
     (run / "adapter" / "adapter_config.json").write_text("{}")
-    monkeypatch.setattr(try_handlers, "RUNS_ROOT", tmp_path / "runs")
+    monkeypatch.setattr(common, "RUNS_ROOT", tmp_path / "runs")
     assert try_handlers.finished_runs() == [str(run)]
     monkeypatch.setattr(try_handlers, "_running_job", lambda: job(0.01, 9 * 10**6))
     *_, message = list(try_handlers.generate(str(run), "hello", 16, 0.0, 0, 1.0))[-1]
     assert message.startswith("Not enough memory to try a run while 'big' trains")
     assert "Type a prompt" in list(try_handlers.generate(str(run), " ", 16, 0.0, 0, 1.0))[-1][-1]
-    empty = tmp_path / "empty"
+    empty = tmp_path / "runs" / "empty"
     empty.mkdir()
     assert "not a run folder" in list(try_handlers.generate(str(empty), "hi", 16, 0, 0, 1))[-1][-1]
     assert "Error:" in try_handlers.export(str(empty), str(tmp_path / "x"), False)

@@ -8,6 +8,7 @@ import pytest
 
 from lora_gui.__main__ import main
 from lora_gui.data.build_images import build
+from lora_gui.ui import common
 from lora_gui.ui.tabs import try_handlers
 
 
@@ -38,7 +39,7 @@ def pictures(run, scale: float, seed: int = 3):
 @pytest.mark.slow  # ~30 s on 2 shared cores: a 1-step 512 px run, then six 1-step pictures
 def test_base_and_adapter_pictures_at_a_chosen_scale(image_run, monkeypatch):
     monkeypatch.setattr(try_handlers, "_running_job", lambda: None)
-    monkeypatch.setattr(try_handlers, "RUNS_ROOT", image_run.parent)
+    monkeypatch.setattr(common, "RUNS_ROOT", image_run.parent)
     assert try_handlers.finished_runs() == [str(image_run)]
     base, tuned, message = pictures(image_run, 1.0)
     assert base.shape == tuned.shape == (512, 512, 3)  # the run's resolution, RGB

@@ -7,7 +7,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.presets import load_config
-from lora_gui.ui import charts, common
+from lora_gui.ui import charts, common, paths
 
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
 # The RunConfig settings the tab shows (in its order) and their values on a fresh page.
@@ -55,6 +55,8 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
             return _outputs(result, step, rows, budget, device, "batch 1 at this resolution")
+        if model != "builtin" and not model.startswith("builtin:"):
+            paths.check("model", model)  # a local folder typed in the page
         sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0)}
         cfg = load_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
                                    "gradient_checkpointing": bool(checkpointing),

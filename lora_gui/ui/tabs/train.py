@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
-from lora_gui.ui import common, forms
+from lora_gui.ui import common, forms, live
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
@@ -35,12 +36,12 @@ def _run_panel() -> dict[str, Any]:
         loss = gr.Plot(label="Loss", elem_id="loss-plot", min_width=200)
         throughput = gr.Plot(label="Throughput", elem_id="throughput-plot", min_width=200)
     events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
-    with gr.Accordion("More charts", open=False):
+    with gr.Accordion("More charts", open=False, elem_id="more-charts") as more:
         step_peak = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
         smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
                               elem_id="loss-smoothing")
     return {"status": status, "memory": memory, "step_peak": step_peak, "loss": loss,
-            "smoothing": smoothing, "throughput": throughput, "events": events}
+            "smoothing": smoothing, "throughput": throughput, "events": events, "more": more}
 
 
 def _compact(fig: Any) -> Any:
@@ -50,9 +51,47 @@ def _compact(fig: Any) -> Any:
     return fig
 
 
-def poll(smoothing: float = 0.0) -> tuple:
-    memory, step_peak, loss, throughput, status, log = handle.poll(smoothing)
-    return (_compact(memory), step_peak, _compact(loss), _compact(throughput), status, log)
+PAGES = live.PageMemory()  # what each open page was last sent
+
+
+def _serialised(part: str, figs: tuple) -> tuple:
+    """Charts as gradio sends them (plotly JSON), made once for every page; the run panel's
+    charts sized for it (the peak per step, first of the "steps" part, keeps its size: it has
+    an accordion of its own)."""
+    sized = [fig if part == "steps" and i == 0 else _compact(fig) for i, fig in enumerate(figs)]
+    return tuple(PlotData(type="plotly", plot=fig.to_json()) for fig in sized)
+
+
+def poll(smoothing: float = 0.0, request: gr.Request | None = None) -> tuple:
+    """The timer's tick for one page: the charts, status, events and sample pictures of the job
+    every page shows; a chart, log or gallery this page already holds is not sent again."""
+    page = request.session_hash if request is not None else None
+    (timeline_key, (memory,)), (steps_key, step_charts) = handle.live_charts(smoothing, finish=_serialised)
+    status, log = handle.live_status()
+    pictures = handle.sample_gallery()
+    if not PAGES.changed(page, "timeline", timeline_key):
+        memory = gr.skip()
+    if not PAGES.changed(page, "steps", steps_key):
+        step_charts = (gr.skip(),) * 3
+    log_out = log if PAGES.changed(page, "log", log) else gr.skip()
+    gallery = pictures if PAGES.changed(page, "gallery", tuple(pictures)) else gr.skip()
+    step_peak, loss, throughput = step_charts
+    if page is not None and not PAGES.get(page, "more open", False):
+        step_peak = gr.skip()  # in the closed "More charts": drawn when the page opens it
+    return (memory, step_peak, loss, throughput, status, log_out, gallery)
+
+
+def more_charts(opened: bool):
+    """The "More charts" accordion opened or closed on a page: an open one gets its chart now and
+    on every tick after; a closed one none."""
+    def toggle(smoothing: float, request: gr.Request) -> Any:
+        page = request.session_hash if request is not None else None
+        PAGES.set(page, "more open", opened)
+        if not opened:
+            return gr.skip()
+        _, (_, (step_peak, _, _)) = handle.live_charts(smoothing, finish=_serialised)
+        return step_peak
+    return toggle
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -132,13 +171,15 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 
 
 def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every second: the run's charts, status and events, and its sample pictures."""
+    """Every second, one event per page: the run's charts, status, events and sample pictures
+    (a tick of several pages at once runs in parallel: the charts are built once for all)."""
     timer = gr.Timer(1.0)
     poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
-                plots["events"]]
-    timer.tick(poll, plots["smoothing"], poll_out)
+                plots["events"], gallery]
+    timer.tick(poll, plots["smoothing"], poll_out, concurrency_limit=None, show_progress="hidden")
     plots["smoothing"].release(poll, plots["smoothing"], poll_out)
-    timer.tick(handle.sample_gallery, None, gallery)
+    plots["more"].expand(more_charts(True), plots["smoothing"], plots["step_peak"])
+    plots["more"].collapse(more_charts(False), plots["smoothing"], plots["step_peak"])
     return timer
 
 

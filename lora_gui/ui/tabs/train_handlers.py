@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import load_config
-from lora_gui.ui import charts, common, forms
+from lora_gui.ui import charts, common, forms, live
 
 START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
 
@@ -68,7 +69,11 @@ def image_kind(task: str, model: str) -> str | None:
 
     if task != "image" or not model:
         return None
+    from lora_gui.ui import paths
+
     local = {"builtin": BUILTIN_DIFFUSION_DIR, "builtin:drawing": BUILTIN_DRAWING_DIR}.get(model)
+    if local is None and not paths.is_allowed(model):  # the form marks the field when validated
+        return None
     folder = Path(local if local is not None else Path(model).expanduser())
     if not (folder / "model_index.json").is_file():
         return None
@@ -165,11 +170,34 @@ def _switch_hints(cfg: RunConfig, plan: Any) -> list[str]:
     return hints
 
 
+PLANS = live.SharedView(keep=16)  # the plans of the last settings asked for, shared by every page
+
+
+def _inputs_stamp(values: dict[str, Any]) -> tuple:
+    """Size and modification time of the data and model the settings name (a plan reads them)."""
+    stamp = []
+    for name in ("data", "model"):
+        try:
+            info = Path(str(values.get(name) or "")).expanduser().stat()
+            stamp.append((info.st_size, info.st_mtime_ns))
+        except (OSError, ValueError):
+            stamp.append(None)
+    return tuple(stamp)
+
+
 def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
     """(text, breakdown figure, [bucket, micro-batch] rows) for the form as it stands.
 
     exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
-    when it starts (same function, same inputs)."""
+    when it starts (same function, same inputs). The run's own plan takes seconds: pages that
+    open with the same settings (and the same data and model files) share one."""
+    if exact:
+        key = (json.dumps([values, processes], sort_keys=True, default=str), _inputs_stamp(values))
+        return PLANS.get(key, lambda: _prediction_view(values, processes, exact))
+    return _prediction_view(values, processes, exact)
+
+
+def _prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
     from lora_gui.memory.predict import estimate, predict
 
     cfg, errors = config_from_form(values)
@@ -276,22 +304,64 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
-    """The timer's tick: figures and status of the current training job (full history, so a
-    reloaded page re-attaches with everything; long histories are downsampled)."""
-    job = common.MANAGER.job
+CHARTS = live.SharedView(keep=8)  # the live charts of each job state, shared by every open page
+TEXTS = live.SharedView()  # the events log and the sample pictures of each job state
+
+
+def chart_keys(job: Any, smoothing: float) -> tuple[tuple, tuple]:
+    """What the live charts depend on: (memory over time: the job, its counts of memory samples
+    and phases, its planned peak; the per-step charts: the job, its count of records, planned
+    peak and the smoothing). Counts only: O(1), whatever the run's length."""
     if job is None or job.kind != "training":
-        empty: list[dict] = []
-        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
-                charts.throughput_figure(empty), "No training yet. Pick a preset and press Start.", "")
-    records, events = job.snapshot()
+        return ("no job",), ("no job", smoothing)
+    return ((id(job), job.started, len(job.samples), len(job.phases), job.predicted_bytes),
+            (id(job), job.started, len(job.records), job.predicted_bytes, smoothing))
+
+
+def _timeline(job: Any) -> tuple[Any]:
+    if job is None or job.kind != "training":
+        return (charts.memory_timeline([], []),)
     samples, phases = job.memory_snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
     simulated = common.gpu_total_gb() is None
-    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
-            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
-            charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
-    done = records[-1]["step"] if records else 0
+    return (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),)
+
+
+def _step_charts(job: Any, smoothing: float) -> tuple[Any, Any, Any]:
+    """(peak per step, loss, throughput) of the job."""
+    if job is None or job.kind != "training":
+        empty: list[dict] = []
+        return charts.memory_figure(empty), charts.loss_figure(empty), charts.throughput_figure(empty)
+    records, _ = job.snapshot()
+    budget = int(job.cfg.budget_gb * GB) or None
+    return (charts.memory_figure(records, budget, job.predicted_bytes, common.gpu_total_gb() is None),
+            charts.loss_figure(records, smoothing), charts.throughput_figure(records))
+
+
+def _as_is(part: str, figs: tuple) -> tuple:
+    return figs
+
+
+def live_charts(smoothing: float = 0.0, finish: Callable[[str, tuple], Any] = _as_is,
+                ) -> tuple[tuple[tuple, Any], tuple[tuple, Any]]:
+    """((key, ``finish("timeline", (memory over time,))``), (key, ``finish("steps", (peak per
+    step, loss, throughput))``)) of the current job. Each is built once per key for every page (``finish``
+    serialises once too); the curves are extended by the new records only
+    (lora_gui.ui.history) and downsampled to at most MAX_POINTS."""
+    job = common.MANAGER.job
+    smoothing = float(smoothing or 0.0)
+    timeline_key, steps_key = chart_keys(job, smoothing)
+    timeline = CHARTS.get(("timeline", timeline_key), lambda: finish("timeline", _timeline(job)))
+    steps = CHARTS.get(("steps", steps_key), lambda: finish("steps", _step_charts(job, smoothing)))
+    return (timeline_key, timeline), (steps_key, steps)
+
+
+def live_status() -> tuple[str, str]:
+    """(status line, events log) of the current job."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        return "No training yet. Pick a preset and press Start.", ""
+    done = job.records[-1]["step"] if job.records else 0
     status = status_line(job, done)
     if job.predicted_bytes:
         status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
@@ -304,16 +374,33 @@ def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
         if s.get("message"):
             status += f"\n\n{s['message']}"
-    log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
-    return (*figs, status, log)
+
+    def log() -> str:
+        events = list(job.events)  # a copy: the follower appends to it
+        return "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
+
+    return status, TEXTS.get(("log", id(job), len(job.events)), log)
+
+
+def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
+    """The timer's tick: figures and status of the current training job (full history, so a
+    reloaded page re-attaches with everything; long histories are downsampled)."""
+    (_, (timeline,)), (_, (step_peak, loss, throughput)) = live_charts(smoothing)
+    return (timeline, step_peak, loss, throughput, *live_status())
 
 
 def sample_gallery() -> list[str]:
-    """Sample pictures of the current training job (runs/NAME/samples/*.png)."""
+    """Sample pictures of the current training job (runs/NAME/samples/*.png), listed again only
+    when the folder changed."""
     job = common.MANAGER.job
     if job is None or job.kind != "training":
         return []
-    return sorted(str(p) for p in (job.out / "samples").glob("*.png"))
+    folder = job.out / "samples"
+    try:
+        stamp = folder.stat().st_mtime_ns
+    except OSError:
+        return []
+    return TEXTS.get(("samples", id(job), stamp), lambda: sorted(str(p) for p in folder.glob("*.png")))
 
 
 UPLOAD_DIR = Path("runs") / "uploads"

@@ -13,16 +13,16 @@ from lora_gui.engine.export import export_run
 from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
 from lora_gui.errors import USER_ERRORS
 from lora_gui.memory.predict import generation
+from lora_gui.ui import common, paths
 
 log = logging.getLogger(__name__)
-RUNS_ROOT = Path("runs")
 _trial: dict[str, Any] = {}  # the loaded run: {"key": (path, adapter mtime), "trial": ...}
 _lock = threading.Lock()  # one generation at a time per server (one model in memory)
 
 
 def finished_runs(root: Path | None = None) -> list[str]:
     """Run folders under runs/ that hold a trained adapter, newest first."""
-    root = root or RUNS_ROOT
+    root = root or common.runs_root()
     if not root.is_dir():
         return []
     found = []
@@ -45,9 +45,7 @@ def refresh_runs(current: str | None = None):
 
 
 def _running_job():
-    from lora_gui.ui.common import MANAGER  # the dashboard's one job
-
-    return MANAGER.job
+    return common.MANAGER.job  # the dashboard's one job
 
 
 def needed_bytes(run: RunInfo, max_new_tokens: int, prompt_tokens: int = 512) -> int:
@@ -83,7 +81,7 @@ def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperatur
         yield "", "", None, None, "", "Type a prompt first."
         return
     try:
-        run = open_run(run_dir)
+        run = open_run(paths.check("run", run_dir))
         room = generation.room_for_generation(needed_bytes(run, int(max_new_tokens or 64)), _running_job())
         if not room.fits:
             yield "", "", None, None, "", room.message
@@ -133,6 +131,8 @@ def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none
     target = (out or "").strip() or str(Path(run_dir).with_name(Path(run_dir).name + "-export"))
     kind = None if gguf in (None, "", "none") else gguf
     try:
+        paths.check("run", run_dir)
+        paths.check("export folder", target)
         path = export_run(run_dir, target, merged=bool(merged), gguf=kind)
     except USER_ERRORS as err:
         return f"Error: {err}"

@@ -1,0 +1,353 @@
+"""Many pages on one live run: tick latency per page and the run's speed with 0 vs 20 pages open.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.many_pages [--pages 20] [--rounds 3] [--window 60]
+
+Starts the dashboard (``app.py``) in a scratch folder and a run of the bundled text demo from its
+Start button's endpoint (a process of its own, as the product starts every run) with enough steps
+to outlast the measurement. Then, in rounds whose order alternates (0 pages then N, N then 0,
+...), it measures the run's steps per second over ``--window`` seconds with no page open and with
+``--pages`` Playwright pages open (Debian's Chromium, one browser context each, as N users).
+
+Tick latency per page: inside each page, the time from the Train tab's timer sending its tick
+(gradio's ``queue/join`` request of the ``poll`` event) to the first change of the loss chart
+after it (a MutationObserver on ``#loss-plot``); ticks whose charts did not change (no new step
+since the page's last tick: the server sends nothing) are not counted. Reports the median over
+pages of each page's median, the worst page's median and the 90th percentile of every tick.
+Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown table
+and writes the figures as JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+# Runs in every page before gradio's own code: notes when the timer's tick is sent (fetch of
+# queue/join with the poll event's fn_index) and when the loss chart or the status line change.
+PAGE_PROBE = """
+(pollId) => {
+  window.__ticks = {joins: [], chart: [], status: []};
+  const send = window.fetch;
+  window.fetch = function (input, init) {
+    try {
+      const url = typeof input === 'string' ? input : input.url;
+      if (url.includes('/queue/join') && init && init.body &&
+          JSON.parse(init.body).fn_index === pollId) window.__ticks.joins.push(performance.now());
+    } catch (e) {}
+    return send.apply(this, arguments);
+  };
+  const watch = () => {
+    const chart = document.getElementById('loss-plot'), status = document.getElementById('status');
+    if (!chart || !status) { setTimeout(watch, 100); return; }
+    const opts = {subtree: true, childList: true, attributes: true, characterData: true};
+    new MutationObserver(() => window.__ticks.chart.push(performance.now())).observe(chart, opts);
+    new MutationObserver(() => window.__ticks.status.push(performance.now())).observe(status, opts);
+  };
+  document.addEventListener('DOMContentLoaded', watch);
+}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(work: Path) -> tuple[subprocess.Popen, str]:
+    """``python app.py`` in ``work`` (runs/ there), once it listens."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = (work / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=work,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/config", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the dashboard exited: see {work / 'server.log'}")
+        time.sleep(1)
+    proc.kill()
+    raise SystemExit("the dashboard did not answer within 600 s")
+
+
+def _dependency(config: dict[str, Any], elem_id: str) -> dict[str, Any]:
+    ids = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id}
+    return next(d for d in config["dependencies"]
+                if any(t[0] in ids and t[1] == "click" for t in d["targets"]))
+
+
+def start_run(url: str, name: str, steps: int, seq_len: int) -> str:
+    """Presses Start through its endpoint with the text-demo form, a run name and more steps."""
+    config = httpx.get(f"{url}/config", timeout=60).json()
+    start = _dependency(config, "start")
+    props = {c["id"]: c.get("props", {}) for c in config["components"]}
+    values = {"run-name": name, "field-max_steps": steps,
+              **({"field-max_seq_len": seq_len} if seq_len else {})}
+    data = [values.get(props[i].get("elem_id"), props[i].get("value")) for i in start["inputs"]]
+    posted = httpx.post(f"{url}/gradio_api/call/{start['api_name']}", json={"data": data}, timeout=60)
+    stream = httpx.get(f"{url}/gradio_api/call/{start['api_name']}/{posted.json()['event_id']}", timeout=120)
+    lines = stream.text.splitlines()
+    message = next((json.loads(p.removeprefix("data: "))[0] for k, p in zip(lines, lines[1:])
+                    if k == "event: complete"), stream.text)
+    if not str(message).startswith("Started"):
+        raise SystemExit(f"Start answered: {message}")
+    return str(message)
+
+
+def poll_fn_index(url: str) -> int:
+    config = httpx.get(f"{url}/config", timeout=60).json()
+    return next(d["id"] for d in config["dependencies"] if d["api_name"] == "poll")
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip().endswith("}")]
+
+
+def steps_per_s(run: Path, t0: float, t1: float) -> float:
+    """Optimizer steps whose record was written in [t0, t1), per second."""
+    return sum(1 for r in records(run) if t0 <= r["time"] < t1) / (t1 - t0)
+
+
+def latencies(ticks: dict[str, list[float]], key: str = "chart") -> list[float]:
+    """Per tick sent: ms to the first change of ``key`` before the next tick was sent."""
+    joins, changes = sorted(ticks["joins"]), sorted(ticks[key])
+    out = []
+    for sent, following in zip(joins, [*joins[1:], float("inf")]):
+        first = next((c for c in changes if sent < c < following), None)
+        if first is not None:
+            out.append(first - sent)
+    return out
+
+
+def open_pages(browser, url: str, n: int, poll_id: int) -> list:
+    """``n`` pages, one browser context each (as n users), loading at once; returns when every
+    page shows the run (its status and a first chart update)."""
+    started = time.time()
+    pages = []
+    for _ in range(n):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context.add_init_script(f"({PAGE_PROBE})({poll_id})")
+        page = context.new_page()
+        page.set_default_timeout(1_200_000)
+        page.goto(url, wait_until="commit")
+        pages.append(page)
+    for page in pages:
+        page.wait_for_function("() => (document.getElementById('status') || {innerText: ''})"
+                               ".innerText.includes('step')")
+        page.wait_for_function("() => window.__ticks && window.__ticks.chart.length > 0")
+    print(f"{n} pages show the run after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
+    return pages
+
+
+CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (its children not included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` (this bench's Playwright driver and its Chromium)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str, float]]:
+    """Starts timing the CPU of each group of processes; the returned call gives the cores each
+    used on average since (processes alive at both ends)."""
+    before = {name: {pid: cpu_seconds(pid) for pid in pids} for name, pids in groups.items()}
+
+    def done() -> dict[str, float]:
+        return {f"cpu_{name}": sum(cpu_seconds(pid) - t for pid, t in seen.items()) / window
+                for name, seen in before.items()}
+    return done
+
+
+def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
+            settle: float, server_pid: int) -> dict[str, Any]:
+    from lora_gui.engine.core.lock import read_lock
+
+    pages = open_pages(browser, url, pages_n, poll_id) if pages_n else []
+    time.sleep(settle)
+    for page in pages:
+        page.evaluate("() => { window.__ticks = {joins: [], chart: [], status: []}; }")
+    info = read_lock(run)
+    train = {info.pid} | descendants(info.pid) if info else set()
+    usage = cpu_use({"server": {server_pid}, "run": train,
+                     "browser": descendants(os.getpid()) - {server_pid} - train}, window)
+    t0 = time.time()
+    time.sleep(window)
+    t1 = time.time()
+    cores = usage()
+    per_page = [page.evaluate("() => window.__ticks") for page in pages]
+    for page in pages:
+        page.context.close()
+    result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
+                              **cores}
+    if pages:
+        chart = [latencies(t) for t in per_page]
+        status = [latencies(t, "status") for t in per_page]
+        medians = [statistics.median(c) for c in chart if c]
+        every = sorted(x for c in chart for x in c)
+        result.update({
+            "tick_ms_median_of_pages": statistics.median(medians) if medians else None,
+            "tick_ms_worst_page": max(medians) if medians else None,
+            "tick_ms_p90": every[int(0.9 * (len(every) - 1))] if every else None,
+            "status_ms_median": statistics.median(x for s in status for x in s) if any(status) else None,
+            "ticks_sent": sum(len(t["joins"]) for t in per_page), "chart_updates_timed": len(every),
+            "pages_timed": len(medians)})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pages", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of (0 pages, N pages), order alternating")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds measured per arm and round")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds between opening and measuring")
+    parser.add_argument("--seq-len", type=int, default=0, help="the run's max_seq_len (0: the preset's)")
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    args = parser.parse_args(argv)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium is not installed (apt-get install chromium); no browser is downloaded")
+    from playwright.sync_api import sync_playwright
+
+    work = Path(tempfile.mkdtemp(prefix="many-pages-"))
+    run = work / "runs" / "bench"
+    server, url = serve(work)
+    rows: list[dict[str, Any]] = []
+    try:
+        print(start_run(url, "bench", steps=100_000, seq_len=args.seq_len), flush=True)
+        while len(records(run)) < 3:
+            if server.poll() is not None:
+                raise SystemExit("the dashboard exited")
+            time.sleep(1)
+        poll_id = poll_fn_index(url)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            for r in range(args.rounds):
+                order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
+                for n in order:
+                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid)
+                    row["round"] = r + 1
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            browser.close()
+    finally:
+        stop_run(run)
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    summary = summarise(rows, args.pages)
+    print(table(rows, summary, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+    return 0
+
+
+def stop_run(run: Path) -> None:
+    """Ends the run's process (a process of its own: it would outlive the dashboard)."""
+    from lora_gui.engine.core.lock import lock_is_live, read_lock
+
+    info = read_lock(run) if run.is_dir() else None
+    if info is not None and lock_is_live(run):
+        try:
+            os.killpg(os.getpgid(info.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def summarise(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    none = [r["steps_per_s"] for r in rows if r["pages"] == 0]
+    many = [r for r in rows if r["pages"] == n]
+    ratios = []
+    for r in range(1, max(row["round"] for row in rows) + 1):  # each round's own pair
+        pair = {row["pages"]: row["steps_per_s"] for row in rows if row["round"] == r}
+        if pair.get(0):
+            ratios.append(pair[n] / pair[0])
+    return {"steps_per_s_0": statistics.median(none),
+            "steps_per_s_n": statistics.median(r["steps_per_s"] for r in many),
+            "ratio_median": statistics.median(ratios), "ratios": ratios,
+            "tick_ms_median": statistics.median(r["tick_ms_median_of_pages"] for r in many),
+            "tick_ms_worst_page": max(r["tick_ms_worst_page"] for r in many),
+            "tick_ms_p90": statistics.median(r["tick_ms_p90"] for r in many),
+            **{f"{key}_{label}": statistics.median(r[key] for r in rows if (r["pages"] > 0) == (label == "n"))
+               for key in ("cpu_server", "cpu_browser", "cpu_run") for label in ("0", "n")}}
+
+
+def _cores(row: dict[str, Any]) -> str:
+    return f"{row['cpu_server']:.2f} | {row['cpu_browser']:.2f} | {row['cpu_run']:.2f} |"
+
+
+def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespace) -> str:
+    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | ticks timed / sent "
+           "| CPU cores: server | browser | run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["pages"]:
+            out.append(f"| {r['round']} | {r['pages']} | {r['steps_per_s']:.3f} | "
+                       f"{r['tick_ms_median_of_pages']:.0f} | {r['tick_ms_worst_page']:.0f} | "
+                       f"{r['tick_ms_p90']:.0f} | "
+                       f"{r['chart_updates_timed']} / {r['ticks_sent']} | {_cores(r)}")
+        else:
+            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | — | — | — | — | {_cores(r)}")
+    out.append(f"\nMedians over {args.rounds} rounds of {args.window:.0f} s: steps/s "
+               f"{s['steps_per_s_0']:.3f} (0 pages) vs {s['steps_per_s_n']:.3f} ({args.pages} pages), "
+               "per-round ratio median "
+               f"{s['ratio_median']:.3f} ({', '.join(f'{x:.3f}' for x in s['ratios'])}); tick latency "
+               f"median {s['tick_ms_median']:.0f} ms, worst page {s['tick_ms_worst_page']:.0f} ms, "
+               f"p90 {s['tick_ms_p90']:.0f} ms; the server's CPU {s['cpu_server_0']:.2f} vs "
+               f"{s['cpu_server_n']:.2f} cores, the browser's {s['cpu_browser_0']:.2f} vs "
+               f"{s['cpu_browser_n']:.2f}, the run's {s['cpu_run_0']:.2f} vs {s['cpu_run_n']:.2f}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
