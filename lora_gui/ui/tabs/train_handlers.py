@@ -276,21 +276,28 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
-    """The timer's tick: figures and status of the current training job (full history, so a
-    reloaded page re-attaches with everything; long histories are downsampled)."""
+NO_TRAINING = "No training yet. Pick a preset and press Start."
+
+
+def idle_status(job: Any) -> str:
+    """The status while no training job is held: none yet, or other work (a comparison) running
+    or ended, named, so the line never says "no training" beside a job the page just started."""
+    if job is None:
+        return NO_TRAINING
+    state = "running" if job.running else job.status
+    return f"No training yet: **{job.name}** ({job.kind}) is {state}; see its tab."
+
+
+def status_text() -> str:
+    """The status line as the next timer tick shows it (Start shows it at once)."""
     job = common.MANAGER.job
     if job is None or job.kind != "training":
-        empty: list[dict] = []
-        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
-                charts.throughput_figure(empty), "No training yet. Pick a preset and press Start.", "")
-    records, events = job.snapshot()
-    samples, phases = job.memory_snapshot()
-    budget = int(job.cfg.budget_gb * GB) or None
-    simulated = common.gpu_total_gb() is None
-    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
-            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
-            charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
+        return idle_status(job)
+    records, _ = job.snapshot()
+    return _job_status(job, records)
+
+
+def _job_status(job: Any, records: list[dict]) -> str:
     done = records[-1]["step"] if records else 0
     status = status_line(job, done)
     if job.predicted_bytes:
@@ -304,6 +311,25 @@ def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
         if s.get("message"):
             status += f"\n\n{s['message']}"
+    return status
+
+
+def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
+    """The timer's tick: figures and status of the current training job (full history, so a
+    reloaded page re-attaches with everything; long histories are downsampled)."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        empty: list[dict] = []
+        return (charts.memory_timeline(empty, []), charts.memory_figure(empty), charts.loss_figure(empty),
+                charts.throughput_figure(empty), idle_status(job), "")
+    records, events = job.snapshot()
+    samples, phases = job.memory_snapshot()
+    budget = int(job.cfg.budget_gb * GB) or None
+    simulated = common.gpu_total_gb() is None
+    figs = (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),
+            charts.memory_figure(records, budget, job.predicted_bytes, simulated),
+            charts.loss_figure(records, float(smoothing or 0.0)), charts.throughput_figure(records))
+    status = _job_status(job, records)
     log = "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
     return (*figs, status, log)
 
