@@ -53,9 +53,8 @@ def prompts(tokenizer: Any) -> list[tuple[str, list[int]]]:
     for system, user in CHATS:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": user}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
-        out.append((f"chat: {user}", [int(i) for i in ids]))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append((f"chat: {user}", tokenizer(text, add_special_tokens=False)["input_ids"]))
     out += [(f"text: {t}", tokenizer(t)["input_ids"]) for t in TEXTS]
     return out
 
