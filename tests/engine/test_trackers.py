@@ -159,7 +159,11 @@ def wandb_history(run_dir) -> list[dict]:
     import json
 
     from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
+
+    try:
+        from wandb.sdk.internal import datastore
+    except ImportError:  # wandb 0.31 moved the .wandb reader into its Go core
+        pytest.skip("this wandb version has no Python reader of offline .wandb files")
 
     store = datastore.DataStore()
     store.open_for_scan(str(next(run_dir.glob("*.wandb"))))
