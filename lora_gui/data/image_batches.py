@@ -46,6 +46,16 @@ def latent_tokens(bucket: Bucket) -> int:
     return (bucket[0] // 8) * (bucket[1] // 8)
 
 
+def resolution_names(buckets: list[Bucket]) -> dict[int, str]:
+    """The W x H px name of each latent size the buckets use ("640x384/384x640" when two
+    resolutions share one): image runs key their micro-batch caps by latent size, and say them
+    as resolutions."""
+    names: dict[int, list[str]] = {}
+    for w, h in sorted(set(buckets), key=lambda b: (-b[0], b[1])):
+        names.setdefault(latent_tokens((w, h)), []).append(f"{w}x{h}")
+    return {tokens: "/".join(n) for tokens, n in sorted(names.items())}
+
+
 def table_batch(cfg: RunConfig, bucket: Bucket) -> int:
     """batch_table's micro-batch for the smallest listed resolution whose area covers the bucket."""
     table = cfg.batch_by_resolution()

@@ -32,6 +32,15 @@ class JobBusyError(UserError, RuntimeError):
     """A job is already running; the message names it."""
 
 
+def plan_caps_text(caps: dict[Any, int], names: dict[Any, str] | None = None) -> str:
+    """The plan's micro-batch caps as an event line: per length bucket (tokens) for text runs,
+    per resolution bucket (W x H px) for image runs, whose caps the engine keys by latent size."""
+    if names:  # JSON round trips turn the int keys into strings: look both up
+        named = {names.get(k, names.get(str(k), f"{k} latent px")): v for k, v in caps.items()}
+        return f"planned micro-batch per resolution bucket (W x H px): {named}"
+    return f"planned micro-batch per length bucket (tokens): {caps}"
+
+
 @dataclass
 class Job:
     """A training run owned by the :class:`JobManager`."""
@@ -77,7 +86,7 @@ class Job:
             self.total_steps = event.get("total_steps")
             caps = event.get("caps")
             if caps:
-                self.add_event(f"planned micro-batch per length bucket: {caps}")
+                self.add_event(plan_caps_text(caps, event.get("bucket_names")))
             return
         if kind == "checkpoint":
             self.add_event(f"step {event['step']}: checkpoint saved ({event['reason']})")

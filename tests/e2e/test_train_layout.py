@@ -9,7 +9,17 @@ import pytest
 
 from lora_gui.ui.common import card_budget_gb
 from tests.e2e import test_dashboard as dash
-from tests.e2e.test_dashboard import ARTIFACTS, CHROMIUM, MINUTE, plot_traces, set_field, text_of, wait_text
+from tests.e2e.test_dashboard import (
+    ARTIFACTS,
+    CHROMIUM,
+    MINUTE,
+    pick,
+    plot_traces,
+    set_field,
+    settled_plan,
+    text_of,
+    wait_text,
+)
 
 server = dash.server  # this module's own app server (module scope)
 browser_present = dash.browser_present  # under CI a missing browser fails (autouse)
@@ -74,6 +84,8 @@ def test_charts_beside_the_settings_while_a_run_trains(server):
             page.locator("#run-name input, #run-name textarea").first.fill("layout-run")
             page.click("#start")
             wait_text(page, "message", "Started")
+            assert "No training yet" not in text_of(page, "status")  # one status, in the same update
+            wait_text(page, "status", "layout-run", minutes=0.1)
             page.wait_for_function(  # two steps drawn: the run is training
                 "() => { const el = document.querySelector('#loss-plot .js-plotly-plot');"
                 " const d = el && (el._fullData || el.data);"
@@ -82,6 +94,9 @@ def test_charts_beside_the_settings_while_a_run_trains(server):
             wait_text(page, "status", "ETA")
             assert outside_first_screen(page, (*RUN_CHARTS, "status", "start", "field-lr")) == {}
             page.screenshot(path=str(ARTIFACTS / "train-running-1400.png"))
+            height = page.evaluate("document.documentElement.scrollHeight")
+            (ARTIFACTS / "train-height-running-1400.txt").write_text(f"{height}\n")  # the report's figure
+            print(f"Train tab page height at 1400 x 1000 with a run in progress: {height} px")
             page.click("#stop")
             wait_text(page, "status", "stopping", minutes=0.2)  # at once, not after the step
             wait_text(page, "status", "stopped", minutes=3)
@@ -116,5 +131,30 @@ def test_the_card_is_remembered_and_shared_by_the_tabs(server):
             page.wait_for_function("() => document.querySelector('#plan-card input').value.includes('24 GB')"
                                    " && document.querySelector('#plan-budget_gb input').value === "
                                    f"'{BUDGET_24GB}'", timeout=MINUTE)
+        finally:
+            browser.close()
+
+
+def test_a_preset_change_never_shows_the_previous_presets_plan(server):
+    """From the change on, the panel shows the new preset's settings being predicted, then their
+    plan: never the plan of the preset it replaced (not even for a moment: every text the panel
+    takes is recorded by a MutationObserver)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser, page = open_page(pw, server[0], 1400)
+        try:
+            before = settled_plan(page)
+            page.evaluate("""() => { window.shown = [];
+                const el = document.getElementById('predicted');
+                new MutationObserver(() => window.shown.push(el.innerText))
+                    .observe(el, {subtree: true, childList: true, characterData: true}); }""")
+            pick(page, "preset", "image-512")
+            page.wait_for_function(
+                "b => { const t = document.getElementById('predicted').innerText;"
+                " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=5 * MINUTE)
+            shown = [t for t in page.evaluate("window.shown") if t.strip()]
+            assert shown and "Predicting for the preset image-512" in shown[0], shown[:3]
+            assert before not in shown, "the previous preset's plan came back after the change"
         finally:
             browser.close()

@@ -59,6 +59,24 @@ def test_cli_trains_an_image_run_with_the_run_folder_contract(run):
     assert abs(summary["predicted_peak_bytes"] / summary["train_peak_bytes"] - 1) < 0.1
 
 
+def test_the_plan_event_speaks_of_resolution_buckets(run):
+    """An image run's caps are keyed by latent size; its plan event names each as W x H px, and
+    the dashboard's events line says resolution buckets, never token lengths."""
+    from lora_gui.engine.jobs import Job, plan_caps_text
+
+    out, summary = run
+    plan = next(e for e in read_records(out / "events.jsonl") if e.get("event") == "plan")
+    assert plan["caps"] and set(plan["bucket_names"]) == set(plan["caps"])
+    assert all("x" in name for name in plan["bucket_names"].values())
+    job = Job(name="img", out=out, cfg=load_config("image-512"))
+    job.on_engine_event(plan)
+    line = job.snapshot()[1][-1]["event"]
+    assert "resolution bucket (W x H px)" in line and "length" not in line
+    for name in plan["bucket_names"].values():
+        assert f"'{name}'" in line
+    assert "length bucket (tokens): {64: 8}" in plan_caps_text({64: 8})
+
+
 def test_adapter_loads_into_the_diffusers_pipeline_and_generates(run):
     out, _ = run
     pipe = load_pipeline(resolve_pipeline_source("builtin"), out / "adapter")

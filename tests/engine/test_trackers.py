@@ -131,3 +131,66 @@ def test_trackio_local_store_holds_the_loss_curve(tmp_path, small_corpus, monkey
     assert [row["loss"] for row in logs] == [r["loss"] for r in records]
     if fresh:  # the default store: beside the run folder
         assert info["dir"] == str(tmp_path / "trackio") and (tmp_path / "trackio").is_dir()
+
+
+def test_mlflow_local_store_holds_the_loss_curve(tmp_path, small_corpus, monkeypatch):
+    """report_to=mlflow against a local store (no server): its loss history is metrics.jsonl's."""
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("mlflow is not installed (an optional extra)")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    out = tmp_path / "mlflow-run"
+    summary = train_text(text_cfg(small_corpus, report_to="mlflow"), out, progress=False)
+    info = read_tracker_info(out)["mlflow"]
+    client = MlflowClient(uri)
+    records = read_records(out / "metrics.jsonl")
+    for key in ("loss", "lr", "peak_bytes"):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(info["run_id"], key))
+        assert history == [(r["step"], pytest.approx(r[key], rel=1e-9)) for r in records], key
+    assert client.get_run(info["run_id"]).data.metrics["eval_loss"] == pytest.approx(summary["eval_loss"])
+    assert client.get_run(info["run_id"]).data.params["report_to"] == "mlflow"
+    assert open_commands(read_tracker_info(out))[0].endswith(f"mlflow ui --backend-store-uri {uri}")
+
+
+def wandb_history(run_dir) -> list[dict]:
+    """The history rows of an offline W&B run, read from its .wandb file."""
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+
+    try:
+        from wandb.sdk.internal import datastore
+    except ImportError:  # wandb 0.31 moved the .wandb reader into its Go core
+        pytest.skip("this wandb version has no Python reader of offline .wandb files")
+
+    store = datastore.DataStore()
+    store.open_for_scan(str(next(run_dir.glob("*.wandb"))))
+    rows = []
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def test_wandb_offline_run_holds_the_loss_curve(tmp_path, small_corpus, monkeypatch):
+    """report_to=wandb with WANDB_MODE=offline: the offline run's history is metrics.jsonl's."""
+    if importlib.util.find_spec("wandb") is None:
+        pytest.skip("wandb is not installed (an optional extra)")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "wandb-run"
+    train_text(text_cfg(small_corpus, report_to="wandb"), out, progress=False)
+    info = read_tracker_info(out)["wandb"]
+    assert info["offline"] and str(out) in info["dir"]  # under the run folder
+    from pathlib import Path
+
+    rows = [r for r in wandb_history(Path(info["dir"]).parent) if "loss" in r]
+    records = read_records(out / "metrics.jsonl")
+    assert [r["_step"] for r in rows] == [r["step"] for r in records]
+    assert [r["loss"] for r in rows] == [r["loss"] for r in records]
+    assert open_commands(read_tracker_info(out))[0].startswith("wandb: ")

@@ -273,6 +273,20 @@ def test_stop_shows_stopping_at_once_and_an_ended_run_has_no_eta():
     assert "ETA" not in late and early == late and "trained 30 s" in late
 
 
+def test_the_status_never_says_no_training_beside_a_started_job(runs_root, monkeypatch):
+    assert handle.status_text() == handle.NO_TRAINING  # nothing started on this server
+    compare = _Job("running", stop=False, phases=[])
+    compare.kind, compare.name = "compare", "cmp-1"
+    monkeypatch.setattr(common.MANAGER, "job", compare)
+    assert "cmp-1" in handle.status_text() and "running" in handle.status_text()
+    training = _Job("starting", stop=False, phases=[])
+    training.kind, training.predicted_bytes, training.error, training.summary = "training", None, None, None
+    training.snapshot = lambda: ([], [])
+    monkeypatch.setattr(common.MANAGER, "job", training)
+    line = handle.status_text()  # what Start shows in the same update as "Started"
+    assert "No training" not in line and line.startswith("**r**: starting")
+
+
 def test_image_runs_hide_the_text_only_settings(form):
     image = forms.visibility(form, "image")
     for name in ("data_format", "chat_template", "train_on_prompt", "quantization", "double_quant"):

@@ -1,19 +1,73 @@
-"""The Plan tab's text: each suggestion says whether it fits the budget."""
+"""The Plan tab's text: one verdict consistent with the bucket and card tables beside it, each
+suggestion saying whether it fits, one memory unit (GB) on the page."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
+from lora_gui.memory.predict.longest_text import Longest, describe
+from lora_gui.memory.predict.planner import CardFit
 from lora_gui.ui.tabs import plan_handlers
 
-MIB = 2**20
+MIB, GB = 2**20, 10**9
+
+
+def bucket(n: int, batch: int, mib: int) -> SimpleNamespace:
+    return SimpleNamespace(bucket=n, micro_batch=batch, grad_accum=8 // batch if batch else 0,
+                           peak_bytes=mib * MIB)
+
+
+def short_plan() -> SimpleNamespace:
+    """As the planner answers Llama-3.1-8B nf4 on an 8 GB card: 64 tokens fit, longer do not."""
+    return SimpleNamespace(
+        fits=False, message="does not fit even at batch 1: needs 19.41 GB; see the suggestions",
+        buckets=[bucket(64, 1, 7_001), bucket(128, 0, 8_298), bucket(1024, 0, 18_508)], suggestions=[
+            SimpleNamespace(switch="gradient_checkpointing=True", peak_bytes=8_550 * MIB, fits=False),
+            SimpleNamespace(switch="quantization=nf4", peak_bytes=3_000 * MIB, fits=True)])
+
+
+def outputs(plan, rows=()):
+    step = SimpleNamespace(peak_bytes=17_458 * MIB, breakdown={"weights": 9_000 * MIB}, cuda_overheads={})
+    budget = int(8.3582 * GB)
+    return plan_handlers._outputs(plan, step, list(rows), budget, "cuda", "the run's largest micro-batch")
+
+
+def units(text: str) -> set[str]:
+    return set(re.findall(r"\d\s*(MiB|GiB|GB|MB)\b", text))
 
 
 def test_each_suggestion_says_whether_it_fits():
-    result = SimpleNamespace(fits=False, message="does not fit at batch 1", buckets=[], suggestions=[
-        SimpleNamespace(switch="gradient_checkpointing=True", peak_bytes=7_752 * MIB, fits=False),
-        SimpleNamespace(switch="quantization=nf4", peak_bytes=3_000 * MIB, fits=True)])
-    step = SimpleNamespace(peak_bytes=9_000 * MIB, breakdown={"weights": 9_000 * MIB}, cuda_overheads={})
-    _, text, _, _ = plan_handlers._outputs(result, step, [], 8_000 * MIB, "cuda", "batch 1")
-    assert "gradient_checkpointing=True: 7,752 MiB — does not fit the budget" in text
-    assert "quantization=nf4: 3,000 MiB — fits the budget" in text
+    _, text, _, _ = outputs(short_plan())
+    assert "gradient_checkpointing=True: 8.97 GB at batch 1 in the 1,024 tokens bucket — does not fit" in text
+    assert "quantization=nf4: 3.15 GB at batch 1 in the 1,024 tokens bucket — fits the budget" in text
+
+
+def test_the_verdict_agrees_with_the_bucket_table_in_one_unit():
+    _, text, buckets, _ = outputs(short_plan())
+    assert text.startswith("**Does not fit** — the 1,024 tokens bucket needs 19.41 GB even at batch 1")
+    assert "only buckets up to 64 tokens fit" in text  # as the table's first row says
+    assert buckets[0] == [64, 1, 8, 7.34] and buckets[-1] == [1024, 0, 0, 19.41]  # GB, as the verdict
+    assert "18.31 GB** against the 8.36 GB budget" in text
+    assert units(text) == {"GB"}
+
+
+def test_what_fits_where_has_the_budgets_row_and_never_says_nothing_fits_beside_a_fitting_bucket():
+    assert plan_handlers.cards_with(int(8.3582 * GB)) == (8, 8.3582, 12, 16, 24, 40, 48, 80)
+    rows = [CardFit(8, None, 0, {2: (256, 0)}), CardFit(8.3582, None, 0, {2: (256, 0)}),
+            CardFit(12, 256, 0, {2: (512, 0)})]
+    _, _, _, table = outputs(short_plan(), rows)
+    assert [r[:2] for r in table] == [[8, "under 256 tokens"], ["8.36 (this budget)", "under 256 tokens"],
+                                      [12, 256]]
+
+
+def test_longest_speaks_the_pages_unit():
+    result = Longest(seq_len=12_288, micro_batch=1, budget_bytes=int(8.3582 * GB), counted_bytes=8 * GB,
+                     peak_bytes=int(8.2 * GB), device="cuda", switches={"gradient_checkpointing": True},
+                     speed_cost={"gradient_checkpointing": 1.3}, host_bytes=2 * GB, notes=[],
+                     confirmed_by_trace=True, count_cuda_context=True, cuda_context_bytes=500 * MIB,
+                     capped_by_context=False, context_len=None, memory_allows=12_288, traces=1,
+                     card={"allocated_bytes": 7 * GB, "reserved_bytes": int(7.5 * GB),
+                           "attention_kernel": "flash", "attention_workspace_bytes": 40 * MIB})
+    assert units("\n".join(describe(result, "GB"))) == {"GB"}
+    assert "8.36 GB = 7.78 GiB" in describe(result)[0]  # the CLI keeps both

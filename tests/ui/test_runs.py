@@ -16,6 +16,9 @@ def make_run(root, name, *, task="text", loss=2.0, peak=100 * 2**20, status="com
     (folder / "config.json").write_text(json.dumps(RunConfig(task=task).to_dict()))
     records = [{"step": i + 1, "loss": loss - 0.1 * i, "peak_bytes": peak + i, "memory_source": "tracker",
                 "tokens_per_s": 1000.0 + i, "real_tokens": 90, "padded_tokens": 100} for i in range(steps)]
+    if task == "image":  # image runs record images/s instead
+        records = [{**{k: v for k, v in r.items() if "tokens" not in k}, "images_per_s": 2.0 + i}
+                   for i, r in enumerate(records)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if status:
         (folder / "run.json").write_text(json.dumps({
@@ -83,6 +86,24 @@ def test_overlay_takes_two_to_four_runs(root):
     message, memory, loss, speed = handle.overlay(["a", "b", "c"], 0.0)
     assert [t.name for t in memory.data] == ["a", "b", "c"] and len(loss.data) == 3
     assert "tracker" in memory.layout.yaxis.title.text and speed.layout.title.text == "Throughput"
+
+
+def test_overlay_keeps_every_runs_throughput_each_in_its_unit(root):
+    make_run(root, "text1")
+    make_run(root, "pic", task="image", steps=4)
+    make_run(root, "text2", steps=3)
+    message, _, _, speed = handle.overlay(["text1", "pic", "text2"], 0.0)
+    lines = {t.name: t for t in speed.data}
+    assert set(lines) == {"text1 (tokens/s)", "pic (images/s)", "text2 (tokens/s)"}
+    assert list(lines["pic (images/s)"].y) == [2.0, 3.0, 4.0, 5.0] and lines["pic (images/s)"].yaxis == "y2"
+    assert list(lines["text2 (tokens/s)"].y) == [1000.0, 1001.0, 1002.0]
+    assert lines["text1 (tokens/s)"].yaxis == "y"
+    assert speed.layout.yaxis.title.text.startswith("tokens/s")
+    assert speed.layout.yaxis2.title.text.startswith("images/s") and speed.layout.yaxis2.side == "right"
+    assert "right" in message and "different units" in message
+    (root / "text2" / "metrics.jsonl").write_text("")  # a run that has not logged a step yet
+    message, _, _, speed = handle.overlay(["text1", "text2"], 0.0)
+    assert [t.name for t in speed.data] == ["text1 (tokens/s)"] and "text2" in message.split("\n")[-1]
 
 
 def test_delete_asks_first_then_removes_the_folder(root):

@@ -38,6 +38,7 @@ from lora_gui.data.image_batches import (  # noqa: F401  (re-exported)
     epoch_plan,
     latent_tokens,
     load_image_data,
+    resolution_names,
     table_batch,
 )
 from lora_gui.engine.core.checkpoint import latest_checkpoint, save_checkpoint, write_atomic
@@ -204,7 +205,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction,
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unet),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
-    session.plan_event(budget, **cache, optimizer=optimizer_name)
+    session.plan_event(budget, **cache, optimizer=optimizer_name,
+                       bucket_names=resolution_names(data.buckets))
     return session
 
 

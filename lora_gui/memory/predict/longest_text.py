@@ -440,25 +440,36 @@ def _quantization_hint(cfg: RunConfig, search: _Search, device: str, count_conte
     return "; " + "; ".join(fits) if fits else "; no quantization of the base weights fits either"
 
 
-def describe(result: Longest) -> list[str]:
-    """The answer in words, one line each (the CLI prints them, the Plan tab shows them)."""
-    gib = 2**30
-    ctx = (f"CUDA context ({result.cuda_context_bytes / 2**20:,.0f} MiB) counted" if result.count_cuda_context
-           else "CUDA context (~500 MiB) not counted: add it for a whole card") \
+def describe(result: Longest, unit: str = "GiB") -> list[str]:
+    """The answer in words, one line each (the CLI prints them, the Plan tab shows them).
+
+    ``unit``: "GiB" (the CLI: the budget also in GB, small figures in MiB) or "GB" (the Plan tab,
+    whose budget field and card sizes are in GB: every figure in GB)."""
+    div = 2**30 if unit == "GiB" else 1e9
+
+    def size(nbytes: float, digits: int = 2) -> str:
+        return f"{nbytes / div:,.{digits}f} {unit}"
+
+    def small(nbytes: float) -> str:  # a context, a workspace
+        return f"{nbytes / 2**20:,.0f} MiB" if unit == "GiB" else size(nbytes, 3)
+
+    ctx = (f"CUDA context ({small(result.cuda_context_bytes)}) counted" if result.count_cuda_context
+           else f"CUDA context (~{small(500 * 2**20)}) not counted: add it for a whole card") \
         if result.device == "cuda" else "planned for this CPU"
-    lines = [f"Longest max_seq_len that fits {result.budget_bytes / 1e9:,.2f} GB = "
-             f"{result.budget_bytes / gib:,.2f} GiB on {result.device}: "
+    budget = (f"{result.budget_bytes / 1e9:,.2f} GB = {size(result.budget_bytes)}" if unit == "GiB"
+              else size(result.budget_bytes))
+    lines = [f"Longest max_seq_len that fits {budget} on {result.device}: "
              f"{result.seq_len:,} tokens (micro-batch {result.micro_batch}; source: predicted, "
              f"{'confirmed by the fake-tensor trace' if result.confirmed_by_trace else 'estimate'}; {ctx})",
-             f"  predicted peak there: {result.counted_bytes / gib:,.2f} GiB ({result.counted_bytes:,} bytes"
-             + (f"; {result.peak_bytes / gib:,.2f} GiB with the CUDA context)" if result.counted_bytes
+             f"  predicted peak there: {size(result.counted_bytes)} ({result.counted_bytes:,} bytes"
+             + (f"; {size(result.peak_bytes)} with the CUDA context)" if result.counted_bytes
                 != result.peak_bytes else ")")]
     if result.card:
         c = result.card
-        lines.append(f"  on the card: allocated {c['allocated_bytes'] / gib:,.2f} GiB, reserved (caching "
-                     f"allocator) {c['reserved_bytes'] / gib:,.2f} GiB; attention kernel "
+        lines.append(f"  on the card: allocated {size(c['allocated_bytes'])}, reserved (caching "
+                     f"allocator) {size(c['reserved_bytes'])}; attention kernel "
                      f"{c['attention_kernel']}, its backward workspace "
-                     f"{c['attention_workspace_bytes'] / 2**20:,.0f} MiB a layer")
+                     f"{small(c['attention_workspace_bytes'])} a layer")
     if result.switches:
         lines.append("  switches: " + ", ".join(f"{k}={v}" for k, v in result.switches.items()))
         costs = [f"{k} x{v:.2f}" if v is not None else f"{k} (cost not measured)"
@@ -467,6 +478,7 @@ def describe(result: Longest) -> list[str]:
                      + ", ".join(costs))
     else:
         lines.append("  switches: none needed beyond your settings")
-    lines.append(f"  host memory for offloaded tensors: {size_text(result.host_bytes)}")
+    host = size_text(result.host_bytes) if unit == "GiB" else size(result.host_bytes)
+    lines.append(f"  host memory for offloaded tensors: {host}")
     lines += [f"  note: {n}" for n in result.notes]
     return lines

@@ -253,14 +253,14 @@ class CardFit:
     global batch is the count times the per-GPU batch).
     """
 
-    card_gb: int
+    card_gb: float  # GB (1e9 bytes): a card size, or the budget being planned
     longest: int | None  # tokens (text) or pixels (image) at batch 1; None: nothing fits
     batch_at_chosen: int  # largest batch at the chosen length / resolution (0: none)
     by_gpus: dict[int, tuple[int | None, int]] = field(default_factory=dict)
     by_quantization: dict[str, tuple[int | None, int]] = field(default_factory=dict)  # text, one GPU
 
 
-def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[int] = CARDS_GB,
+def what_fits_where(config: Any, *, chosen: int, cards_gb: Sequence[float] = CARDS_GB,
                     max_batch: int = 256, gpu_counts: Sequence[int] = GPU_COUNTS,
                     **step: Any) -> list[CardFit]:
     """For each card size: longest sequence (text, multiples of 256 up to the model's max

@@ -166,22 +166,61 @@ def _budget_lines(pred: Prediction, budget: Budget, bucket_title: str, width: in
     return lines
 
 
-def verdict_markdown(plan: Any, peak_bytes: int, budget_bytes: int, shape: str, device: str) -> str:
-    """The dashboard's verdict: fits or not (the plan's own message), the predicted peak and
-    whether each suggested switch fits the budget."""
+def gb(nbytes: float, digits: int = 2) -> str:
+    """A memory figure as the Plan tab writes every one: decimal GB (1e9 bytes), the unit of its
+    budget field and of the card sizes, so one page speaks one unit."""
+    return f"{nbytes / GB:,.{digits}f} GB"
+
+
+def _bucket_name(bucket: Any, unit: str) -> str:
+    return f"{bucket:,} {unit}" if isinstance(bucket, int) else f"{bucket[1]}x{bucket[0]} {unit}"
+
+
+def _short_of_budget(plan: Any, unit: str) -> str:
+    """Why a plan does not fit, in the bucket table's own figures: the largest bucket that needs
+    more than the budget at batch 1, and the buckets that do fit (the run's longer samples are
+    the ones that cannot train)."""
+    over = [b for b in plan.buckets if not b.micro_batch]
+    fitting = [b for b in plan.buckets if b.micro_batch]
+    worst = over[-1] if over else max(plan.buckets, key=lambda b: b.peak_bytes)
+    text = f"the {_bucket_name(worst.bucket, unit)} bucket needs {gb(worst.peak_bytes)} even at batch 1"
+    frozen = plan.message.split(" (the frozen weights alone", 1)
+    if len(frozen) == 2:
+        text += " (the frozen weights alone" + frozen[1]
+    if fitting:
+        text += (f"; only buckets up to {_bucket_name(fitting[-1].bucket, unit)} fit (bucket table), so "
+                 "the run's longer samples cannot train")
+    else:
+        text += "; no bucket fits, not even the smallest"
+    return text + "; see the suggestions"
+
+
+def verdict_markdown(plan: Any, peak_bytes: int, budget_bytes: int, shape: str, device: str,
+                     unit: str = "tokens") -> str:
+    """The Plan tab's verdict: fits or not, said with the bucket table's own figures, the
+    predicted peak against the budget and whether each suggested switch fits; every figure in
+    GB (see :func:`gb`). ``unit``: what a bucket counts (tokens or px)."""
     fits = plan.fits if plan is not None else peak_bytes <= budget_bytes
-    message = plan.message if plan is not None else "fixed batch per bucket"
-    text = (f"**{'Fits' if fits else 'Does not fit'}** — {message}\n\nPredicted peak at {shape}: "
-            f"**{peak_bytes / MIB:,.0f} MiB** (source: predicted, {device})")
+    if plan is None:
+        head = "fixed batch per bucket"
+    elif fits:
+        head = plan.message
+    else:
+        head = _short_of_budget(plan, unit)
+    text = (f"**{'Fits' if fits else 'Does not fit'}** — {head}\n\nPredicted peak at {shape}: "
+            f"**{gb(peak_bytes)}** against the {gb(budget_bytes)} budget (source: predicted, {device})")
+    buckets = plan.buckets if plan is not None else []
+    largest = max(buckets, key=lambda b: b.peak_bytes).bucket if buckets else None
+    where = f" at batch 1 in the {_bucket_name(largest, unit)} bucket" if largest is not None else ""
     for sug in plan.suggestions if plan is not None else []:
-        text += (f"\n- {sug.switch}: {sug.peak_bytes / MIB:,.0f} MiB — "
+        text += (f"\n- {sug.switch}: {gb(sug.peak_bytes)}{where} — "
                  f"{'fits' if sug.fits else 'does not fit'} the budget")
     return text
 
 
 def plan_rows(plan: Any) -> list[list[Any]]:
-    """[bucket, micro-batch, grad-accum, predicted peak MiB] per bucket of a planner's plan."""
-    return [] if plan is None else [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / MIB)]
+    """[bucket, micro-batch, grad-accum, predicted peak GB] per bucket of a planner's plan."""
+    return [] if plan is None else [[b.bucket, b.micro_batch, b.grad_accum, round(b.peak_bytes / GB, 2)]
                                     for b in plan.buckets]
 
 
@@ -189,10 +228,21 @@ def _fit_cell(fit: tuple) -> str:
     return f"{fit[0] or '-'} / {fit[1]}"
 
 
-def fits_rows(rows: list[Any]) -> list[list[Any]]:
+def fits_rows(rows: list[Any], smallest: str | None = None, budget_gb: float | None = None,
+              ) -> list[list[Any]]:
     """What fits where, one table row per card: longest at batch 1, batch at the chosen size, the
-    FSDP columns and, for text, the quantized-base columns (the dashboard's table)."""
-    return [[r.card_gb, r.longest or "nothing fits", r.batch_at_chosen,
+    FSDP columns and, for text, the quantized-base columns (the dashboard's table).
+
+    ``smallest``: the smallest size the table tries ("256 tokens"): a card that holds none says
+    "under 256 tokens", not "nothing fits" (a shorter bucket may still fit); ``budget_gb``: the
+    row of the budget being planned, marked as such."""
+    def card(gb_: float) -> Any:
+        if budget_gb is not None and abs(gb_ - budget_gb) < 1e-9:
+            return f"{gb_:,.2f} (this budget)"
+        return gb_
+
+    none = f"under {smallest}" if smallest else "nothing fits"
+    return [[card(r.card_gb), r.longest or none, r.batch_at_chosen,
              *(_fit_cell(fit) for fit in r.by_gpus.values()),
              *([_fit_cell(fit) for fit in getattr(r, "by_quantization", {}).values()] or ["-"] * 3)]
             for r in rows]

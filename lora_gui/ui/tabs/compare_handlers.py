@@ -11,8 +11,8 @@ from lora_gui.engine.compare.results import load_results
 from lora_gui.presets import load_config
 from lora_gui.ui import charts, common
 
-TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "measured MiB", "source",
-                 "tokens or images /s", "eval loss", "message")
+TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "run's plan MiB", "measured MiB",
+                 "source", "tokens or images /s", "eval loss", "message")
 PRESET_MODEL = "the preset's model"
 
 
@@ -42,8 +42,11 @@ def _mib(value: Any) -> float | None:
 
 
 def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[list[Any]]:
-    """One line per mode and size: the prediction next to the measured row when there is one (a
-    measured row's own: the planner's for this machine and precision, which the run made).
+    """One line per mode and size: the prediction next to the measured row when there is one.
+
+    "predicted MiB" stays the figure shown before Measure (the planner for a CUDA GPU in bf16); a
+    measured row's own plan (the planner for this machine and precision, which its run made) is
+    a column of its own, so no predicted value changes under the user's eyes.
 
     Measured lines come first, in the order they were measured: the table scrolls (the page
     draws only its first rows), and a measurement below 36 predicted lines would be missed."""
@@ -58,11 +61,11 @@ def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> li
         p = beside.pop(key, None) or {}
         speed = m.get("real_tokens_per_s") or m.get("images_per_s")
         lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size") or p.get("batch_size"),
-                      _mib(m.get("predicted_peak_bytes") or p.get("peak_bytes")), _mib(m.get("peak_bytes")),
-                      m.get("memory_source"), round(speed, 2) if speed else None, _loss(m.get("eval_loss")),
-                      m.get("message") or p.get("message")])
+                      _mib(p.get("peak_bytes")), _mib(m.get("predicted_peak_bytes")),
+                      _mib(m.get("peak_bytes")), m.get("memory_source"), round(speed, 2) if speed else None,
+                      _loss(m.get("eval_loss")), m.get("message") or p.get("message")])
     for p in beside.values():  # sizes and modes nothing measured yet
-        lines.append([p["mode"], size(p), "predicted", p["batch_size"], _mib(p.get("peak_bytes")), None,
+        lines.append([p["mode"], size(p), "predicted", p["batch_size"], _mib(p.get("peak_bytes")), None, None,
                       "predicted", None, None, p.get("message")])
     return lines
 
@@ -224,8 +227,9 @@ def measured_header(measured: list[dict[str, Any]]) -> str | None:
         return None
     sources = ", ".join(sorted({str(r.get("memory_source")) for r in done}))
     return (f"**Predicted and measured**: {len(done)} row(s) trained on this machine (source: "
-            f"{sources}) beside the planner's predictions (source: predicted). A measured row's "
-            "predicted figure is the plan its own run made for this machine and precision.")
+            f"{sources}) beside the planner's predictions (source: predicted). "
+            "\"predicted MiB\" is the estimate for a CUDA GPU in bf16 shown before Measure; \"run's plan "
+            "MiB\" is the plan each measured run made for this machine and precision.")
 
 
 def progress_and_header(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,

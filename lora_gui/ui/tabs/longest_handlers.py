@@ -14,8 +14,9 @@ FILLED = ("max_seq_len", "loss_chunk", "gradient_checkpointing", "offload_checkp
           "embeddings_on_host", "optimizer", "batching", "attention_head_groups")
 
 
-def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any], str]:
-    """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``.
+def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB") -> tuple[dict[str, Any], str]:
+    """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``;
+    ``unit``: the memory unit of the page it goes to (the Plan tab's is GB).
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
     batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
@@ -34,7 +35,7 @@ def answer(cfg: RunConfig, budget_gb: float, device: str) -> tuple[dict[str, Any
         result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host_available_bytes())
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
         return {}, f"Error: {err}"
-    lines = describe(result)
+    lines = describe(result, unit)
     text = f"**{lines[0]}**\n\n" + "\n".join(f"- {line.strip()}" for line in lines[1:])
     if common.gpu_total_gb() is None and device == "cpu":
         text += "\n- (simulated budget: no GPU here)"
@@ -71,4 +72,8 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
         cfg = load_config(preset, settings)
     except (ConfigError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
-    return answer(cfg, float(budget_gb or 0), device)[1]
+    text = answer(cfg, float(budget_gb or 0), device, unit="GB")[1]
+    if text.startswith("**Longest"):  # the verdict above judges the settings as they are
+        text += ("\n- (with the switches listed here on; the verdict and the bucket table above judge "
+                 "the settings as they are)")
+    return text

@@ -36,7 +36,7 @@ def build() -> dict[str, gr.components.Component]:
     longest_message = gr.Markdown(elem_id="plan-longest-message")
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
     buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
-                                    "predicted peak MiB"], label="Batch per bucket", interactive=False)
+                                    "predicted peak GB"], label="Batch per bucket", interactive=False)
     cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size",
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
                                   *(f"1 GPU, {q} base: longest / batch" for q in choices_of("quantization"))],

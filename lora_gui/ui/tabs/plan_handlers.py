@@ -36,7 +36,7 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
                "dtype": torch.bfloat16 if device == "cuda" else torch.float32}
     step = trace_unet_step(unet, batch_size=1, resolution=resolution, **step_kw)
     result = planner.plan_image(unet, budget, IMAGE_PLAN_RESOLUTIONS, **step_kw)
-    rows = planner.what_fits_where(unet, chosen=resolution, **step_kw)
+    rows = planner.what_fits_where(unet, chosen=resolution, cards_gb=cards_with(budget), **step_kw)
     return result, step, rows
 
 
@@ -54,7 +54,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         budget = report.resolve_budget(RunConfig(), budget_gb or None, budget_from="VRAM budget").bytes
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
-            return _outputs(result, step, rows, budget, device, "batch 1 at this resolution")
+            return _outputs(result, step, rows, budget, device, "batch 1 at this resolution", image=True)
         if model != "builtin" and not model.startswith("builtin:"):
             paths.check("model", model)  # a local folder typed in the page
         sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0)}
@@ -64,18 +64,33 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         pred = predict(cfg, budget, device)
         if cfg.task == "image":
             return _outputs(pred.plan, pred.step, [], budget, device, "the run's largest micro-batch",
-                            pred.peak_bytes)
+                            pred.peak_bytes, image=True)
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
-                                       **run_plan.step_kwargs(cfg, device))
+                                       cards_gb=cards_with(budget), **run_plan.step_kwargs(cfg, device))
     except (ValueError, *common.USER_ERRORS) as err:
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
     return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
                     pred.peak_bytes)
 
 
-def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None):
-    from lora_gui.memory.predict import report
+def cards_with(budget: int) -> tuple[float, ...]:
+    """The card sizes of "What fits where" (GB) with the budget being planned among them (a
+    picked 8 GB card holds 8.36 GB, more than the table's 8 GB row), so the table has a row for
+    the same budget as the verdict."""
+    from lora_gui.memory.predict.planner import CARDS_GB
+    from lora_gui.units import GB
 
-    text = report.verdict_markdown(result, step.peak_bytes if peak is None else peak, budget, shape, device)
+    return tuple(sorted({*CARDS_GB, budget / GB}))
+
+
+def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None,
+             image: bool = False):
+    from lora_gui.memory.predict import report
+    from lora_gui.units import GB
+
+    unit = "px" if image else "tokens"
+    text = report.verdict_markdown(result, step.peak_bytes if peak is None else peak, budget, shape, device,
+                                   unit)
+    smallest = "512 px" if image else "256 tokens"  # what_fits_where's smallest size tried
     return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text,
-            report.plan_rows(result), report.fits_rows(rows))
+            report.plan_rows(result), report.fits_rows(rows, smallest, budget / GB))

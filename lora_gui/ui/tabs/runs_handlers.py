@@ -94,19 +94,57 @@ def open_run(name: str, smoothing: float = 0.0) -> tuple[str, Any, Any, Any, Any
             charts.throughput_figure(records), charts.memory_timeline(samples, phases, budget, predicted))
 
 
+def _line(name: str, records: list[dict], key: str, smoothing: float = 0.0, scale: float = 1.0,
+          **extra: Any) -> go.Scatter:
+    rows = [r for r in records if r.get(key) is not None]
+    ys = [r[key] / scale for r in rows]
+    if smoothing and ys:
+        ys = ema(ys, smoothing)
+    xs, ys = downsample([r["step"] for r in rows], ys)
+    return go.Scatter(x=xs, y=ys, mode="lines", name=name, **extra)
+
+
 def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoothing: float = 0.0,
              scale: float = 1.0) -> go.Figure:
-    fig = go.Figure()
-    for name, records in runs.items():
-        rows = [r for r in records if r.get(key) is not None]
-        ys = [r[key] / scale for r in rows]
-        if smoothing and ys:
-            ys = ema(ys, smoothing)
-        xs, ys = downsample([r["step"] for r in rows], ys)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
+    fig = go.Figure([_line(name, records, key, smoothing, scale) for name, records in runs.items()])
     fig.update_layout(title=title, xaxis_title="step", yaxis_title=unit, height=320,
                       margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
+
+
+SPEED_KEYS = {"tokens_per_s": "tokens/s (text runs)", "images_per_s": "images/s (image runs)"}
+
+
+def _speed_key(records: list[dict]) -> str | None:
+    """The throughput column a run's records carry (text: tokens/s, image: images/s)."""
+    return next((k for k in SPEED_KEYS for r in records if r.get(k) is not None), None)
+
+
+def speed_overlay(runs: dict[str, list[dict]]) -> tuple[go.Figure, str]:
+    """Every run's throughput curve, each in its own unit: text runs' tokens/s on the left axis,
+    image runs' images/s on a right axis when both kinds are overlaid. Returns (figure, a note
+    saying so, and naming any run without throughput records)."""
+    keys = {name: _speed_key(records) for name, records in runs.items()}
+    used = [k for k in SPEED_KEYS if k in keys.values()]
+    fig = go.Figure()
+    for name, records in runs.items():
+        if keys[name] is not None:
+            axis = "y2" if len(used) == 2 and keys[name] == used[1] else "y"
+            fig.add_trace(_line(f"{name} ({SPEED_KEYS[keys[name]].split()[0]})", records, keys[name],
+                                yaxis=axis))
+    layout: dict[str, Any] = {"title": "Throughput", "xaxis_title": "step", "height": 320,
+                              "yaxis_title": SPEED_KEYS[used[0]] if used else "",
+                              "margin": {"l": 50, "r": 50, "t": 40, "b": 40}}
+    notes = []
+    if len(used) == 2:
+        layout["yaxis2"] = {"title": {"text": SPEED_KEYS[used[1]]}, "overlaying": "y", "side": "right"}
+        notes.append(f"throughput: {SPEED_KEYS[used[0]]} on the left axis, {SPEED_KEYS[used[1]]} "
+                     "on the right (different units)")
+    missing = [name for name, key in keys.items() if key is None]
+    if missing:
+        notes.append(f"no throughput recorded yet for {', '.join(missing)}")
+    fig.update_layout(**layout)
+    return fig, "; ".join(notes)
 
 
 def overlay(names: list[str] | None, smoothing: float = 0.0, most: int = OVERLAY_RUNS[1],
@@ -122,12 +160,11 @@ def overlay(names: list[str] | None, smoothing: float = 0.0, most: int = OVERLAY
     except common.USER_ERRORS as err:
         return f"Error: {err}", None, None, None
     sources = sorted({str(r[-1].get("memory_source")) for r in runs.values() if r})
-    speed = "images_per_s" if any(r and "images_per_s" in r[0] for r in runs.values()) else "tokens_per_s"
-    return (f"Overlay of {', '.join(names)}",
+    speed, note = speed_overlay(runs)
+    return (f"Overlay of {', '.join(names)}" + (f"\n\n{note[0].upper()}{note[1:]}." if note else ""),
             _overlay(runs, "peak_bytes", "Peak memory per step", f"MiB ({', '.join(sources) or 'no data'})",
                      scale=2**20),
-            _overlay(runs, "loss", "Loss", "loss", smoothing),
-            _overlay(runs, speed, "Throughput", speed.replace("_per_s", "/s")))
+            _overlay(runs, "loss", "Loss", "loss", smoothing), speed)
 
 
 def resume_run(name: str) -> str:

@@ -144,18 +144,20 @@ def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, run_name: gr.Textbox,
-                      processes: gr.Number) -> None:
+                      processes: gr.Number, status: gr.Markdown) -> None:
     """Start / Overwrite / Resume (each refused with the field marked when a setting is bad),
-    Cancel and Stop."""
+    Cancel and Stop; each updates the run's status line at once (not at the next tick), so
+    "Started" never stands beside "No training yet"."""
     message, confirm = buttons["message"], buttons["confirm"]
 
     def start_as(how: str):
         def go(data: dict) -> dict:
             text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
-            return {message: text, confirm: gr.update(visible=ask), **forms.error_updates(form, errors)}
+            return {message: text, confirm: gr.update(visible=ask), status: handle.status_text(),
+                    **forms.error_updates(form, errors)}
         return go
 
-    start_out = [message, confirm, *form.errors.values()]
+    start_out = [message, confirm, status, *form.errors.values()]
     buttons["start"].click(start_as(handle.START_NEW), {run_name, *inputs}, start_out)
     buttons["overwrite"].click(start_as(handle.START_OVERWRITE), {run_name, *inputs}, start_out)
     for button in (buttons["resume"], buttons["resume_that"]):
@@ -167,7 +169,7 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
         return {message: text, confirm: gr.update(visible=False), **forms.error_updates(form, errors)}
 
     buttons["enqueue"].click(enqueue, {run_name, *inputs}, start_out)
-    buttons["stop"].click(handle.stop, None, message)
+    buttons["stop"].click(lambda: (handle.stop(), handle.status_text()), None, [message, status])
 
 
 def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
@@ -225,7 +227,8 @@ def build() -> dict[str, Any]:
             return (gr.update(),) * len(view)  # the page's settings changed while this planned
         return view
 
-    def fill(name: str, card_name: str) -> dict:
+    def fill(name: str, card_name: str, request: gr.Request) -> dict:
+        handle.SHOWN_FORMS.mark(request.session_hash, {"preset": name}, None)  # a plan in flight is stale
         filled = handle.form_values(name)
         budget = common.card_budget_gb(card_name)
         if budget is not None:  # the picked card stays the budget across presets
@@ -237,7 +240,8 @@ def build() -> dict[str, Any]:
                 updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
         return {**updates, **forms.error_updates(form, {}),
                 run_name: name, upload: gr.update(visible=filled["task"] == "text"),
-                panel["text"]: "Predicting for the preset's settings…", differs: ""}
+                panel["text"]: f"Predicting for the preset **{name}**…", panel["chart"]: None,
+                panel["table"]: [], differs: ""}  # nothing of the previous preset's plan stays
 
     def on_task(task: str, model: str) -> dict:
         kind = handle.image_kind(task, model)
@@ -249,7 +253,7 @@ def build() -> dict[str, Any]:
 
     estimate_in = {preset, card, *inputs}
     estimate_out = [*form.errors.values(), *panel_out, differs]
-    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, panel["text"],
+    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, *panel_out,
                 differs]
     preset.change(fill, [preset, card], fill_out).then(estimate, estimate_in, estimate_out).then(
         plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
@@ -264,7 +268,7 @@ def build() -> dict[str, Any]:
           trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
-    _wire_run_buttons(buttons, form, inputs, run_name, processes)
+    _wire_run_buttons(buttons, form, inputs, run_name, processes, plots["status"])
 
     filled = [form.widgets[k] for k in longest_handlers.FILLED if k in form.widgets]
 

@@ -304,6 +304,27 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+NO_TRAINING = "No training yet. Pick a preset and press Start."
+
+
+def idle_status(job: Any) -> str:
+    """The status while no training job is held: none yet, or other work (a comparison) running
+    or ended, named, so the line never says "no training" beside a job the page just started."""
+    if job is None:
+        return NO_TRAINING
+    state = "running" if job.running else job.status
+    return f"No training yet: **{job.name}** ({job.kind}) is {state}; see its tab."
+
+
+def status_text() -> str:
+    """The status line as the next timer tick shows it (Start shows it at once)."""
+    job = common.MANAGER.job
+    if job is None or job.kind != "training":
+        return idle_status(job)
+    records, _ = job.snapshot()
+    return _job_status(job, records)
+
+
 CHARTS = live.SharedView(keep=8)  # the live charts of each job state, shared by every open page
 TEXTS = live.SharedView()  # the events log and the sample pictures of each job state
 
@@ -360,8 +381,17 @@ def live_status() -> tuple[str, str]:
     """(status line, events log) of the current job."""
     job = common.MANAGER.job
     if job is None or job.kind != "training":
-        return "No training yet. Pick a preset and press Start.", ""
-    done = job.records[-1]["step"] if job.records else 0
+        return idle_status(job), ""
+
+    def log() -> str:
+        events = list(job.events)  # a copy: the follower appends to it
+        return "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
+
+    return _job_status(job, job.records), TEXTS.get(("log", id(job), len(job.events)), log)
+
+
+def _job_status(job: Any, records: list[dict]) -> str:
+    done = records[-1]["step"] if records else 0
     status = status_line(job, done)
     if job.predicted_bytes:
         status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
@@ -374,12 +404,7 @@ def live_status() -> tuple[str, str]:
                    f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
         if s.get("message"):
             status += f"\n\n{s['message']}"
-
-    def log() -> str:
-        events = list(job.events)  # a copy: the follower appends to it
-        return "\n".join(time.strftime("%H:%M:%S ", time.localtime(e["time"])) + e["event"] for e in events)
-
-    return status, TEXTS.get(("log", id(job), len(job.events)), log)
+    return status
 
 
 def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
