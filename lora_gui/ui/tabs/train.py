@@ -255,6 +255,9 @@ def build() -> dict[str, Any]:
     estimate_out = [*form.errors.values(), *panel_out, differs]
     fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, *panel_out,
                 differs]
+    # in the browser first (no round trip): the previous preset's plan leaves the panel at once,
+    # not when the server has loaded the new preset (seconds on a busy machine)
+    preset.change(None, preset, panel["text"], js="(name) => `Predicting for the preset **${name}**…`")
     preset.change(fill, [preset, card], fill_out).then(estimate, estimate_in, estimate_out).then(
         plan, inputs, panel_out, concurrency_limit=1, concurrency_id="plan")
     card.change(on_card, card, form.widgets["budget_gb"]).then(
