@@ -116,7 +116,8 @@ def test_a_budget_cuts_the_pairs_into_planned_micro_batches(tmp_path, qwen2_dir,
 
 
 @pytest.mark.slow
-def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, qwen2_dir, demo_pairs):
+def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, qwen2_dir, demo_pairs,
+                                                                      monkeypatch):
     chats = tmp_path / "chats.jsonl"
     rows = [json.loads(line) for line in demo_pairs.read_text().splitlines()]
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r["prompt"]},
@@ -144,6 +145,7 @@ def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, 
     assert summary["status"] == "completed"
     # Try: base, the sft adapter the run started from and the dpo adapter side by side
     from lora_gui.engine.generate import TextTrial, open_run
+    from lora_gui.ui import common
     from lora_gui.ui.tabs import try_handlers
 
     trial = TextTrial(open_run(tmp_path / "dpo"), device="cpu")
@@ -152,6 +154,7 @@ def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, 
                for a in (False, "start", True)]
     assert answers[1] != answers[2] or answers[0] != answers[1]  # three models, not one
     assert TextTrial(open_run(tmp_path / "fresh"), device="cpu").start is None
+    monkeypatch.setattr(common, "RUNS_ROOT", tmp_path)  # the page reaches runs in its runs folder
     *texts, message = list(try_handlers.generate(str(tmp_path / "dpo"), "What is AI?", 6, 0.0, 0, 1.0))[-1]
     assert message.startswith("Done") and texts[4] == answers[1] and texts[1] == answers[2]
 
