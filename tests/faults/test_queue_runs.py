@@ -80,6 +80,8 @@ def test_three_queued_runs_one_after_the_other_across_a_restart_then_overlaid(tm
     monkeypatch.setattr(common, "RUNS_ROOT", runs)
     message, memory, loss, speed = queue_handlers.overlay_sweep(entries[0].sweep, 0.0)
     assert message == f"Overlay of {', '.join(names)}"
-    for fig in (memory, loss, speed):
+    for fig in (memory, loss):
         assert [t.name for t in fig.data] == names
+    assert [t.name for t in speed.data] == [f"{n} (tokens/s)" for n in names]  # each in its unit
+    for fig in (memory, loss, speed):
         assert all(len(t.x) == 2 for t in fig.data)  # every run's curve, throughput included

@@ -31,6 +31,16 @@ def _build(kind: str, out):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sd", "sd3", "flux"])
 def test_cli_plan_tab_form_and_run_give_the_same_bytes_within_the_bound(kind, tmp_path, capsys):
+    from lora_gui.ui import paths
+
+    paths.configure(allow=[tmp_path])  # the page may reach the test's model folder (--allow-path)
+    try:
+        _same_bytes(kind, tmp_path, capsys)
+    finally:
+        paths.configure()
+
+
+def _same_bytes(kind, tmp_path, capsys):
     from lora_gui.ui.tabs.plan_handlers import plan as plan_tab
 
     pictures = tmp_path / "pictures"
@@ -57,7 +67,9 @@ def test_cli_plan_tab_form_and_run_give_the_same_bytes_within_the_bound(kind, tm
     _, text, _, _ = plan_tab(str(preset), str(pipeline), 0, 512, 2.0, "cpu", False)
 
     assert run["predicted_peak_bytes"] == cli["peak_bytes"] == form.peak_bytes
-    assert f"{form.peak_bytes / 2**20:,.0f} MiB" in text
+    from lora_gui.memory.predict.report import gb
+
+    assert f"**{gb(form.peak_bytes)}**" in text  # the Plan tab speaks GB, as its budget field
     assert run["prediction"]["train_peak_bytes"] == cli["train_peak_bytes"] == form.train_peak_bytes
     whole = form.peak_bytes / run["peak_bytes"] - 1
     steps = form.train_peak_bytes / run["train_peak_bytes"] - 1

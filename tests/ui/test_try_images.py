@@ -30,9 +30,9 @@ def image_run(tmp_path_factory):
 
 def pictures(run, scale: float, seed: int = 3):
     """The handler's last update: (base text, adapter text, base picture, adapter picture, message)."""
-    *texts, base, tuned, message = list(try_handlers.generate(str(run), "a red circle", 16, 0.0, seed,
-                                                              scale))[-1]
-    assert texts == ["", ""] and message.startswith("Done"), message
+    base_text, tuned_text, base, tuned, start_text, message = list(
+        try_handlers.generate(str(run), "a red circle", 16, 0.0, seed, scale))[-1]
+    assert [base_text, tuned_text, start_text] == ["", "", ""] and message.startswith("Done"), message
     return np.asarray(base), np.asarray(tuned), message
 
 
