@@ -103,3 +103,16 @@ def test_image_run_reports_mfu(tmp_path):
     # one image's count is the same in every step of one bucket: linear in the images
     per_image = {r["bucket"]: r["flops"] / r["images"] for r in records}
     assert all(v > 1e6 for v in per_image.values())
+
+
+def test_a_preference_steps_useful_work_counts_both_rows_of_each_pair():
+    from lora_gui.data.pairs import PairSample
+    from lora_gui.data.text import TokenizedSample
+    from lora_gui.engine.text.train import _row_lengths
+
+    def row(n):
+        return TokenizedSample(list(range(n)), list(range(n)))
+
+    pairs = [PairSample(row(5), row(3)), PairSample(row(2), row(7))]
+    assert _row_lengths(pairs, [1, 0]) == [2, 7, 5, 3]  # chosen and rejected, each its own length
+    assert _row_lengths([row(4), row(6)], [1]) == [6]  # a plain sample is one row

@@ -28,7 +28,7 @@ from peft import set_peft_model_state_dict
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.model_inputs import training_batch
-from lora_gui.data.pairs import load_pairs
+from lora_gui.data.pairs import PairSample, load_pairs
 from lora_gui.data.shard import split_step, step_targets
 from lora_gui.data.text import TokenizedSample
 from lora_gui.data.training_data import load_samples
@@ -398,7 +398,7 @@ def _row_lengths(samples: Sequence[Any], indices: Sequence[int]) -> list[int]:
     rows: list[int] = []
     for i in indices:
         sample = samples[i]
-        pair = getattr(sample, "chosen", None) is not None and hasattr(sample, "rejected")
+        pair = isinstance(sample, PairSample)
         rows.extend([len(sample.chosen), len(sample.rejected)] if pair else [len(sample)])
     return rows
 
