@@ -1,6 +1,6 @@
 """Many pages on one live run: tick latency per page and the run's speed with 0 vs 20 pages open.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m bench.many_pages [--pages 20] [--rounds 3] [--window 60]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.many_pages [--pages 20] [--rounds 3] [--window 60] [--pin]
 
 Starts the dashboard (``app.py``) in a scratch folder and a run of the bundled text demo from its
 Start button's endpoint (a process of its own, as the product starts every run) with enough steps
@@ -15,6 +15,11 @@ since the page's last tick: the server sends nothing) are not counted. Reports t
 pages of each page's median, the worst page's median and the 90th percentile of every tick.
 Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown table
 and writes the figures as JSON (``--json``).
+
+On a machine with few cores the N Chromium pages themselves take most of a core, which in use sit
+on the users' own machines: ``--pin`` keeps the dashboard and its run on CPU 0 and the browsers on
+the others, so the run's speed shows the server's work for the pages (which shares the run's core)
+and not the browsers' rendering.
 """
 
 from __future__ import annotations
@@ -248,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured per arm and round")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between opening and measuring")
     parser.add_argument("--seq-len", type=int, default=0, help="the run's max_seq_len (0: the preset's)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the dashboard and its run on CPU 0, the browsers on the other CPUs "
+                             "(as on users' own machines): the run then shares its core with the "
+                             "server's work per tick only")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
@@ -259,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="many-pages-"))
     run = work / "runs" / "bench"
     server, url = serve(work)
+    if args.pin:
+        pin(server.pid)
     rows: list[dict[str, Any]] = []
     try:
         print(start_run(url, "bench", steps=100_000, seq_len=args.seq_len), flush=True)
@@ -291,6 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
     return 0
+
+
+def pin(server_pid: int) -> None:
+    """The dashboard (and the run it will start, which inherits it) on CPU 0; this process,
+    Playwright's driver and Chromium (started after this) on the other CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    os.sched_setaffinity(server_pid, {cpus[0]})
+    os.sched_setaffinity(0, set(cpus[1:]))
+    print(f"pinned: dashboard and run on CPU {cpus[0]}, browsers on CPU {cpus[1:]}", file=sys.stderr,
+          flush=True)
 
 
 def stop_run(run: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
+from lora_gui.engine.card_guard import claim_card, release_card, start_lock
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.runstate import failure_message
 from lora_gui.errors import UserError
@@ -137,10 +138,11 @@ class JobManager:
               processes: int = 1) -> Job:
         """Starts a training run as a process of its own (``python -m lora_gui train``, or
         ``accelerate launch`` on ``processes`` local GPUs), followed through its run folder."""
-        with self._lock:
+        with start_lock(out.parent), self._lock:  # one run on the card across dashboards
             if self.job is not None and self.job.running:
                 raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
                                    "stop it first")
+            claim_card(out.parent, out)
             job = Job(name=out.name, out=out, cfg=cfg)
             self.job = job
         job.control.on_record = job.add_record
@@ -185,7 +187,10 @@ class JobManager:
         from lora_gui.engine.launch import run_launched
 
         launch_dir = job.out.parent / ".launch"
-        self._guarded(job, lambda: run_launched(job, processes, resume, overwrite, launch_dir))
+        try:
+            self._guarded(job, lambda: run_launched(job, processes, resume, overwrite, launch_dir))
+        finally:
+            release_card(job.out.parent, job.out)
 
     @staticmethod
     def _guarded(job: Job, work: Callable[[], None]) -> None:

@@ -25,6 +25,7 @@ import yaml
 
 from lora_gui.config import diff_from_defaults
 from lora_gui.engine import check_inputs
+from lora_gui.engine.card_guard import note_pid
 from lora_gui.engine.core.distributed import STOP_FILE
 from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folder
 from lora_gui.engine.core.preflight import check_before_replacing
@@ -92,6 +93,7 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         job.pid = proc.pid
+        note_pid(job.out.parent, job.out, proc.pid)  # the card stays claimed while it lives
         _follow(job, proc)
     if job.status == "failed":  # seen dead by _follow while the launcher still ran
         return

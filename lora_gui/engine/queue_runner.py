@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides, parse_value
+from lora_gui.engine.card_guard import busy_with, start_lock
 from lora_gui.engine.core.lock import lock_is_live
 from lora_gui.engine.core.rundir import RUN_FILES, run_folder
 from lora_gui.engine.core.runstate import folder_state
@@ -209,7 +210,7 @@ class QueueRunner:
         job = self.manager.job
         if job is not None and job.running:
             return True
-        return self.root.is_dir() and any(d.is_dir() and lock_is_live(d) for d in self.root.iterdir())
+        return busy_with(self.root) is not None  # a live run folder, or a start under way
 
     def tick(self) -> Entry | None:
         """Settles ended runs and starts the next queued run when the card is free; returns the
@@ -303,21 +304,24 @@ class QueueRunner:
         except USER_ERRORS as err:
             self._fail(entry.id, str(err))
             return False
-        with self.queue.edit() as entries:
-            now = next((e for e in entries if e.id == entry.id), None)
-            if now is None or now.state != "queued":
-                return False  # cancelled while it was checked
-            if not self.queue.claim(now):
-                _ended(now, "failed", f"{now.label()} was started once already (claim in "
-                                      f"{self.queue.dir / 'claims'}); never started twice")
+        with start_lock(self.root):  # no Start of another dashboard between the check and the launch
+            if self.card_busy():
+                return False  # stays queued: it starts when the card is free
+            with self.queue.edit() as entries:
+                now = next((e for e in entries if e.id == entry.id), None)
+                if now is None or now.state != "queued":
+                    return False  # cancelled while it was checked
+                if not self.queue.claim(now):
+                    _ended(now, "failed", f"{now.label()} was started once already (claim in "
+                                          f"{self.queue.dir / 'claims'}); never started twice")
+                    return False
+                now.state, now.out, now.started = "started", str(out), time.time()
+            (out / MARKER).unlink(missing_ok=True)
+            try:
+                job = self.manager.start(cfg, out, processes=entry.processes)
+            except USER_ERRORS as err:
+                self._fail(entry.id, str(err))
                 return False
-            now.state, now.out, now.started = "started", str(out), time.time()
-        (out / MARKER).unlink(missing_ok=True)
-        try:
-            job = self.manager.start(cfg, out, processes=entry.processes)
-        except USER_ERRORS as err:
-            self._fail(entry.id, str(err))
-            return False
         self.current = entry.id
         self._note_pid(entry.id, job)
         self.say(f"started {entry.label()} -> {job.out}")
