@@ -182,13 +182,15 @@ def test_dit_variant_is_predicted_and_loads_back(dit_pipelines, pictures, tmp_pa
     a = base("a red circle", generator=torch.Generator().manual_seed(0), **kw).images
     b = tuned("a red circle", generator=torch.Generator().manual_seed(0), **kw).images
     assert not torch.allclose(a, b)
-    _check_onetrainer_file(folder / "kohya_lora.safetensors", base.transformer, tuned.transformer)
+    check_kohya_file(folder / "kohya_lora.safetensors", base.transformer, tuned.transformer,
+                     "lora_transformer")
 
 
-def _check_onetrainer_file(path, base, tuned):
-    """A DiT run's kohya file in OneTrainer's layout (which ComfyUI maps for SD3 and Flux.1):
-    ``lora_transformer_`` + each adapted diffusers layer's path, and the layer's weight rebuilt
-    from the file with the loaders' formulas equal to the trained adapter merged by peft."""
+def check_kohya_file(path, base, tuned, prefix):
+    """A kohya file whose names are ``prefix`` + each adapted diffusers layer's path (UNets:
+    ``lora_unet``; a DiT in OneTrainer's layout, which ComfyUI maps for SD3 and Flux.1:
+    ``lora_transformer``): one entry per adapted layer, and each layer's weight rebuilt from the
+    file with the loaders' formulas equal to the trained adapter merged by peft."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     kohya = load_file(path)
@@ -197,13 +199,12 @@ def _check_onetrainer_file(path, base, tuned):
         module, part = key.split(".", 1)
         modules.setdefault(module, {})[part] = value
     adapted = {n: m for n, m in tuned.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert sorted(modules) == sorted(image_adapter.kohya_name(n, "lora_transformer") for n in adapted)
+    assert sorted(modules) == sorted(image_adapter.kohya_name(n, prefix) for n in adapted)
     layers = dict(base.named_modules())
     with torch.no_grad():
         for name, layer in adapted.items():
             layer.merge()
-            rebuilt = _kohya_delta(modules[image_adapter.kohya_name(name, "lora_transformer")],
-                                   layers[name].weight)
+            rebuilt = _kohya_delta(modules[image_adapter.kohya_name(name, prefix)], layers[name].weight)
             torch.testing.assert_close(rebuilt, layer.get_base_layer().weight, atol=1e-5, rtol=1e-4)
 
 

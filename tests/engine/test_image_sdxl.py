@@ -11,6 +11,7 @@ from lora_gui.engine.image.train import train_image
 from lora_gui.models.build_diffusion import build_sdxl_pipeline
 from lora_gui.models.diffusion import load_pipeline
 from lora_gui.presets import load_config
+from tests.engine.test_image_adapters import check_kohya_file
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,4 @@ def test_sdxl_variant_is_predicted_saved_and_loads_back(sdxl_dir, tmp_path, name
         base = untouched(**_sdxl_unet_inputs(untouched)).sample
     assert not torch.allclose(got, base, atol=1e-4)  # the adapter trained and loaded
     torch.testing.assert_close(got, trained["noise"], atol=1e-5, rtol=1e-4)
+    check_kohya_file(folder / "kohya_lora.safetensors", untouched, tuned, "lora_unet")
