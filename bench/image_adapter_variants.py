@@ -1,5 +1,6 @@
 """Predicted vs measured peak of each image adapter variant (CPU, tracker): the bundled SD 1.x
-UNet and SD3- / Flux-shaped pipelines built in code, 2 steps of batch 2 at 256 px, rank 4, fp32.
+UNet and SDXL- / SD3- / Flux-shaped pipelines built in code, 2 steps of batch 2 at 256 px, rank 4,
+fp32, every run with ``export_kohya``.
 
 Prints each run's own run.json figures: predicted / measured - 1 for the run (steps and caching
 pass) and for the training steps alone (``train_peak_bytes``), and the files its adapter folder
@@ -16,11 +17,12 @@ from pathlib import Path
 
 from lora_gui.data.build_images import build as build_pictures
 from lora_gui.engine.image.train import train_image
+from lora_gui.models.build_diffusion import build_sdxl_pipeline
 from lora_gui.models.build_dit import build as build_dit
 from lora_gui.presets import load_config
 
-RUNS = {"builtin": ("lora", "loha", "lokr", "dora"), "sd3": ("loha", "lokr", "dora"),
-        "flux": ("lokr", "dora")}
+RUNS = {"builtin": ("lora", "loha", "lokr", "dora"), "sdxl": ("lora", "loha", "lokr", "dora"),
+        "sd3": ("loha", "lokr", "dora"), "flux": ("lora", "lokr", "dora")}
 
 
 def main() -> None:
@@ -28,14 +30,18 @@ def main() -> None:
     build_pictures(root / "pictures", count=5)
     print(f"{'pipeline':<9}{'variant':<8}{'run':>9}{'steps':>9}  files")
     for pipeline, variants in RUNS.items():
-        model = "builtin" if pipeline == "builtin" else str(build_dit(root / pipeline, pipeline))
+        if pipeline == "sdxl":
+            build_sdxl_pipeline().save_pretrained(root / "sdxl")
+            model = str(root / "sdxl")
+        else:
+            model = "builtin" if pipeline == "builtin" else str(build_dit(root / pipeline, pipeline))
         for variant in variants:
-            extra = {} if pipeline == "builtin" else {"text_max_length": 16}
+            extra = {"text_max_length": 16} if pipeline in ("sd3", "flux") else {}
             cfg = load_config("image-512", {
                 "model": model, "data": str(root / "pictures"), "max_steps": 2, "batch_size": 2,
                 "monitor_hz": 0, "eval_fraction": 0.2, "sample_images": 0, "lora_rank": 4,
                 "precision": "fp32", "resolution": 256, "adapter": variant,
-                "export_kohya": pipeline == "builtin", **extra})
+                "export_kohya": True, **extra})
             out = root / f"{pipeline}-{variant}"
             summary = train_image(cfg, out, progress=False)
             steps = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1

@@ -100,6 +100,37 @@ def build_pipeline(seed: int = 0):
                                    feature_extractor=None, requires_safety_checker=False)
 
 
+def build_sdxl_pipeline(seed: int = 0):
+    """A tiny StableDiffusionXLPipeline (two CLIP encoders of width 32, the second with a
+    projection for the pooled embedding; a UNet with SDXL's text_time added conditioning) with
+    seeded random weights: the SDXL path in tests and benchmarks."""
+    from diffusers import (
+        AutoencoderKL,
+        EulerDiscreteScheduler,
+        StableDiffusionXLPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    text = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, max_position_embeddings=77)
+    enc1 = CLIPTextModel(CLIPTextConfig(hidden_size=32, **text))
+    enc2 = CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=32, projection_dim=32, **text))
+    unet = UNet2DConditionModel(
+        sample_size=64, block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=64,  # 32 + 32
+        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+        addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8)
+    euler = {k: v for k, v in SCHEDULER.items() if k not in ("clip_sample", "set_alpha_to_one")}
+    return StableDiffusionXLPipeline(vae=AutoencoderKL(**VAE), text_encoder=enc1, text_encoder_2=enc2,
+                                     tokenizer=tok, tokenizer_2=tok, unet=unet,
+                                     scheduler=EulerDiscreteScheduler(**euler))
+
+
 def build(out: Path = BUILTIN_DIFFUSION_DIR, seed: int = 0) -> Path:
     """Saves the pipeline into ``out`` (written to a temp folder first, then renamed)."""
     out.parent.mkdir(parents=True, exist_ok=True)

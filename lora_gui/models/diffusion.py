@@ -354,8 +354,9 @@ def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],
 def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Path:
     """Writes out/adapter/ atomically: LoRA / DoRA in diffusers' format
     (pytorch_lora_weights.safetensors), LoHa / LoKr as a peft folder (``peft/``: diffusers cannot
-    load them), kohya_lora.safetensors (kohya / LyCORIS keys) when asked, and adapter_info.json
-    naming which tools read which file (:mod:`lora_gui.models.image_adapter`)."""
+    load them), kohya_lora.safetensors (kohya / LyCORIS keys; for SD3 / Flux.1 the layout their
+    readers map) when asked, and adapter_info.json naming which tools read which file
+    (:mod:`lora_gui.models.image_adapter`)."""
     from diffusers.utils import convert_state_dict_to_diffusers
 
     from lora_gui.models import image_adapter
@@ -371,7 +372,7 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     if not image_adapter.diffusers_loads(kind):
         image_adapter.save_peft_folder(tmp, model.unet, peft_sd)
         files[image_adapter.PEFT_FOLDER] = image_adapter.READERS[image_adapter.PEFT_FOLDER]
-    elif dit.is_dit_kind(model.kind):  # export_kohya is refused for DiT runs before training
+    elif dit.is_dit_kind(model.kind):
         dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
     else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
         from lora_gui.models import text_encoder_lora
@@ -379,14 +380,22 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
         model.pipeline_class.save_lora_weights(
             tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
             unet_lora_adapter_metadata=config.to_dict(), **text_encoder_lora.save_kwargs(model))
+    is_dit = dit.is_dit_kind(model.kind)
     if image_adapter.diffusers_loads(kind):
-        files[ADAPTER_FILE] = image_adapter.READERS[ADAPTER_FILE]
+        files[ADAPTER_FILE] = (image_adapter.DIT_DIFFUSERS_READERS if is_dit
+                               else image_adapter.READERS[ADAPTER_FILE])
     if export_kohya:
         from safetensors.torch import save_file
 
-        save_file(image_adapter.kohya_state_dict(peft_sd, kind, rank, alpha), tmp / KOHYA_FILE,
-                  metadata=image_adapter.kohya_metadata(kind, rank, alpha))
-        files[KOHYA_FILE] = image_adapter.READERS[KOHYA_FILE]
+        if is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
+            tensors, meta, readers = image_adapter.dit_kohya_file(model.kind, kind, peft_sd, rank, alpha,
+                                                                  model.unet)
+        else:
+            tensors, meta = image_adapter.kohya_state_dict(peft_sd, kind, rank, alpha), \
+                image_adapter.kohya_metadata(kind, rank, alpha)
+            readers = image_adapter.READERS[KOHYA_FILE]
+        save_file(tensors, tmp / KOHYA_FILE, metadata=meta)
+        files[KOHYA_FILE] = readers
     (tmp / "adapter_info.json").write_text(json.dumps(
         {"base_model": model.source, "kind": model.kind, "adapter": kind, "lora_rank": rank,
          "lora_alpha": alpha, "target_modules": sorted(config.target_modules), "files": files}, indent=1))

@@ -21,6 +21,16 @@ Files in ``run/adapter/`` (named in ``adapter_info.json``'s ``files``, with the 
     (b, d) or ``.lokr_w2_a`` (b, r) / ``.lokr_w2_b`` (r, d): delta = kron(w1, w2) x scale. LyCORIS
     and ComfyUI scale by alpha / r only when a factor is low-rank; with both factors full they
     apply no scale, so peft's alpha / r is folded into ``lokr_w2`` and no alpha is written.
+
+  DiT runs (SD3, Flux.1) write the same file name in the layout their readers map
+  (:mod:`lora_gui.models.dit_kohya`): kohya sd-scripts' Flux.1 layout for plain LoRA on Flux.1
+  (``lora_unet_double_blocks_N_img_attn_qkv``...), OneTrainer's ``lora_transformer_`` layout for
+  SD3 and for DoRA / LoHa / LoKr on Flux.1.
+
+ComfyUI (SD3, Flux.1) and Forge (Flux.1) also map a DiT run's
+``pytorch_lora_weights.safetensors`` (its ``transformer.`` keys) but take no alpha from it:
+diffusers keeps lora_alpha in the file's metadata, which they do not read, so they apply scale 1
+instead of lora_alpha / lora_rank. ``kohya_lora.safetensors`` carries an ``.alpha`` per layer.
 """
 
 from __future__ import annotations
@@ -42,6 +52,19 @@ READERS = {
                  "app's Try tab; diffusers' load_lora_weights cannot read LoHa / LoKr for this pipeline",
     KOHYA_FILE: "ComfyUI (LoraLoader; LoRA, LoHa, LoKr, DoRA), Automatic1111 / Forge (Lora, LyCORIS "
                 "networks), kohya sd-scripts; DoRA there normalises differently than peft (approximate)",
+}
+# a DiT run's files (SD3, Flux.1), by the kohya file's layout (lora_gui.models.dit_kohya)
+DIT_DIFFUSERS_READERS = (
+    "diffusers pipe.load_lora_weights (LoRA / DoRA; lora_alpha from the file's metadata), this app's "
+    "Try tab; ComfyUI (SD3, Flux.1) and Forge (Flux.1) map its transformer.* keys but read no alpha "
+    "from it (scale 1 instead of lora_alpha / lora_rank): use kohya_lora.safetensors there")
+DIT_KOHYA_READERS = {
+    "sd-scripts": "ComfyUI and Forge (LoRA loader; lora_unet_ + Flux.1's own layer names, q / k / v "
+                  "fused as Flux.1 stores them), kohya sd-scripts, diffusers pipe.load_lora_weights "
+                  "(Flux.1's real layer widths)",
+    "onetrainer": "ComfyUI (LoraLoader; lora_transformer_ names, as OneTrainer writes them; LoRA, DoRA, "
+                  "LoHa, LoKr; DoRA there normalises differently than peft, approximate); Forge and "
+                  "kohya sd-scripts do not read this layout",
 }
 _SUFFIX = re.compile(r"\.(lora_A\.weight|lora_B\.weight|lora_magnitude_vector|hada_w[12]_[ab]|"
                      r"lokr_w[12](?:_[ab])?)$")
@@ -95,6 +118,22 @@ def kohya_metadata(kind: str, rank: int, alpha: float) -> dict[str, str]:
     args = {"algo": algo, **({"dora_wd": "True"} if kind == "dora" else {})}
     return {"ss_network_module": module, "ss_network_dim": str(rank), "ss_network_alpha": str(alpha),
             "ss_network_args": json.dumps(args)}
+
+
+def dit_kohya_file(kind: str, adapter: str, peft_state: dict[str, torch.Tensor], rank: int,
+                   alpha: float, transformer: Any) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+    """A DiT run's kohya-layout file: (tensors, safetensors metadata, which tools read it)."""
+    from lora_gui.models import dit_kohya
+
+    style = dit_kohya.layout(kind, adapter)
+    if style == "sd-scripts":
+        rows = {name: m.out_features for name, m in transformer.named_modules() if hasattr(m, "out_features")}
+        tensors = dit_kohya.flux_kohya_state_dict(peft_state, rank, alpha, rows)
+        meta = {**kohya_metadata(adapter, rank, alpha), "ss_network_module": "networks.lora_flux"}
+    else:
+        tensors = kohya_state_dict(peft_state, adapter, rank, alpha, prefix="lora_transformer")
+        meta = kohya_metadata(adapter, rank, alpha)
+    return tensors, meta, DIT_KOHYA_READERS[style]
 
 
 def save_peft_folder(folder: Path, model: Any, peft_state: dict[str, torch.Tensor]) -> None:

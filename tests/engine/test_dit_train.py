@@ -181,7 +181,9 @@ def test_timestep_density_matches_diffusers_sampling(scheme):
     assert torch.allclose(torch.quantile(ref, q), torch.quantile(ours, q), atol=0.01)
 
 
-def test_kohya_export_is_refused_for_dit_runs(pipelines, folder, tmp_path):
+def test_kohya_export_refuses_a_flux_layer_kohya_cannot_name(pipelines, folder, tmp_path, capsys):
     code = main(["train", "--preset", "image-512", "--quiet", "--out", str(tmp_path / "run"),
-                 *_sets(pipelines["flux"], folder, export_kohya="true", max_steps=1)])
+                 *_sets(pipelines["flux"], folder, export_kohya="true", max_steps=1,
+                        lora_targets="attn.to_q,norm_out.linear")])
     assert code == 2 and not (tmp_path / "run" / "adapter").exists()
+    assert "kohya's Flux.1 layout has no name for norm_out.linear" in capsys.readouterr().err

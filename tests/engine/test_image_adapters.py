@@ -163,12 +163,15 @@ def dit_pipelines(tmp_path_factory):
 @pytest.mark.parametrize(("kind", "adapter"), [("sd3", "loha"), ("flux", "dora"), ("flux", "lokr")])
 def test_dit_variant_is_predicted_and_loads_back(dit_pipelines, pictures, tmp_path, kind, adapter):
     cfg = load_config("image-512", {**BASE, "model": str(dit_pipelines[kind]), "data": str(pictures),
-                                    "text_max_length": 16, "adapter": adapter, "lora_rank": 4})
+                                    "text_max_length": 16, "adapter": adapter, "lora_rank": 4,
+                                    "export_kohya": True})
     summary = train_image(cfg, tmp_path / "run", progress=False)
     _check_prediction(summary)
     folder = tmp_path / "run" / "adapter"
     assert (folder / "peft").is_dir() == (adapter != "dora")
     assert (folder / "pytorch_lora_weights.safetensors").is_file() == (adapter == "dora")
+    readers = json.loads((folder / "adapter_info.json").read_text())["files"]["kohya_lora.safetensors"]
+    assert readers.startswith("ComfyUI") and "Forge and kohya sd-scripts do not read" in readers
     kw = {"num_inference_steps": 1, "height": 256, "width": 256, "output_type": "latent",
           "max_sequence_length": 16}
     base = load_pipeline(str(dit_pipelines[kind]))
@@ -179,6 +182,30 @@ def test_dit_variant_is_predicted_and_loads_back(dit_pipelines, pictures, tmp_pa
     a = base("a red circle", generator=torch.Generator().manual_seed(0), **kw).images
     b = tuned("a red circle", generator=torch.Generator().manual_seed(0), **kw).images
     assert not torch.allclose(a, b)
+    check_kohya_file(folder / "kohya_lora.safetensors", base.transformer, tuned.transformer,
+                     "lora_transformer")
+
+
+def check_kohya_file(path, base, tuned, prefix):
+    """A kohya file whose names are ``prefix`` + each adapted diffusers layer's path (UNets:
+    ``lora_unet``; a DiT in OneTrainer's layout, which ComfyUI maps for SD3 and Flux.1:
+    ``lora_transformer``): one entry per adapted layer, and each layer's weight rebuilt from the
+    file with the loaders' formulas equal to the trained adapter merged by peft."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    kohya = load_file(path)
+    modules = {}
+    for key, value in kohya.items():
+        module, part = key.split(".", 1)
+        modules.setdefault(module, {})[part] = value
+    adapted = {n: m for n, m in tuned.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert sorted(modules) == sorted(image_adapter.kohya_name(n, prefix) for n in adapted)
+    layers = dict(base.named_modules())
+    with torch.no_grad():
+        for name, layer in adapted.items():
+            layer.merge()
+            rebuilt = _kohya_delta(modules[image_adapter.kohya_name(name, prefix)], layers[name].weight)
+            torch.testing.assert_close(rebuilt, layer.get_base_layer().weight, atol=1e-5, rtol=1e-4)
 
 
 def test_image_adapter_settings_refuse_what_cannot_run():
@@ -189,3 +216,77 @@ def test_image_adapter_settings_refuse_what_cannot_run():
                                       "cache_latents": "off"})
     with pytest.raises(ConfigError, match="rslora: applies to text runs"):
         apply_overrides(RunConfig(), {"task": "image", "adapter": "dora", "rslora": True})
+
+
+# kohya sd-scripts' Flux.1 names of the tiny Flux (1 double block, 1 single block) and the diffusers
+# layers each fuses, in order (BFL stacks q, k, v, and in single blocks the MLP input, on the output
+# axis); None: a part with no adapter (zero rows)
+FLUX_KOHYA = {
+    "double_blocks_0_img_attn_qkv": ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_k",
+                                     "transformer_blocks.0.attn.to_v"],
+    "double_blocks_0_txt_attn_qkv": ["transformer_blocks.0.attn.add_q_proj",
+                                     "transformer_blocks.0.attn.add_k_proj",
+                                     "transformer_blocks.0.attn.add_v_proj"],
+    "double_blocks_0_img_attn_proj": ["transformer_blocks.0.attn.to_out.0"],
+    "double_blocks_0_txt_attn_proj": ["transformer_blocks.0.attn.to_add_out"],
+    "double_blocks_0_img_mlp_0": ["transformer_blocks.0.ff.net.0.proj"],
+    "double_blocks_0_img_mlp_2": ["transformer_blocks.0.ff.net.2"],
+    "double_blocks_0_txt_mlp_0": ["transformer_blocks.0.ff_context.net.0.proj"],
+    "double_blocks_0_txt_mlp_2": ["transformer_blocks.0.ff_context.net.2"],
+    "single_blocks_0_linear1": ["single_transformer_blocks.0.attn.to_q",
+                                "single_transformer_blocks.0.attn.to_k",
+                                "single_transformer_blocks.0.attn.to_v", None],
+}
+
+
+@pytest.mark.slow
+def test_flux_lora_kohya_file_gives_the_same_weight_delta(dit_pipelines, pictures, tmp_path):
+    """Plain LoRA on Flux.1: kohya_lora.safetensors in kohya sd-scripts' layout (BFL names, q / k / v
+    fused) changes every fused weight exactly as the diffusers file changes its parts, as ComfyUI
+    and Forge apply it (delta = up @ down x alpha / rows of down)."""
+    cfg = load_config("image-512", {**BASE, "model": str(dit_pipelines["flux"]), "data": str(pictures),
+                                    "text_max_length": 16, "lora_rank": 4, "export_kohya": True})
+    summary = train_image(cfg, tmp_path / "run", progress=False)
+    _check_prediction(summary)
+    folder = tmp_path / "run" / "adapter"
+    info = json.loads((folder / "adapter_info.json").read_text())
+    assert set(info["files"]) == {"pytorch_lora_weights.safetensors", "kohya_lora.safetensors"}
+    assert "ComfyUI and Forge" in info["files"]["kohya_lora.safetensors"]
+    assert "read no alpha" in info["files"]["pytorch_lora_weights.safetensors"]
+    diffusers_file = load_file(folder / "pytorch_lora_weights.safetensors")
+    scale = info["lora_alpha"] / info["lora_rank"]
+    delta = {k[len("transformer."):-len(".lora_A.weight")]: diffusers_file[k.replace("lora_A", "lora_B")]
+             @ diffusers_file[k] * scale for k in diffusers_file if k.endswith(".lora_A.weight")}
+    kohya = load_file(folder / "kohya_lora.safetensors")
+    assert {k.split(".")[0] for k in kohya} == {f"lora_unet_{n}" for n in FLUX_KOHYA}
+    assert set(delta) == {p for parts in FLUX_KOHYA.values() for p in parts if p}  # every adapted layer
+    layers = dict(load_pipeline(str(dit_pipelines["flux"])).transformer.named_modules())
+    for name, parts in FLUX_KOHYA.items():
+        down, up = kohya[f"lora_unet_{name}.lora_down.weight"], kohya[f"lora_unet_{name}.lora_up.weight"]
+        got = up @ down * float(kohya[f"lora_unet_{name}.alpha"]) / down.shape[0]
+        mlp = layers["single_transformer_blocks.0.proj_mlp"].out_features
+        expected = torch.cat([delta[p] if p else torch.zeros(mlp, down.shape[1]) for p in parts])
+        assert delta[parts[0]].abs().max() > 0
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_flux_kohya_file_loads_in_diffusers_as_the_diffusers_file(pictures, tmp_path):
+    """diffusers' load_lora_weights reads the kohya Flux.1 file (its converter hard-codes Flux.1's
+    single-block widths, so this Flux has double blocks only) and the pipeline then denoises
+    exactly as with the diffusers file."""
+    from lora_gui.models.build_dit import build as build_dit
+
+    model = str(build_dit(tmp_path / "flux", "flux", num_single_layers=0))
+    cfg = load_config("image-512", {**BASE, "model": model, "data": str(pictures), "text_max_length": 16,
+                                    "lora_rank": 4, "export_kohya": True})
+    train_image(cfg, tmp_path / "run", progress=False)
+    folder = tmp_path / "run" / "adapter"
+    kw = {"num_inference_steps": 1, "height": 256, "width": 256, "output_type": "latent",
+          "max_sequence_length": 16}
+    from_kohya = load_pipeline(model)
+    from_kohya.load_lora_weights(str(folder), weight_name="kohya_lora.safetensors")
+    outputs = [pipe("a red circle", generator=torch.Generator().manual_seed(0), **kw).images
+               for pipe in (load_pipeline(model, folder), from_kohya, load_pipeline(model))]
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(outputs[0], outputs[2], atol=1e-3)  # the adapter trained and loaded

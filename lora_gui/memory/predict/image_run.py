@@ -197,6 +197,20 @@ def traced_area(bucket: tuple[int, int], factor: int, image_window: int) -> int:
     return math.ceil(bucket[0] / side) * side * math.ceil(bucket[1] / side) * side
 
 
+def _check_flux_kohya(transformer: Any, targets: list[str]) -> None:
+    """Refuses, before training, a Flux.1 LoRA target that kohya's Flux.1 layout cannot name."""
+    from lora_gui.models.dit_kohya import unmapped_flux_modules
+
+    names = [n for n, m in transformer.named_modules() if hasattr(m, "out_features")
+             and "lora_" not in n and not n.endswith("base_layer")
+             and any(n == t or n.endswith("." + t) for t in targets)]
+    missing = unmapped_flux_modules(names)
+    if missing:
+        raise ConfigError(f"export_kohya: kohya's Flux.1 layout has no name for {missing[0]} "
+                          f"({len(missing)} adapted layers in all); leave it out of lora_targets, or "
+                          "turn export_kohya off and use pytorch_lora_weights.safetensors")
+
+
 def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: int | None,
                     device: torch.device, weights_dtype: torch.dtype, world_size: int = 1,
                     ram_budget: int | None = None) -> ImagePrediction:
@@ -208,14 +222,13 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
     Raises:
         ModelError: a bucket that is not a multiple of the patch size x VAE factor.
         ConfigError: the text embeddings do not fit the RAM budget with ``cache_latents=ram``;
-            ``export_kohya`` (a UNet key format).
+            ``export_kohya`` of a Flux.1 layer that kohya's layout has no name for.
     """
     from lora_gui.memory.predict.dit_plan import check_text_cache, plan_dit
     from lora_gui.memory.predict.dit_trace import trace_dit_step
 
-    if cfg.export_kohya:
-        raise ConfigError("export_kohya: the kohya / A1111 key format is written for SD 1.x / SDXL UNets; "
-                          "a DiT adapter is saved in diffusers' format (load_lora_weights) only")
+    if cfg.export_kohya and model.kind == "flux" and cfg.adapter == "lora":
+        _check_flux_kohya(model.unet, dit.lora_targets(model.kind, cfg.lora_targets))
     used = sorted(set(data.buckets), key=lambda b: b[0] * b[1])
     factor = model.info["patch_factor"]
     dit.check_resolution(model.kind, factor, used + [(cfg.resolution, cfg.resolution)])
