@@ -187,6 +187,20 @@ def no_checkpointing(model: nn.Module) -> Iterator[None]:
             m.gradient_checkpointing = True
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every module in eval mode, each module's own mode restored after. Dropout only masks
+    (no matmul changes), while peft's LoHa / LoKr draw ``torch.rand(1)`` in training mode to
+    decide a module dropout, a value fake tensors do not have."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def _attention_formulas() -> dict[Any, Callable[..., int]]:
     """Fused attention counted as useful work: scores and values forward (2 matmuls, full rows:
     image attention is not causal) and 4 backward matmuls (torch's own formula counts the flash
@@ -213,7 +227,7 @@ def counted_step_flops(model: nn.Module, loss_fn: Callable[..., torch.Tensor], *
     from torch.utils.flop_counter import FlopCounterMode
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    with no_checkpointing(model), FakeTensorMode(allow_non_fake_inputs=True) as fake:
+    with no_checkpointing(model), eval_mode(model), FakeTensorMode(allow_non_fake_inputs=True) as fake:
         fakes = tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs)
         with FlopCounterMode(display=False, custom_mapping=_attention_formulas()) as counter:
             loss = loss_fn(*fakes)

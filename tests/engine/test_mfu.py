@@ -116,3 +116,31 @@ def test_a_preference_steps_useful_work_counts_both_rows_of_each_pair():
     pairs = [PairSample(row(5), row(3)), PairSample(row(2), row(7))]
     assert _row_lengths(pairs, [1, 0]) == [2, 7, 5, 3]  # chosen and rejected, each its own length
     assert _row_lengths([row(4), row(6)], [1]) == [6]  # a plain sample is one row
+
+
+@pytest.mark.parametrize("adapter", ["lora", "loha"])
+def test_an_sdxl_step_is_counted_with_eulers_scheduler_and_lycoris_adapters(adapter):
+    """SDXL's Euler scheduler looks its step up by value and peft's LoHa draws a module dropout
+    in training mode: neither can run on fake tensors, and both once left the run without MFU."""
+    from peft import LoHaConfig
+
+    from lora_gui.engine.image.speed import BucketFlops
+    from lora_gui.models.build_diffusion import build_sdxl_pipeline
+    from lora_gui.models.diffusion import Encoded
+
+    pipe = build_sdxl_pipeline()
+    unet = pipe.unet.requires_grad_(False)
+    kind = LoHaConfig if adapter == "loha" else LoraConfig
+    unet = get_peft_model(unet, kind(r=4, target_modules=["to_q", "to_k"]))
+    unet.train()
+    unet.base_model.model.conv_in.eval()  # one module left in eval: its mode must come back
+    latents = torch.randn(1, pipe.unet.config.in_channels, 16, 16)
+    enc = Encoded(latents, torch.randn(1, 4, pipe.unet.config.cross_attention_dim),
+                  torch.randn(1, pipe.text_encoder_2.config.projection_dim), torch.randn(1, 6))
+    counts = BucketFlops()
+    counts.offer(enc, torch.randn_like(latents), torch.tensor([10]))
+    counts.count_pending(unet, pipe.scheduler)
+    per_image = counts.per_image[(4, 16, 16)]
+    assert per_image is not None and per_image > 0
+    assert counts.step(3) == 3 * per_image
+    assert unet.training and not unet.base_model.model.conv_in.training

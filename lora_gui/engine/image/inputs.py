@@ -153,16 +153,26 @@ def unet_loss(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: tor
     ``timesteps`` then being the uniform draws it maps through its timestep density)."""
     if isinstance(scheduler, FlowMatching):
         return scheduler.loss(unet, enc, noise, timesteps, reduction)
+    noisy, target = noised(scheduler, enc, noise, timesteps)
+    return denoise_loss(unet, enc, noisy, target, timesteps, reduction)
+
+
+def noised(scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor,
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noisy latents and the UNet's target (noise, or velocity for v-prediction)."""
     noisy = scheduler.add_noise(enc.latents, noise, timesteps)
     if scheduler.config.prediction_type == "v_prediction":
-        target = scheduler.get_velocity(enc.latents, noise, timesteps)
-    else:
-        target = noise
-    dtype = enc.hidden.dtype
+        return noisy, scheduler.get_velocity(enc.latents, noise, timesteps)
+    return noisy, noise
+
+
+def denoise_loss(unet, enc: Encoded, noisy: torch.Tensor, target: torch.Tensor, timesteps: torch.Tensor,
+                 reduction: str = "mean") -> torch.Tensor:
+    """The UNet's prediction for ``noisy`` against ``target``, mean squared per image."""
     extra = {}
     if enc.pooled is not None:
         extra["added_cond_kwargs"] = {"text_embeds": enc.pooled, "time_ids": enc.time_ids}
-    pred = unet(noisy.to(dtype), timesteps, enc.hidden, **extra).sample
+    pred = unet(noisy.to(enc.hidden.dtype), timesteps, enc.hidden, **extra).sample
     per_image = torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="none")
     per_image = per_image.mean(dim=(1, 2, 3))
     return per_image.sum() if reduction == "sum" else per_image.mean()
