@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 DECOMPOSING_INITS = ("pissa", "olora")
+INIT_PASSES = (*DECOMPOSING_INITS, "loftq", "eva", "corda")  # run before step 1, saved for a resume
 
 
 def init_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, spec: Any,
