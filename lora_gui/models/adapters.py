@@ -171,7 +171,7 @@ def _targeted(config: Any, name: str, check: Any) -> bool:
     return bool(check(config, name))
 
 
-INIT_FILE = "lora_init.safetensors"  # in the run folder: an initialisation run before step 1 (not default / gaussian)
+INIT_FILE = "lora_init.safetensors"  # run folder: what a lora_init pass made before step 1
 
 
 def save_init(model: nn.Module, path: Any, with_base: bool = True) -> int:
@@ -247,7 +247,7 @@ def save_as_plain_lora(model: nn.Module, adapter_dir: Any, init_file: Any) -> bo
     save_file(trained, adapter_dir / "adapter_model.safetensors", metadata={"format": "pt"})
     path = adapter_dir / "adapter_config.json"
     saved = json.loads(path.read_text())
-    saved.update(init_lora_weights=True, r=saved["r"] * 2,
+    saved.update(init_lora_weights=True, corda_config=None, r=saved["r"] * 2,
                  lora_alpha=saved["lora_alpha"] * (2 ** 0.5 if saved.get("use_rslora") else 2))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(saved, indent=2))

@@ -180,7 +180,8 @@ def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None,
     passes = spec.init in ("pissa", "olora", "loftq", "eva", "corda")
     data = init_data or {}
     if passes and saved_init is not None:
-        log.info("lora_init %s: loading the initialisation saved in %s (not run again)", spec.init, saved_init)
+        log.info("lora_init %s: loading the initialisation saved in %s (not run again)", spec.init,
+                 saved_init)
     elif passes:
         log.info("lora_init %s: initialising the adapter before the first step", spec.init)
     try:
