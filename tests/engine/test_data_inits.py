@@ -125,3 +125,34 @@ def test_the_form_offers_every_init_with_its_help():
     offered = [c[0] if isinstance(c, tuple) else c for c in widget.choices]
     assert offered == ["default", "gaussian", "pissa", "olora", "loftq", "eva", "corda"]
     assert all(w in widget.info for w in ("loftq (with quantization nf4", "eva (", "corda ("))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_corda_pass_is_planned_as_measured(tmp_path, dtype):
+    """CorDA's covariances and full factors, closed form, against the tracker on peft's pass."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lora_gui.memory.predict.init_trace import corda_peak_bytes, measured_init
+    from lora_gui.models.adapters import AdapterSpec, attach_adapter
+
+    model_dir = tiny_qwen2(tmp_path / "m", intermediate_size=1024)
+    spec = AdapterSpec("lora", 4, 8.0, 0.0, False, "corda", False)
+    predicted = corda_peak_bytes(AutoConfig.from_pretrained(model_dir), dtype=dtype,
+                                 target_modules="all-linear", spec=spec, tokens=64)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    rows = [torch.randint(0, 300, (1, 64)) for _ in range(4)]
+    _, measured, source = measured_init(
+        model, lambda: attach_adapter(model, spec, "all-linear", task_type="CAUSAL_LM", corda_rows=rows),
+        torch.device("cpu"))
+    assert source == "tracker" and LOW <= predicted / measured - 1 <= HIGH, (predicted, measured)
+
+
+def test_a_corda_run_whose_pass_is_its_peak_is_planned(tmp_path):
+    model_dir = tiny_qwen2(tmp_path / "m", intermediate_size=1024)
+    over = {**TINY, "model": str(model_dir), "lora_init": "corda", "batch_size": 1, "max_seq_len": 16,
+            "gradient_checkpointing": True, "checkpoint_every": 1000}
+    summary = text_train.train_text(apply_overrides(RunConfig(), over), tmp_path / "run", progress=False)
+    assert summary["init_peak_bytes"] > summary["step_peak_bytes"]  # the covariances are this run's peak
+    assert summary["prediction"]["init_peak_bytes"] == summary["prediction"]["peak_bytes"]
+    report = summary["memory_report"]
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, (report, summary["prediction"])

@@ -64,3 +64,44 @@ def measured_init(model: nn.Module, attach: Any, device: torch.device) -> tuple[
     with tracker:
         result = attach()
     return result, tracker.peak_bytes, MEMORY_SOURCE
+
+
+def corda_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, spec: Any,
+                     tokens: int, device: str = "cpu") -> int:
+    """Predicted peak (bytes, source: predicted) of CorDA's preprocessing (peft's
+    ``preprocess_corda``), closed form over the adapted layers of the model built on the meta
+    device. What is modelled: the model's weights and buffers; one float32 covariance matrix
+    (in x in) per adapted layer, all alive from the first sample until the adapter is built;
+    while layer i is decomposed, the full factors kept for layers before it (U: out x m,
+    S: m, V: in x m, m = min(out, in), float32, cropped to rank r only after the last layer),
+    and layer i's own temporaries at the larger of two moments: the inversion check (damping,
+    damped covariance, inverse, identity and their product: 5 in x in) or after the SVD
+    (damping, damped covariance, inverse, ``W C``, U, S, Vh and ``Vh C^-1``), plus a float32
+    copy of the weight when it is not float32; and the end of each forward over one sample of
+    ``tokens`` (at most ``max_seq_len``): every covariance and the sample's logits (tokens x
+    vocabulary in ``dtype``). Not modelled: the forward's other activations (one row, freed
+    before the logits peak) and LAPACK's workspace (not a tensor)."""
+    from peft import LoraConfig
+    from peft.tuners.lora.corda import target_modules as corda_targets
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    from lora_gui.memory.predict.trace import CUDA_CONTEXT_BYTES
+    from lora_gui.memory.predict.trace_build import build_text_model
+
+    model = build_text_model(config, attn_implementation="sdpa", dtype=dtype, lora_rank=spec.rank,
+                             lora_alpha=spec.alpha, target_modules=target_modules, lora=False)
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    lora = _maybe_include_all_linear_layers(LoraConfig(r=spec.rank, target_modules=target_modules), model)
+    shapes = [tuple(m.weight.shape) for _, m in corda_targets(model, lora)]
+    f32 = 4
+    live = weights + sum(i * i for _, i in shapes) * f32  # every covariance matrix
+    vocab = model.get_output_embeddings().weight.shape[0]
+    peak = live + tokens * vocab * torch.empty((), dtype=dtype).element_size()  # a sample's logits
+    for out, inp in shapes:
+        m = min(out, inp)
+        copy = out * inp * f32 if dtype != torch.float32 else 0
+        check = 5 * inp * inp
+        after = 3 * inp * inp + out * inp + out * m + m + 2 * m * inp
+        peak = max(peak, live + copy + max(check, after) * f32)
+        live += (out * m + m + inp * m) * f32  # this layer's full U, S, V stay until the crop
+    return peak + (CUDA_CONTEXT_BYTES if device == "cuda" else 0)

@@ -84,19 +84,26 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
 
 def with_init_peak(cfg: RunConfig, source: str | None, device: str,
                    figures: dict[str, Any]) -> dict[str, Any]:
-    """A decomposing ``lora_init`` (PiSSA's SVD, OLoRA's QR) runs before the first step: its
-    traced peak is ``init_peak_bytes``, and the run's peak when it is above the steps'
-    (``step_peak_bytes`` then keeps the steps' figure)."""
-    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, init_peak_bytes
+    """A ``lora_init`` pass runs before the first step: PiSSA's SVD and OLoRA's QR (traced with
+    peft's code) and CorDA's covariances and decompositions (closed form, init_trace): its peak
+    is ``init_peak_bytes``, and the run's peak when it is above the steps' (``step_peak_bytes``
+    then keeps the steps' figure). EVA's pass (no-grad forwards of training batches with an
+    incremental SVD of one layer's inputs at a time) and LoftQ's (one layer's weight, rounding
+    error and rank-r SVD at a time) stay below a training step of the same batch and are not
+    counted; the run measures every pass and reports it."""
+    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, corda_peak_bytes, init_peak_bytes
     from lora_gui.memory.predict.run_plan import step_kwargs
     from lora_gui.memory.predict.run_predict import model_config_for
     from lora_gui.memory.predict.trace_build import as_dtype
 
-    if cfg.lora_init not in DECOMPOSING_INITS:
+    if cfg.lora_init not in (*DECOMPOSING_INITS, "corda"):
         return figures
     kw = step_kwargs(cfg, device)
-    init = init_peak_bytes(model_config_for(cfg, source), dtype=as_dtype(kw["dtype"]),
-                           target_modules=kw["target_modules"], spec=kw["adapter"], device=device)
+    args = dict(dtype=as_dtype(kw["dtype"]), target_modules=kw["target_modules"], spec=kw["adapter"],
+                device=device)
+    config = model_config_for(cfg, source)
+    init = corda_peak_bytes(config, tokens=cfg.max_seq_len, **args) if cfg.lora_init == "corda" \
+        else init_peak_bytes(config, **args)
     figures["init_peak_bytes"] = init
     if init > figures["peak_bytes"]:
         log.info("the %s initialisation (%.1f MiB) is this run's predicted peak, above its steps "
