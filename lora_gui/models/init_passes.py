@@ -73,8 +73,12 @@ def run_eva(peft_model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -
                      "%.1f s", seen[0], time.perf_counter() - start)
         return model(**inputs)
 
-    initialize_lora_eva_weights(peft_model, dataloader=list(batches), forward_fn=forward,
-                                show_progress_bar=False)
+    try:
+        initialize_lora_eva_weights(peft_model, dataloader=list(batches), forward_fn=forward,
+                                    show_progress_bar=False)
+    except ValueError as err:
+        raise ConfigError(f"lora_init: eva could not run on this data ({err}); use lora_init: "
+                          "default") from None
     log.info("lora_init eva: %d batches read in %.1f s", seen[0], time.perf_counter() - start)
 
 
@@ -82,8 +86,13 @@ def run_corda(model: nn.Module, config: Any, rows: Sequence[torch.Tensor]) -> An
     """CorDA's preprocessing on the base ``model`` (before the adapter is attached) with one
     forward per row of ``rows`` (1 x tokens id tensors on the model's device). Returns the peft
     config with explicit target names (peft's preprocessing does not expand ``all-linear``)."""
-    from peft.tuners.lora.corda import preprocess_corda
     from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    try:
+        from peft.tuners.lora.corda import preprocess_corda
+    except ImportError as err:  # peft's CorDA module imports attrs, which peft does not require
+        raise ConfigError(f"lora_init: corda needs the {err.name} package (pip install attrs); "
+                          "install it or use lora_init: pissa") from None
 
     if not rows:
         raise ConfigError("lora_init: corda needs training data to read; the run has none")
@@ -98,7 +107,11 @@ def run_corda(model: nn.Module, config: Any, rows: Sequence[torch.Tensor]) -> An
                          "inputs), %.1f s", i, len(rows), time.perf_counter() - start)
 
     training = model.training
-    preprocess_corda(model, config, run_model=run_model)
+    try:
+        preprocess_corda(model, config, run_model=run_model)
+    except ValueError as err:  # e.g. a covariance that cannot be inverted on this data
+        raise ConfigError(f"lora_init: corda could not run on this data ({err}); use lora_init: "
+                          "pissa") from None
     model.train(training)
     log.info("lora_init corda: covariances and decompositions done in %.1f s", time.perf_counter() - start)
     return config
