@@ -67,7 +67,9 @@ def run_eva(peft_model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -
         seen[0] += 1
         if seen[0] > EVA_MAX_FORWARDS:
             raise ConfigError(f"lora_init: eva's layer directions did not converge in {EVA_MAX_FORWARDS} "
-                              "batches of this data; use lora_init: default or pissa")
+                              "batches of this data (peft skips a batch with fewer trained tokens "
+                              "than lora_rank); use a larger batch_size or max_seq_len, or "
+                              "lora_init: default")
         if seen[0] == 1 or seen[0] % 10 == 0:
             log.info("lora_init eva: batch %d read (incremental SVD of each adapted layer's inputs), "
                      "%.1f s", seen[0], time.perf_counter() - start)
@@ -76,6 +78,8 @@ def run_eva(peft_model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -
     try:
         initialize_lora_eva_weights(peft_model, dataloader=list(batches), forward_fn=forward,
                                     show_progress_bar=False)
+    except ConfigError:
+        raise
     except ValueError as err:
         raise ConfigError(f"lora_init: eva could not run on this data ({err}); use lora_init: "
                           "default") from None

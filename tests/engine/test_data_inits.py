@@ -156,3 +156,26 @@ def test_a_corda_run_whose_pass_is_its_peak_is_planned(tmp_path):
     assert summary["prediction"]["init_peak_bytes"] == summary["prediction"]["peak_bytes"]
     report = summary["memory_report"]
     assert LOW <= report["predicted_vs_measured"] <= HIGH, (report, summary["prediction"])
+
+
+def test_a_loftq_run_whose_pass_is_its_peak_is_planned(tmp_path):
+    """64 x 4096 MLP weights on a 4-bit base: one layer's original weight, 4-bit copy, error and
+    SVD outgrow a 16-token training step."""
+    pytest.importorskip("bitsandbytes")
+    model_dir = tiny_qwen2(tmp_path / "m", intermediate_size=4096)
+    over = {**TINY, "model": str(model_dir), "lora_init": "loftq", "quantization": "nf4", "batch_size": 1,
+            "max_seq_len": 16, "gradient_checkpointing": True, "checkpoint_every": 1000}
+    summary = text_train.train_text(apply_overrides(RunConfig(), over), tmp_path / "run", progress=False)
+    assert summary["init_peak_bytes"] > summary["step_peak_bytes"]
+    assert summary["prediction"]["init_peak_bytes"] == summary["prediction"]["peak_bytes"]
+    report = summary["memory_report"]
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, (report, summary["prediction"])
+
+
+def test_eva_that_cannot_converge_is_stopped_with_the_way_out(qwen2_dir, tmp_path, monkeypatch):
+    """peft skips every batch with fewer trained tokens than lora_rank and would cycle forever."""
+    monkeypatch.setattr(init_passes, "EVA_MAX_FORWARDS", 20)  # the same stop, sooner
+    over = {**TINY, "model": str(qwen2_dir), "lora_init": "eva", "batch_size": 1, "max_seq_len": 16,
+            "lora_rank": 16}
+    with pytest.raises(ConfigError, match="did not converge.*larger batch_size"):
+        text_train.train_text(apply_overrides(RunConfig(), over), tmp_path / "run", progress=False)

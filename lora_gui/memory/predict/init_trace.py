@@ -105,3 +105,40 @@ def corda_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, sp
         peak = max(peak, live + copy + max(check, after) * f32)
         live += (out * m + m + inp * m) * f32  # this layer's full U, S, V stay until the crop
     return peak + (CUDA_CONTEXT_BYTES if device == "cuda" else 0)
+
+
+def loftq_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, spec: Any,
+                     resident_bytes: int, device: str = "cpu") -> int:
+    """Predicted peak (bytes, source: predicted) of LoftQ on a 4-bit base (peft's
+    ``replace_lora_weights_loftq``): ``resident_bytes`` (the 4-bit model and its adapter, as the
+    step's trace counts them) plus the largest adapted layer's pass, traced on the meta device
+    with peft's own ``_low_rank_decomposition``: the original weight read from the safetensors
+    file (in the checkpoint's dtype; on a GPU its float32 copy on the card), its dequantized
+    4-bit copy (in ``dtype``), the float32 rounding error and its SVD (U, S, Vh, and the rank-r
+    factors that become B and A). Layers run one at a time."""
+    from peft import LoraConfig
+    from peft.tuners.lora.corda import target_modules as adapted
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+    from peft.utils.loftq_utils import _low_rank_decomposition
+
+    from lora_gui.memory.predict.trace import CUDA_CONTEXT_BYTES
+    from lora_gui.memory.predict.trace_build import build_text_model
+    from lora_gui.memory.runtime.tracker import StorageTracker
+
+    model = build_text_model(config, attn_implementation="sdpa", dtype=dtype, lora_rank=spec.rank,
+                             lora_alpha=spec.alpha, target_modules=target_modules, lora=False)
+    lora = _maybe_include_all_linear_layers(LoraConfig(r=spec.rank, target_modules=target_modules), model)
+    shapes = {tuple(m.weight.shape) for _, m in adapted(model, lora)}
+    file_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    file_dtype = getattr(torch, file_dtype) if isinstance(file_dtype, str) else file_dtype
+    layer = 0
+    for out, inp in shapes:
+        tracker = StorageTracker()
+        with tracker, torch.device("meta"):
+            weight = torch.empty(out, inp, dtype=torch.float32 if device == "cuda" else file_dtype)
+            dequantized = torch.empty(out, inp, dtype=dtype)
+            residual = weight.to(torch.float32) - dequantized
+            factors = _low_rank_decomposition(residual, reduced_rank=spec.rank)
+            del factors, residual, weight, dequantized
+        layer = max(layer, tracker.peak_bytes)
+    return resident_bytes + layer + (CUDA_CONTEXT_BYTES if device == "cuda" else 0)
