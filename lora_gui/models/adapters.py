@@ -234,7 +234,7 @@ def save_as_plain_lora(model: nn.Module, adapter_dir: Any, init_file: Any) -> bo
     from safetensors.torch import load_file, save_file
 
     config = getattr(model, "peft_config", {}).get("default")
-    if config is None or config.init_lora_weights != "corda":
+    if getattr(config, "init_lora_weights", None) != "corda":  # LoHa / LoKr / OFT have no such field
         return False
     adapter_dir = Path(adapter_dir)
     initial = {k.replace(".default.", "."): v for k, v in load_file(str(init_file)).items()}

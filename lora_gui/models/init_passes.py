@@ -142,6 +142,9 @@ def run_loftq(peft_model: nn.Module, model_path: str) -> int:
         loftq_utils._loftq_init_new = _loftq_on_cpu
     try:
         replace_lora_weights_loftq(peft_model, model_path=model_path, callback=progress)
+    except (OSError, ValueError) as err:  # no safetensors file, or no 4-bit layer
+        raise ConfigError(f"lora_init: loftq reads the original weights from the model's safetensors "
+                          f"file(s) in {model_path} and could not ({err}); use lora_init: default") from None
     finally:
         loftq_utils._loftq_init_new = real
     log.info("lora_init loftq: %d layers in %.1f s", done[0], time.perf_counter() - start)
