@@ -1,14 +1,20 @@
-"""The memory of an adapter initialisation that decomposes weights (``lora_init`` pissa / olora),
-traced on fake tensors with peft's own code, as the run executes it before its first step.
+"""The memory of an adapter initialisation that runs a pass before the first step (``lora_init``
+pissa / olora / loftq / corda), as the run executes it.
 
 PiSSA runs an SVD of every adapted weight, one layer at a time, in float32: while a layer is
 decomposed the model's weights, the adapter tensors made so far, a float32 copy of the layer's
 weight (none when it is float32 already), its factors U (out x k), S (k) and Vh (k x in) and the
 residual ``W - scale B A`` (out x in, float32) are alive; the largest adapted weight sets the peak.
-OLoRA does the same with a QR decomposition. The run measures the same pass with the tracker
-(CPU) or the CUDA allocator, and its peak counts when it is above the training steps' (small
-models at short lengths). LAPACK's own workspace on a CPU is not a tensor and is counted by
-neither side.
+OLoRA does the same with a QR decomposition. Both are traced on fake tensors with peft's own code.
+LoftQ (4-bit base) is traced per layer with peft's decomposition on top of the resident 4-bit
+model (:func:`loftq_peak_bytes`); CorDA's covariances and factors are counted in closed form
+(:func:`corda_peak_bytes`, whose docstring lists what is modelled). EVA's pass (no-grad forwards
+of the run's batches, an incremental SVD of one layer's inputs at a time) is not predicted: on the
+runs measured it stayed below a training step of the same batch (0.93x-0.995x), and the run
+measures and reports it like every pass. The run measures each pass with the tracker (CPU) or
+the CUDA allocator, and its peak counts when it is above the training steps' (small models at
+short lengths; CorDA on large models). LAPACK's own workspace on a CPU is not a tensor and is
+counted by neither side.
 """
 
 from __future__ import annotations
