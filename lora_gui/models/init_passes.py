@@ -76,8 +76,9 @@ def run_eva(peft_model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -
         return model(**inputs)
 
     try:
+        # every process reads the same batches: gathering them across processes adds nothing
         initialize_lora_eva_weights(peft_model, dataloader=list(batches), forward_fn=forward,
-                                    show_progress_bar=False)
+                                    show_progress_bar=False, gather_distributed_inputs=False)
     except ConfigError:
         raise
     except ValueError as err:
