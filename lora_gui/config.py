@@ -39,7 +39,8 @@ AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 byt
 TRACKERS = ("none", "tensorboard", "trackio", "mlflow", "wandb")  # report_to names
 ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
 IMAGE_ADAPTERS = ADAPTERS[:4]  # OFT's blocks are not offered for UNet / DiT layers
-LORA_INITS = ("default", "gaussian", "pissa", "olora")
+LORA_INITS = ("default", "gaussian", "pissa", "olora", "loftq", "eva", "corda")
+DATA_INITS = ("eva", "corda")  # lora_init that reads a few batches of the run's data first
 DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipelines a setting is for
 
 
@@ -244,7 +245,11 @@ class RunConfig(PreferenceSettings):
     lora_init: str = option("default", "LoRA / DoRA initial weights: default (A random, B zero); "
                             "gaussian (A Gaussian); pissa (A and B from the weight's principal "
                             "singular vectors, the base keeps the rest; an SVD of every adapted layer "
-                            "before the first step); olora (A and B from a QR decomposition).",
+                            "before the first step); olora (A and B from a QR decomposition); loftq (with "
+                            "quantization nf4: A and B fitted to each weight's 4-bit rounding error); "
+                            "eva (A from the principal directions of each layer's inputs on a few "
+                            "batches of the training data); corda (A and B from the weights shaped by "
+                            "those inputs' covariance, the base keeps the rest).",
                             "lora", choices=LORA_INITS, tasks=TEXT)
     lora_plus_ratio: float = option(1.0, "LoRA / DoRA: LoRA+, the learning rate of B is this many "
                                     "times that of A (1 = off; the LoRA+ paper uses 16).", "lora",
@@ -402,6 +407,7 @@ class RunConfig(PreferenceSettings):
             if self.lora_dropout:
                 raise ConfigError(f"lora_dropout: adapter {self.adapter} has no input dropout; use "
                                   "lora_dropout: 0 or adapter: lora / dora")
+        self._check_init()
         if self.lora_init in ("pissa", "olora") and self.quantization != "none":
             raise ConfigError(f"lora_init: {self.lora_init} needs the full-precision weights it "
                               f"decomposes, not a {self.quantization} base; use lora_init: default "
@@ -409,6 +415,22 @@ class RunConfig(PreferenceSettings):
         if self.lora_fa and self.lora_plus_ratio != 1.0:
             raise ConfigError("lora_plus_ratio: LoRA+ speeds up B relative to A, but lora_fa freezes "
                               "A; use one of them")
+
+
+    def _check_init(self) -> None:
+        """The data-driven and quantization-aware initialisations, as peft runs them."""
+        init = self.lora_init
+        if init == "loftq" and self.quantization != "nf4":
+            raise ConfigError(f"lora_init: loftq fits the adapter to a 4-bit base's rounding error and "
+                              f"needs quantization: nf4, not {self.quantization}; use quantization: nf4 "
+                              "or lora_init: pissa on a full-precision base")
+        if init in ("loftq", *DATA_INITS) and self.adapter != "lora":
+            raise ConfigError(f"lora_init: {init} initialises plain LoRA layers only, not "
+                              f"adapter: {self.adapter}; use adapter: lora with it")
+        if init in DATA_INITS and self.quantization != "none":
+            raise ConfigError(f"lora_init: {init} reads the full-precision weights and layer inputs, "
+                              f"not a {self.quantization} base; use quantization: none, or "
+                              "lora_init: loftq with quantization: nf4")
 
 
 def _check_value(f: dataclasses.Field, kind: type, value: Any) -> None:

@@ -78,7 +78,12 @@ def peft_config(spec: AdapterSpec, targets: Any, *, task_type: str | None = None
     targets = list(targets) if isinstance(targets, (list, tuple)) else targets
     common = {"target_modules": targets, "task_type": task_type}
     if spec.kind in LORA_LIKE:
-        init = {"default": True, "gaussian": "gaussian"}.get(spec.init, spec.init)
+        # loftq: attached with peft's default init, then fitted on the 4-bit base (init_passes)
+        init = {"default": True, "gaussian": "gaussian", "loftq": True}.get(spec.init, spec.init)
+        if spec.init in ("eva", "corda"):
+            from lora_gui.models import init_passes
+
+            common[f"{spec.init}_config"] = getattr(init_passes, f"{spec.init}_config")()
         return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                           use_dora=spec.kind == "dora", use_rslora=spec.rslora,
                           init_lora_weights=init, trainable_token_indices=tokens, **common)
@@ -95,8 +100,9 @@ def peft_config(spec: AdapterSpec, targets: Any, *, task_type: str | None = None
 
 
 def attach_adapter(model: nn.Module, spec: AdapterSpec, targets: Any, *,
-                   task_type: str | None = None, tokens: Any = None) -> nn.Module:
+                   task_type: str | None = None, tokens: Any = None, corda_rows: Any = None) -> nn.Module:
     """Wraps ``model`` (real or on the meta device) with the adapter; base weights are frozen.
+    ``corda_rows``: the training samples CorDA reads first (``lora_init`` corda).
 
     Raises:
         ConfigError: an OFT block size that does not divide an adapted layer's input size (names
@@ -108,6 +114,10 @@ def attach_adapter(model: nn.Module, spec: AdapterSpec, targets: Any, *,
     config = peft_config(spec, targets, task_type=task_type, tokens=tokens)
     if spec.kind == "oft":
         _check_oft_blocks(model, config, spec.rank)
+    if spec.init == "corda":
+        from lora_gui.models.init_passes import run_corda
+
+        config = run_corda(model, config, corda_rows or [])
     with warnings.catch_warnings():  # peft calls a deprecated transformers alias; not ours to fix
         warnings.simplefilter("ignore", FutureWarning)
         peft_model = get_peft_model(model, config)
@@ -161,10 +171,10 @@ def _targeted(config: Any, name: str, check: Any) -> bool:
     return bool(check(config, name))
 
 
-INIT_FILE = "lora_init.safetensors"  # in the run folder: the decomposed initialisation (pissa / olora)
+INIT_FILE = "lora_init.safetensors"  # run folder: what a lora_init pass made before step 1
 
 
-def save_init(model: nn.Module, path: Any) -> int:
+def save_init(model: nn.Module, path: Any, with_base: bool = True) -> int:
     """Writes what a decomposing initialisation (PiSSA's SVD, OLoRA's QR) produced: every adapted
     layer's residual base weight and its initial A and B, so that a resume loads them instead of
     decomposing again. Atomic (temp file, then rename). Returns the tensors written."""
@@ -176,7 +186,8 @@ def save_init(model: nn.Module, path: Any) -> int:
     tensors = {}
     for name, module in model.named_modules():
         if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
-            tensors[f"{name}.base_layer.weight"] = module.get_base_layer().weight.detach()
+            if with_base:  # the residual a decomposing init left in the base (pissa, olora, corda)
+                tensors[f"{name}.base_layer.weight"] = module.get_base_layer().weight.detach()
             tensors[f"{name}.lora_A.default.weight"] = module.lora_A["default"].weight.detach()
             tensors[f"{name}.lora_B.default.weight"] = module.lora_B["default"].weight.detach()
     path = Path(path)
@@ -204,7 +215,44 @@ def load_init(model: nn.Module, path: Any, init: str) -> None:
                           f"{missing[0]}); start the run again without resuming")
     for key, value in saved.items():
         params[key].data = value.to(params[key].device, params[key].dtype, copy=True)  # own storage
-    model.peft_config["default"].init_lora_weights = init
+    if init != "loftq":  # a LoftQ adapter is plain LoRA on its 4-bit base (peft's own recipe)
+        model.peft_config["default"].init_lora_weights = init
+
+
+def save_as_plain_lora(model: nn.Module, adapter_dir: Any, init_file: Any) -> bool:
+    """A CorDA adapter's base holds a residual that peft cannot rebuild when loading it, so the
+    saved adapter (in ``adapter_dir``) is rewritten as plain LoRA on the original base, peft's
+    own conversion: ``W + dW = W_res + s B A`` with ``W = W_res + s B0 A0`` gives
+    ``dW = s' [B | -B0] [A ; A0]`` at rank 2r (alpha doubled, or times sqrt 2 with rsLoRA, so
+    that the scale stays). ``init_file``: the initial A0 and B0 (:func:`save_init`). Returns
+    False (nothing done) for every other adapter."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = getattr(model, "peft_config", {}).get("default")
+    if getattr(config, "init_lora_weights", None) != "corda":  # LoHa / LoKr / OFT have no such field
+        return False
+    adapter_dir = Path(adapter_dir)
+    initial = {k.replace(".default.", "."): v for k, v in load_file(str(init_file)).items()}
+    trained = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    for key, value in trained.items():
+        if ".lora_A." in key:
+            trained[key] = torch.cat([value, initial[key].to(value.dtype)], dim=0).contiguous()
+        elif ".lora_B." in key:
+            trained[key] = torch.cat([value, -initial[key].to(value.dtype)], dim=1).contiguous()
+    save_file(trained, adapter_dir / "adapter_model.safetensors", metadata={"format": "pt"})
+    path = adapter_dir / "adapter_config.json"
+    saved = json.loads(path.read_text())
+    saved.update(init_lora_weights=True, corda_config=None, r=saved["r"] * 2,
+                 lora_alpha=saved["lora_alpha"] * (2 ** 0.5 if saved.get("use_rslora") else 2))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(saved, indent=2))
+    os.replace(tmp, path)
+    return True
 
 
 @contextlib.contextmanager

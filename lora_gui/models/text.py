@@ -159,36 +159,42 @@ def trainable_token_targets(model, new_ids: list[int]) -> list[int] | dict[str, 
     return {names[model.get_input_embeddings()]: new_ids, names[model.get_output_embeddings()]: new_ids}
 
 
-def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None) -> PeftModel:
+def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None,
+                init_data: dict[str, Any] | None = None) -> PeftModel:
     """Wraps the model with trainable LoRA adapters; base weights are frozen. With a tokenizer
     larger than the model's vocabulary (chat template tokens added), the embeddings grow and the
     new tokens' rows are trained too and saved in the adapter (peft trainable tokens).
-    ``saved_init``: a file of :func:`lora_gui.models.adapters.save_init` (a resumed PiSSA / OLoRA
-    run): the adapter is attached without decomposing and the saved initialisation loaded."""
+    ``saved_init``: a file of :func:`lora_gui.models.adapters.save_init` (a resumed run whose
+    ``lora_init`` ran a pass before step 1): the adapter is attached with peft's default init and
+    the saved initialisation loaded, so the pass is not repeated. ``init_data``: what that pass
+    reads: ``batches`` (eva), ``rows`` (corda), ``model_path`` (loftq: the original weights)."""
     new_ids = trainable_token_targets(model, fit_embeddings(model, tokenizer))
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [
         t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
     import dataclasses
 
-    from lora_gui.models.adapters import adapter_spec, attach_adapter
+    from lora_gui.models import init_passes
+    from lora_gui.models.adapters import adapter_spec, attach_adapter, decomposition_progress, load_init
 
     spec = adapter_spec(cfg)
-    decompose = spec.init in ("pissa", "olora")
-    if decompose and saved_init is not None:
-        log.info("lora_init %s: loading the initialisation saved in %s (no new decomposition)",
-                 spec.init, saved_init)
-    elif decompose:
-        log.info("lora_init %s: decomposing every adapted weight before the first step", spec.init)
+    passes = spec.init in ("pissa", "olora", "loftq", "eva", "corda")
+    data = init_data or {}
+    if passes and saved_init is not None:
+        log.info("lora_init %s: loading the initialisation saved in %s (not run again)", spec.init,
+                 saved_init)
+    elif passes:
+        log.info("lora_init %s: initialising the adapter before the first step", spec.init)
     try:
-        from lora_gui.models.adapters import decomposition_progress
-
-        with decomposition_progress(spec.init if decompose and saved_init is None else None):
+        with decomposition_progress(spec.init if passes and saved_init is None else None):
             peft_model = attach_adapter(model, dataclasses.replace(spec, init="default") if saved_init
-                                        else spec, targets, task_type="CAUSAL_LM", tokens=new_ids)
+                                        else spec, targets, task_type="CAUSAL_LM", tokens=new_ids,
+                                        corda_rows=data.get("rows"))
         if saved_init is not None:
-            from lora_gui.models.adapters import load_init
-
             load_init(peft_model, saved_init, spec.init)
+        elif spec.init == "eva":
+            init_passes.run_eva(peft_model, data.get("batches") or [])
+        elif spec.init == "loftq":
+            init_passes.run_loftq(peft_model, str(data["model_path"]))
     except ConfigError:
         raise
     except ValueError as err:

@@ -26,7 +26,7 @@ from accelerate.utils import DistributedType
 from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.data.batching import Step, collate, count_targets, plan_epoch, round_up
+from lora_gui.data.batching import MicroBatch, Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.model_inputs import training_batch
 from lora_gui.data.pairs import PairSample, load_pairs
 from lora_gui.data.shard import split_step, step_targets
@@ -222,6 +222,7 @@ def _save_adapter(model, out: Path) -> Path:
     # peft names them; a frozen lora_A (LoRA-FA) is part of the adapter too
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad or ".lora_A." in n}
     model.save_pretrained(tmp, state_dict=trainable, save_embedding_layers=False)  # chat tokens: rows only
+    adapters.save_as_plain_lora(model, tmp, out / adapters.INIT_FILE)  # CorDA: loads on the original base
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -243,24 +244,33 @@ class TextSession(RunSession):
     token_budget: int = 2048
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
     flop_costs: Any = None  # lora_gui.models.flops.TextFlops of the model as attached
-    init_peak_bytes: int | None = None  # measured peak of a decomposing lora_init (pissa / olora)
+    init_peak_bytes: int | None = None  # measured peak of a lora_init pass before step 1
 
 
 def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, device: torch.device,
-            dist: Dist) -> tuple[Any, int | None]:
-    """The run's adapter on ``base``. A decomposing lora_init (PiSSA's SVD, OLoRA's QR) runs here,
-    before the first step, measured (its peak counts when above the steps'), and its result is
-    saved in the run folder so that a resume loads it instead of decomposing again."""
-    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, measured_init
+            dist: Dist, source: str) -> tuple[Any, int | None]:
+    """The run's adapter on ``base``. A ``lora_init`` that runs a pass (PiSSA's SVD, OLoRA's QR,
+    LoftQ's fit to the 4-bit error, EVA's and CorDA's read of the training data) runs here, before
+    the first step, measured (its peak counts when above the steps'), and its result is saved in
+    the run folder so that a resume loads it instead of running it again."""
+    from lora_gui.memory.predict.init_trace import INIT_PASSES, measured_init
+    from lora_gui.models.init_passes import BASE_CHANGING, INIT_BATCHES, init_batches, init_rows
 
     tokenizer = data.tokenizer if data.is_chat else None
     saved = out / adapters.INIT_FILE
-    if cfg.lora_init not in DECOMPOSING_INITS:
+    if cfg.lora_init not in INIT_PASSES:
         return text_models.attach_lora(base, cfg, tokenizer), None
     if resume and saved.is_file():
         return text_models.attach_lora(base, cfg, tokenizer, saved_init=saved), None
-    model, peak, _source = measured_init(base, lambda: text_models.attach_lora(base, cfg, tokenizer), device)
-    dist.on_main(lambda: adapters.save_init(model, saved))
+    init_data: dict[str, Any] = {"model_path": source}
+    if cfg.lora_init == "eva":
+        init_data["batches"] = init_batches(data.train, cfg.batch_size, cfg.max_seq_len, data.pad_id, device,
+                                            collate, lambda idx, width: MicroBatch(idx, width))
+    elif cfg.lora_init == "corda":
+        init_data["rows"] = init_rows(data.train, cfg.batch_size * INIT_BATCHES, cfg.max_seq_len, device)
+    model, peak, _source = measured_init(
+        base, lambda: text_models.attach_lora(base, cfg, tokenizer, init_data=init_data), device)
+    dist.on_main(lambda: adapters.save_init(model, saved, with_base=cfg.lora_init in BASE_CHANGING))
     return model, peak
 
 
@@ -310,7 +320,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type), device)
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
-    model, init_peak = _attach(cfg, base, data, out, resume, device, dist)
+    model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)

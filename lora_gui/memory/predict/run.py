@@ -79,24 +79,36 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
     pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps,
                             added_tokens=added_tokens)
-    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, pred.to_json())
+    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, pred.to_json(),
+                                                      pred.step.breakdown)
 
 
-def with_init_peak(cfg: RunConfig, source: str | None, device: str,
-                   figures: dict[str, Any]) -> dict[str, Any]:
-    """A decomposing ``lora_init`` (PiSSA's SVD, OLoRA's QR) runs before the first step: its
-    traced peak is ``init_peak_bytes``, and the run's peak when it is above the steps'
-    (``step_peak_bytes`` then keeps the steps' figure)."""
-    from lora_gui.memory.predict.init_trace import DECOMPOSING_INITS, init_peak_bytes
+def with_init_peak(cfg: RunConfig, source: str | None, device: str, figures: dict[str, Any],
+                   breakdown: dict[str, int] | None = None) -> dict[str, Any]:
+    """A ``lora_init`` pass runs before the first step: PiSSA's SVD and OLoRA's QR (traced with
+    peft's code), LoftQ's fit to each 4-bit layer's rounding error (the step's resident 4-bit
+    weights and adapter from ``breakdown``, plus the largest layer's pass traced) and CorDA's
+    covariances and decompositions (closed form, init_trace): its peak is ``init_peak_bytes``,
+    and the run's peak when it is above the steps' (``step_peak_bytes`` then keeps the steps'
+    figure). EVA's pass is not counted (see init_trace); the run measures every pass."""
+    from lora_gui.memory.predict import init_trace
     from lora_gui.memory.predict.run_plan import step_kwargs
     from lora_gui.memory.predict.run_predict import model_config_for
     from lora_gui.memory.predict.trace_build import as_dtype
 
-    if cfg.lora_init not in DECOMPOSING_INITS:
+    if cfg.lora_init not in (*init_trace.DECOMPOSING_INITS, "corda", "loftq"):
         return figures
     kw = step_kwargs(cfg, device)
-    init = init_peak_bytes(model_config_for(cfg, source), dtype=as_dtype(kw["dtype"]),
-                           target_modules=kw["target_modules"], spec=kw["adapter"], device=device)
+    args = dict(dtype=as_dtype(kw["dtype"]), target_modules=kw["target_modules"], spec=kw["adapter"],
+                device=device)
+    config = model_config_for(cfg, source)
+    if cfg.lora_init == "corda":
+        init = init_trace.corda_peak_bytes(config, tokens=cfg.max_seq_len, **args)
+    elif cfg.lora_init == "loftq":
+        resident = (breakdown or {}).get("frozen_weights", 0) + (breakdown or {}).get("lora_params", 0)
+        init = init_trace.loftq_peak_bytes(config, resident_bytes=resident, **args)
+    else:
+        init = init_trace.init_peak_bytes(config, **args)
     figures["init_peak_bytes"] = init
     if init > figures["peak_bytes"]:
         log.info("the %s initialisation (%.1f MiB) is this run's predicted peak, above its steps "
