@@ -28,9 +28,9 @@ from lora_gui.data.text import IGNORE_INDEX, TokenizedSample
 
 MEGA_CHUNK_STEPS = 16  # steps per length-sorted chunk: wide enough to group, narrow enough to mix
 # The fixed cost of one more micro-batch (a forward and backward pass: every op's dispatch, the
-# Python around it) in padded tokens' worth of compute: measured on a 1-thread CPU at ~0.1 s per
-# pass for the text demo's model, ~1 ms per token. The bucketed builder splits a step where the
-# padding it saves is worth more.
+# Python around it) in padded tokens' worth of compute. A chosen constant: on a 1-thread CPU one
+# more pass of the text demo's model costs 0.03-0.09 s of per-op work, at 0.5-1 ms per token. The
+# bucketed builder splits a step where the padding it saves is worth more.
 MICRO_BATCH_COST_TOKENS = 256
 
 
