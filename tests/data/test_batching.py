@@ -1,9 +1,11 @@
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lora_gui.data.batching import collate, count_targets, plan_epoch
+from lora_gui.data.batching import MICRO_BATCH_COST_TOKENS, collate, count_targets, plan_epoch
 from lora_gui.data.text import IGNORE_INDEX, TokenizedSample
 
 MODES = ("fixed", "bucketed", "packed")
@@ -84,3 +86,38 @@ def test_collate_pads_with_mask_and_ignored_labels():
     assert count_targets(batch) == 2 + 4
     assert torch.equal(batch["input_ids"][batch["attention_mask"] == 1].sort().values,
                        torch.tensor(sorted([1, 2, 3, 1, 2, 3, 4, 5])))
+
+
+def _greedy_cost(ids, lengths, budget, pad=64, max_len=1024):
+    """The cost of the plain cut (largest micro-batch first) that the cheapest cut must match or beat."""
+    cost, i = 0, 0
+    while i < len(ids):
+        width = min(-(-lengths[ids[i]] // pad) * pad, max_len)
+        fit = max(1, budget // width)
+        cost += len(ids[i:i + fit]) * width + MICRO_BATCH_COST_TOKENS
+        i += fit
+    return cost
+
+
+def test_bucketed_gives_a_short_tail_its_own_narrower_micro_batch():
+    lengths = [1000, 100, 90, 80, 70, 60, 50, 40]  # one long sample, seven short ones
+    (step,) = plan_epoch(lengths, "bucketed", batch_size=8, max_seq_len=1024, seed=0, epoch=0,
+                         token_budget=8192, pad_multiple=64)
+    assert [(len(mb.indices), mb.seq_len) for mb in step.micro_batches] == [(1, 1024), (7, 128)]
+    same = [200] * 8  # nothing to save: the fewest micro-batches, as before
+    (step,) = plan_epoch(same, "bucketed", batch_size=8, max_seq_len=1024, seed=0, epoch=0,
+                         token_budget=1024, pad_multiple=64)
+    assert [len(mb.indices) for mb in step.micro_batches] == [4, 4]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bucketed_cut_never_costs_more_than_the_plain_cut(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(2, 1024) for _ in range(64)]
+    for step in plan_epoch(lengths, "bucketed", batch_size=16, max_seq_len=1024, seed=seed, epoch=0,
+                           token_budget=2048, pad_multiple=64):
+        ids = sorted(step.indices, key=lambda i: -lengths[i])
+        cost = sum(len(mb.indices) * mb.seq_len + MICRO_BATCH_COST_TOKENS for mb in step.micro_batches)
+        assert cost <= _greedy_cost(ids, lengths, 2048)
+        assert all(len(mb.indices) * mb.seq_len <= 2048 or len(mb.indices) == 1
+                   for mb in step.micro_batches)

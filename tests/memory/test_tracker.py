@@ -46,3 +46,17 @@ def test_budget_raises_out_of_memory_and_keeps_count_consistent():
     assert t.live_bytes == 4000
     del keep
     assert t.live_bytes == 0
+
+
+def test_a_freed_storage_is_uncounted_and_a_new_one_at_its_address_counted_again():
+    with StorageTracker() as t:
+        for _ in range(50):  # the allocator hands the same addresses back: each one counts anew
+            a = torch.empty(256)
+            b = a + 1
+            assert t.live_bytes == 2 * 1024
+            del a, b
+            assert t.live_bytes == 0
+        assert t.peak_bytes == 2 * 1024
+        pair = torch.empty(8).chunk(2)  # several outputs of one storage count once
+        assert t.live_bytes == 32
+        del pair

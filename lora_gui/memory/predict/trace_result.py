@@ -100,13 +100,15 @@ class _PhaseTracker(StorageTracker):
             self.events += 1
             rec = _Record(nbytes, self.category, self.events)
             self.records.append(rec)
-            ref = torch.utils.weak.weakref.ref(storage, lambda _r, rec=rec: self._die(rec))
-            self._seen[storage] = (rec, ref)
+            key = storage._cdata  # the base tracker's key: the storage's C++ address
+            ref = torch.utils.weak.weakref.ref(storage, lambda _r, rec=rec, k=key: self._die(rec, k))
+            self._seen[key] = (rec, ref)
             self.live_bytes += nbytes
             if self.live_bytes > self.peak_bytes:
                 self.peak_bytes, self.peak_event, self.peak_phase = self.live_bytes, self.events, self.phase
 
-    def _die(self, rec: _Record) -> None:
+    def _die(self, rec: _Record, key: int) -> None:
+        self._seen.pop(key, None)
         self.events += 1
         rec.died = self.events
         self.live_bytes -= rec.nbytes
@@ -120,7 +122,7 @@ class _PhaseTracker(StorageTracker):
             x.register_hook(lambda g: setattr(self, "category", "activations"))
 
     def record_of(self, tensor: torch.Tensor) -> _Record | None:
-        entry = self._seen.get(tensor.untyped_storage())
+        entry = self._seen.get(tensor.untyped_storage()._cdata)
         return entry[0] if entry and isinstance(entry[0], _Record) else None
 
     def live_at_peak(self) -> list[_Record]:

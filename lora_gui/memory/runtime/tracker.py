@@ -71,10 +71,14 @@ class StorageTracker(TorchDispatchMode):
         self.peak_bytes = 0  # max of live_bytes since the last reset_peak()
         self.host_live_bytes = 0  # bytes of host storages alive now (see the module doc)
         self.host_peak_bytes = 0  # max of host_live_bytes since the last reset_peak()
-        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> (bytes, weakref)
+        # storage's C++ address (``_cdata``) -> (bytes, weakref): a plain dict, cheaper per op than a
+        # weak-keyed one; the weakref's callback removes the entry when the storage dies, before
+        # its address can be reused
+        self._seen: dict[int, tuple[int, weakref.ref]] = {}
 
     # -- counting ---------------------------------------------------------------------------
-    def _free(self, nbytes: int, _ref: weakref.ref) -> None:
+    def _free(self, key: int, nbytes: int) -> None:
+        self._seen.pop(key, None)
         self.live_bytes -= nbytes
 
     def _new_storages(self, tensors: Iterable[object]) -> list[tuple[torch.UntypedStorage, int]]:
@@ -83,25 +87,30 @@ class StorageTracker(TorchDispatchMode):
             if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
                 continue
             storage = tensor.untyped_storage()
-            if storage in self._seen or id(storage) in found:
+            key = storage._cdata
+            if key in self._seen or key in found:
                 continue
-            found[id(storage)] = (storage, storage.nbytes())
+            found[key] = (storage, storage.nbytes())
         return list(found.values())
 
     def _count(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
         for storage, nbytes in storages:
-            ref = weakref.ref(storage, lambda r, n=nbytes: self._free(n, r))
-            self._seen[storage] = (nbytes, ref)
+            key = storage._cdata
+            ref = weakref.ref(storage, lambda _r, k=key, n=nbytes: self._free(k, n))
+            self._seen[key] = (nbytes, ref)
             self.live_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
 
-    def _free_host(self, nbytes: int, _ref: weakref.ref) -> None:
+    def _free_host(self, key: int, nbytes: int) -> None:
+        self._seen.pop(key, None)
         self.host_live_bytes -= nbytes
 
     def _count_host(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
         for storage, nbytes in storages:
-            ref = weakref.ref(storage, lambda r, n=nbytes: self._free_host(n, r))
-            self._seen[storage] = (nbytes, ref)
+            key = storage._cdata
+            ref = weakref.ref(storage, lambda _r, k=key, n=nbytes: self._free_host(k, n))
+            self._seen[key] = (nbytes, ref)
             self.host_live_bytes += nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
 
@@ -122,7 +131,12 @@ class StorageTracker(TorchDispatchMode):
     # -- dispatch ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        new = self._new_storages(tree_leaves(out))
+        if type(out) is torch.Tensor:  # most ops: one plain tensor out (views: a seen storage)
+            if out.layout != torch.strided or out.untyped_storage()._cdata in self._seen:
+                return out
+            new = self._new_storages((out,))
+        else:
+            new = self._new_storages(tree_leaves(out))
         if new and in_host_scope():  # host memory: outside the device budget and peak
             self._count_host(new)
             return out
