@@ -16,7 +16,9 @@ steps and learning rate (schedules: each trainer's default); fp32 on the CPU, th
 Measured the same way for both:
 - peak: live tensor-storage bytes counted by ``lora_gui.memory.runtime.tracker`` (source
   ``tracker``). TRL: one StorageTracker around ``trainer.train()``, the model's weights and buffers
-  counted first. lora_gui: its engine's own per-step tracker peak (run.json);
+  counted first (with ``--untracked-trl``, only in the first round: later TRL runs go without the
+  tracker, as TRL's users run it, and give the speeds). lora_gui: its engine's own per-step
+  tracker peak (run.json; every lora_gui CPU run pays for its tracker);
 - pairs/s: pairs trained divided by the wall time of the training loop (TRL: on_train_begin ->
   on_train_end; lora_gui: the 'training' phase -> the 'saving' phase);
 - held-out reward accuracy: lora_gui's own measure on the same held-out pairs for both adapters
@@ -29,6 +31,7 @@ Runs alternate TRL / lora_gui inside each round (the order flips each round); me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -115,8 +118,10 @@ def _accuracy(model, held_out, pad_id: int) -> dict[str, float]:
     return accuracies("dpo", tuned, base)
 
 
-def run_trl(name: str, rows: list[dict[str, Any]], held_out, cfg: RunConfig, folder: Path) -> dict[str, Any]:
-    """TRL DPOTrainer for cfg.max_steps steps; peak by the tracker around trainer.train()."""
+def run_trl(name: str, rows: list[dict[str, Any]], held_out, cfg: RunConfig, folder: Path,
+            tracked: bool = True) -> dict[str, Any]:
+    """TRL DPOTrainer for cfg.max_steps steps; peak by the tracker around trainer.train() (none
+    when ``tracked`` is False: the speed TRL's users get, who run no tracker)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
@@ -138,12 +143,12 @@ def run_trl(name: str, rows: list[dict[str, Any]], held_out, cfg: RunConfig, fol
                          processing_class=tokenizer, peft_config=lora, callbacks=[clock.callback])
     tracker = StorageTracker()
     tracker.track(list(trainer.model.parameters()) + list(trainer.model.buffers()))
-    with tracker:
+    with tracker if tracked else contextlib.nullcontext():
         trainer.train()
     seconds = clock.end - clock.start
     pairs = trainer.state.global_step * cfg.batch_size
-    return {"run": name, "trainer": "trl", "steps": trainer.state.global_step,
-            "peak_bytes": tracker.peak_bytes, "pairs": pairs, "seconds": seconds,
+    return {"run": name, "trainer": "trl", "steps": trainer.state.global_step, "tracked": tracked,
+            "peak_bytes": tracker.peak_bytes if tracked else None, "pairs": pairs, "seconds": seconds,
             "pairs_per_s": pairs / seconds, "memory_source": MEMORY_SOURCE,
             **_accuracy(trainer.model, held_out, tokenizer.pad_token_id)}
 
@@ -168,15 +173,29 @@ def run_lora(name: str, cfg: RunConfig, folder: Path) -> dict[str, Any]:
                                  "eval_likelihood_accuracy", "base_eval_likelihood_accuracy")}}
 
 
+def _speed_rounds(rows: list[dict[str, Any]]) -> set[int]:
+    """Rounds whose speeds count: all, or with untracked TRL runs only the rounds that have them
+    (the first round's tracked TRL run gives the peak)."""
+    untracked = {r["round"] for r in rows if r.get("tracked") is False}
+    return untracked or {r["round"] for r in rows}
+
+
 def _medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    counted = _speed_rounds(rows)
     by_run: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
-    return {name: {**runs[0], "rounds": len(runs),
-                   **{k: statistics.median(r[k] for r in runs) for k in
-                      ("peak_bytes", "pairs_per_s", "eval_reward_accuracy", "eval_likelihood_accuracy")},
-                   "speeds": [round(r["pairs_per_s"], 2) for r in runs]}
-            for name, runs in by_run.items()}
+    out = {}
+    for name, runs in by_run.items():
+        timed = [r for r in runs if r["round"] in counted]
+        out[name] = {**runs[0], "rounds": len(runs),
+                     "peak_bytes": statistics.median(r["peak_bytes"] for r in runs if r["peak_bytes"]),
+                     "pairs_per_s": statistics.median(r["pairs_per_s"] for r in timed),
+                     **{k: statistics.median(r[k] for r in runs) for k in
+                        ("eval_reward_accuracy", "eval_likelihood_accuracy")},
+                     "speeds": [round(r["pairs_per_s"], 2) for r in timed],
+                     "by_round": {r["round"]: r["pairs_per_s"] for r in timed}}
+    return out
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -196,7 +215,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{g['pairs_per_s']:.2f} | {g['eval_reward_accuracy']:.2f} | "
               f"{peak:.2f}x {'met' if peak <= TARGET_PEAK else 'MISSED'} | "
               f"{speed:.2f}x {'met' if speed >= TARGET_SPEED else 'MISSED'} |")
-    print("\npairs/s per round: " + "; ".join(f"{k} {v['speeds']}" for k, v in med.items()))
+    print("\npairs/s per timed round: " + "; ".join(f"{k} {v['speeds']}" for k, v in med.items()))
+    for name, spec in TRL_CONFIGS.items():
+        if name in med and spec["peer"] in med:
+            t, g = med[name]["by_round"], med[spec["peer"]]["by_round"]
+            ratios = [f"{g[r] / t[r]:.2f}x" for r in sorted(t) if r in g]
+            print(f"speed ratio per round, {spec['peer']} / {name}: {', '.join(ratios)}")
     print("held-out likelihood accuracy (median; base "
           f"{rows[0]['base_eval_likelihood_accuracy']:.2f}): "
           + "; ".join(f"{k} {v['eval_likelihood_accuracy']:.2f}" for k, v in med.items()))
@@ -211,6 +235,9 @@ def main() -> None:
     parser.add_argument("--trl", default=",".join(TRL_CONFIGS), help="TRL configurations to run")
     parser.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
+    parser.add_argument("--untracked-trl", action="store_true",
+                        help="TRL runs without the tracker after the first round (its peak comes "
+                             "from the first round); speeds and ratios from those rounds only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -228,7 +255,8 @@ def main() -> None:
     out: list[dict[str, Any]] = []
     for round_index in range(args.rounds):
         for name in trl_names if round_index % 2 == 0 else trl_names[::-1]:
-            pair = [lambda n=name: run_trl(n, rows, held_out, cfg, folder),
+            tracked = not (args.untracked_trl and round_index > 0)
+            pair = [lambda n=name, t=tracked: run_trl(n, rows, held_out, cfg, folder, t),
                     lambda n=name: run_lora(TRL_CONFIGS[n]["peer"], cfg, folder)]
             for run in pair if round_index % 2 == 0 else pair[::-1]:
                 out.append({**run(), "round": round_index})
