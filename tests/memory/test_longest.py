@@ -148,3 +148,39 @@ def test_head_groups_are_tried_on_cuda_only_and_win_length_on_a_long_8b():
     without = longest_text(replace(cfg, attention_head_groups=1), 25_345_130_496, "cuda",
                            beyond_context=True, confirm=False)
     assert result.seq_len > without.seq_len
+
+
+class _LineSearch:
+    """A stand-in for the search's trace: peak = bytes_per_token x length (+ a curve), and an
+    estimate whose slope is off by ``estimate_error`` (records every traced length)."""
+
+    def __init__(self, limit: int, estimate_error: float, curve: float = 0.0) -> None:
+        self.slope, self.curve, self.error = 200_000.0, curve, estimate_error
+        self.budget = self.peak(limit)
+        self.traced: list[int] = []
+
+    def peak(self, n: int) -> int:
+        return int(self.slope * n + self.curve * n * n)
+
+    def trace(self, changes, n):
+        self.traced.append(n)
+        return n
+
+    def counted(self, n) -> int:
+        return self.peak(n)
+
+    def estimate(self, changes, n):
+        return int(self.slope * (1 + self.error) * n), None
+
+
+@pytest.mark.parametrize("start,estimate_error,curve", [(190_464, 0.06, 0.0), (190_464, -0.08, 0.0),
+                                                        (190_464, 0.0, 0.2), (230_016, 0.05, 0.0),
+                                                        (9_856, 0.1, 0.0), (150_016, -0.1, 0.3)])
+def test_confirm_answers_a_traced_fit_within_two_percent_of_the_limit_in_few_traces(
+        start, estimate_error, curve):
+    limit = 198_270  # tokens where the line reaches the budget
+    search = _LineSearch(limit, estimate_error, curve)
+    n, step, traces = longest_mod._confirm(search, {}, start, 1 << 20)
+    assert n in search.traced and search.peak(n) <= search.budget  # only a length the trace fit
+    assert traces == len(search.traced) <= 3
+    assert limit * 0.98 <= n <= limit, (n, search.traced)

@@ -60,3 +60,36 @@ def test_a_freed_storage_is_uncounted_and_a_new_one_at_its_address_counted_again
         pair = torch.empty(8).chunk(2)  # several outputs of one storage count once
         assert t.live_bytes == 32
         del pair
+
+
+def _reference_dispatch(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+    """The tracker's per-op count without its fast paths: every output walked as a pytree."""
+    from torch.utils._pytree import tree_leaves
+
+    from lora_gui.memory.runtime.tracker import in_host_scope
+
+    out = func(*args, **(kwargs or {}))
+    new = self._new_storages(tree_leaves(out))
+    (self._count_host if new and in_host_scope() else self._count)(new)
+    return out
+
+
+def test_the_trace_fast_path_predicts_the_same_bytes_as_the_plain_count(monkeypatch):
+    """The trace's dispatch (no-tensor ops returned at once, unwrapped by dynamo) changes no
+    predicted byte: every figure of a CUDA trace with the long-context switches is the same as
+    with the plain per-op count."""
+    from lora_gui.memory.predict.trace import trace_text_step
+    from lora_gui.memory.predict.trace_result import _PhaseTracker
+    from tests.memory.conftest import tiny_llama
+
+    kw = dict(config=tiny_llama(), batch_size=1, seq_len=256, device="cuda", gradient_checkpointing=True,
+              offload_checkpoints=True, mlp_chunk=64, embeddings_on_host=True, loss_chunk=64,
+              attention_head_groups=2, lora_dropout=0.1)
+    fast = trace_text_step(**kw)
+    monkeypatch.setattr(_PhaseTracker, "__torch_dispatch__", _reference_dispatch)
+    plain = trace_text_step(**kw)
+    for step in (fast, plain):
+        step.info.pop("seconds", None)
+    assert (fast.peak_bytes, fast.breakdown, fast.cuda_overheads, fast.info) == \
+        (plain.peak_bytes, plain.breakdown, plain.cuda_overheads, plain.info)
+    assert fast.info["host_bytes"] > 0 and fast.info["allocator_replay"]["peak_pages"] > 0

@@ -12,8 +12,12 @@
    exists, else a default order, said as "not measured");
 3. the fake-tensor trace of the micro-batch the run will execute at that length (the shapes of
    :func:`run_predict.worst_case_shapes`, the run's own prediction) confirms it: a length the
-   trace says does not fit steps down, headroom the trace shows steps up (secant on the traced
-   peaks), until the answer is within :data:`CLOSE_ENOUGH` of the traced limit.
+   trace says does not fit steps down, headroom the trace shows steps up, until the answer is
+   within :data:`CLOSE_ENOUGH` (2%) of the traced limit: the line through the last two traces (the
+   estimate's slope after the first) says under 2% more length is left, or a length 2% longer was
+   traced and did not fit. Each step aims half that tolerance under the line's limit, so that the
+   next trace, when the line is close to right, both fits and ends the search (the 8B: 1-2 traces).
+   The answer is always a length whose trace fit.
 
 Every figure is ``source: predicted``. On CUDA the CUDA context (~500 MiB, outside the allocator)
 is counted unless ``count_cuda_context=False`` (published figures usually leave it out).
@@ -42,7 +46,7 @@ log = logging.getLogger(__name__)
 
 GRANULE = 64  # tokens: answers are multiples of the bucketed builder's default pad multiple
 MAX_LEN = 1 << 20  # tokens: the max_seq_len setting's upper bound
-CLOSE_ENOUGH = 0.05  # stop refining once the traced headroom is worth under 5% more tokens
+CLOSE_ENOUGH = 0.02  # stop refining once the traced headroom is worth under 2% more tokens
 MAX_TRACES = 5  # fake-tensor traces of the answer at most (an 8B step takes ~10-40 s on a CPU)
 COSTS_FILE = Path(__file__).resolve().parents[3] / "bench" / "results" / "long_switches.json"
 # Order in which switches are tried when their speed cost is not measured (cheapest first); the
@@ -364,7 +368,10 @@ def _most_saving(cfg: RunConfig, device: str, changes: dict[str, Any]) -> dict[s
 def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> tuple[int, TraceResult, int]:
     """The trace at the estimate's answer, then steps (secant on traced peaks) to the traced limit.
 
-    Returns (longest length the trace fits, its trace, traces run); (0, last trace, n) if none."""
+    Each step aims half of :data:`CLOSE_ENOUGH` under the line's limit: a trace there fits when the
+    line errs by less than that, and ends the search, the line through it then leaving under
+    :data:`CLOSE_ENOUGH` to gain. Returns (longest length the trace fits, its trace, traces run);
+    (0, last trace, n) if none."""
     budget = search.budget
     fit: tuple[int, TraceResult] | None = None
     too_long = cap + 1  # shortest length known not to fit
@@ -376,9 +383,10 @@ def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> 
         peak = search.counted(step)
         points.append((seq_len, peak))
         if peak <= budget:
-            fit = (seq_len, step)
+            if fit is None or seq_len > fit[0]:
+                fit = (seq_len, step)
         else:
-            too_long = seq_len
+            too_long = min(too_long, seq_len)
         lo = fit[0] if fit else 0
         target = seq_len + (budget - peak) / _slope(search, changes, points)
         log.info("trace at %d tokens: %d bytes (budget %d); the line through it fits %d", seq_len, peak,
@@ -386,7 +394,7 @@ def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> 
         close = max(GRANULE, CLOSE_ENOUGH * max(lo, 1))
         if fit and (lo == cap or too_long - lo <= close or (peak <= budget and target - lo < close)):
             break
-        nxt = min(cap, int(target) // GRANULE * GRANULE)
+        nxt = min(cap, _aim(target, lo))
         if not lo < nxt < too_long:  # the secant overshot what is known: bisect
             nxt = (lo + min(too_long, cap)) // 2 // GRANULE * GRANULE
         if nxt <= lo or nxt >= too_long or nxt < GRANULE:
@@ -395,6 +403,15 @@ def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> 
     if fit is None:
         return 0, step, traces
     return fit[0], fit[1], traces
+
+
+def _aim(target: float, lo: int) -> int:
+    """The next length to trace: half of :data:`CLOSE_ENOUGH` under the line's limit ``target``
+    (tokens), in GRANULE steps, at least one step above ``lo`` (the longest traced fit) when the
+    line says there is room."""
+    margin = max(GRANULE, CLOSE_ENOUGH * target) / 2
+    nxt = int(target - margin) // GRANULE * GRANULE
+    return max(nxt, lo + GRANULE) if target >= lo + GRANULE else nxt
 
 
 def _slope(search: _Search, changes: dict[str, Any], points: list[tuple[int, int]]) -> float:

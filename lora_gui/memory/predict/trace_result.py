@@ -11,7 +11,7 @@ import torch
 
 from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
 from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
-from lora_gui.memory.runtime.tracker import StorageTracker
+from lora_gui.memory.runtime.tracker import StorageTracker, track_op
 
 CATEGORIES = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations", "temporaries")
 UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -82,7 +82,16 @@ class _Record:
 
 
 class _PhaseTracker(StorageTracker):
-    """StorageTracker that keeps a record per storage so the peak can be broken down exactly."""
+    """StorageTracker that keeps a record per storage so the peak can be broken down exactly.
+
+    A trace never runs under ``torch.compile``: its dispatch is bound unwrapped (torch wraps a
+    mode's ``__torch_dispatch__`` to keep dynamo out, a cost on each of the trace's ops)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    __torch_dispatch__ = track_op
 
     def __init__(self) -> None:
         super().__init__()

@@ -24,11 +24,13 @@ import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 MEMORY_SOURCE = "tracker"
+_DEVICE = torch.ops.prim.device.default  # tensor.device asked by C++ code of a fake tensor
 _HOST_SCOPE = threading.local()  # depth of nested on_host() blocks, per thread
 _HOST_TENSORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> True (mark_host)
 
@@ -130,23 +132,41 @@ class StorageTracker(TorchDispatchMode):
 
     # -- dispatch ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if type(out) is torch.Tensor:  # most ops: one plain tensor out (views: a seen storage)
-            if out.layout != torch.strided or out.untyped_storage()._cdata in self._seen:
-                return out
-            new = self._new_storages((out,))
-        else:
-            new = self._new_storages(tree_leaves(out))
-        if new and in_host_scope():  # host memory: outside the device budget and peak
-            self._count_host(new)
+        return track_op(self, func, types, args, kwargs)
+
+
+def track_op(self: StorageTracker, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN201 (dispatch API)
+    """Runs one op under the tracker ``self`` and counts the storages its outputs bring.
+
+    The per-op path of every trace (an 8B step runs 10^5-10^6 ops through it): ``prim.device``
+    (which the autograd engine asks of fake tensors: two thirds of the calls) is answered here as
+    the fake mode's own handler answers it, an op that returns no tensor returns at once, and a
+    single tensor output skips the pytree walk. A tracker class that never runs under
+    ``torch.compile`` may bind this as its ``__torch_dispatch__`` directly (see ``_PhaseTracker``),
+    without the per-call wrapper that keeps dynamo out."""
+    if func is _DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
+        return args[0].device  # what the fake mode's own handler answers, without a dispatch
+    out = func(*args, **(kwargs or {}))
+    if type(out) is torch.Tensor:  # most ops of a real step: one plain tensor (views: a seen storage)
+        if out.layout != torch.strided or out.untyped_storage()._cdata in self._seen:
             return out
-        if new and self.budget_bytes is not None:
-            wanted = self.live_bytes + sum(n for _, n in new)
-            if wanted > self.budget_bytes:
-                del out, new  # the op's outputs die here, as a failed allocation would leave them
-                raise torch.OutOfMemoryError(
-                    f"simulated VRAM budget exceeded in {func}: {wanted / 2**20:.1f} MiB live "
-                    f"would pass the budget of {self.budget_bytes / 2**20:.1f} MiB (source: tracker)"
-                )
-        self._count(new)
+        new = self._new_storages((out,))
+    elif isinstance(out, torch.Tensor):  # a tensor subclass (a trace's fake tensors)
+        new = self._new_storages((out,))
+    elif isinstance(out, (tuple, list, dict)):
+        new = self._new_storages(tree_leaves(out))
+    else:  # a device, a number, None: no storage
         return out
+    if new and in_host_scope():  # host memory: outside the device budget and peak
+        self._count_host(new)
+        return out
+    if new and self.budget_bytes is not None:
+        wanted = self.live_bytes + sum(n for _, n in new)
+        if wanted > self.budget_bytes:
+            del out, new  # the op's outputs die here, as a failed allocation would leave them
+            raise torch.OutOfMemoryError(
+                f"simulated VRAM budget exceeded in {func}: {wanted / 2**20:.1f} MiB live "
+                f"would pass the budget of {self.budget_bytes / 2**20:.1f} MiB (source: tracker)"
+            )
+    self._count(new)
+    return out
