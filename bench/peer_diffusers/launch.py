@@ -53,6 +53,20 @@ class RealTracker(StorageTracker):
                                      and not isinstance(t, FakeTensor) and t.device.type != "meta")
 
 
+class NoTracker:
+    """Speed-only runs (``--no-tracker``): no outer tracker at all, peaks not measured (0).
+    lora_gui still runs its own built-in per-step tracker; the scripts have none."""
+
+    peak_bytes = live_bytes = probe_peak_bytes = 0
+    paused = False
+
+    def __enter__(self) -> NoTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
 def allow_torchvision_without_ops() -> None:
     """Declares torchvision::nms / qnms (schemas as in torchvision's C++ registration) when its
     extension cannot load, so that ``import torchvision`` reaches the Python transforms."""
@@ -163,9 +177,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="lora_gui's run folder")
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-tracker", action="store_true", help="speed only: no outer tracker")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.no_tracker:
+        global RealTracker
+        RealTracker = NoTracker  # noqa: F811 (speed-only runs)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     result = run_lora(json.loads(args.lora.read_text()), args.out) if args.lora else run(args.script, rest)
     args.result.write_text(json.dumps(result), encoding="utf-8")
