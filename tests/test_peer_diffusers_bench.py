@@ -1,0 +1,69 @@
+"""The image peer bench's own measuring code (bench/peer_diffusers): the torchvision op schemas
+that let the CUDA wheel's Python transforms import next to torch's CPU build, the tracker that
+counts real tensors only and the machine-peak probe apart, and the verdicts of its table."""
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from bench.peer_diffusers import bench, launch
+from lora_gui.models import flops
+
+MB = 2**20
+
+
+def test_torchvision_fake_registration_runs_once_its_schemas_are_declared():
+    # torchvision 0.28's _meta_registrations calls exactly this at import; without the schema it
+    # raises "operator torchvision::nms does not exist" when its C++ extension did not load
+    launch.allow_torchvision_without_ops()
+    launch.allow_torchvision_without_ops()  # idempotent: a second call (or a loaded extension) is fine
+    for op in ("nms", "qnms"):
+        schema = str(getattr(torch.ops.torchvision, op).default._schema)
+        assert schema.startswith(f"torchvision::{op}(Tensor dets, Tensor scores, float iou_threshold)")
+
+
+def test_real_tracker_counts_real_tensors_not_fake_ones():
+    tracker = launch.RealTracker()
+    with tracker:
+        real = torch.ones(MB // 4)  # 1 MiB of float32
+        with FakeTensorMode():
+            fake = torch.ones(16 * MB)  # 64 MiB that never exist
+    assert tracker.peak_bytes == MB
+    del real, fake
+
+
+def test_machine_peak_probe_is_counted_apart(monkeypatch):
+    def probe(device, dtype, budget_s=1.0):  # stands in for the GEMM measurement: 4 MiB operands
+        operands = torch.zeros(MB, device=device, dtype=dtype)
+        return float(operands.numel())
+
+    monkeypatch.setattr(flops, "measure_gemm_peak", probe)
+    tracker = launch.RealTracker()
+    launch._probe_apart(tracker)
+    with tracker:
+        kept = torch.ones(MB // 4)  # 1 MiB live while the probe runs
+        flops.measure_gemm_peak("cpu", torch.float32)
+    assert tracker.peak_bytes == MB  # the run without the probe
+    assert tracker.probe_peak_bytes == 5 * MB  # 1 MiB live + the probe's 4 MiB
+    del kept
+
+
+def _row(pipeline, config, peak, speed, losses, bare=None):
+    return {"pipeline": pipeline, "config": config, "peak_bytes": peak, "optimizer_steps": len(losses),
+            "peak_bytes_without_probe": bare or peak, "images_per_s": speed, "steady_images_per_s": speed,
+            "losses": losses}
+
+
+def test_table_says_which_targets_are_met_and_which_are_missed():
+    noisy = [1.0, 0.8, 1.2, 0.9, 1.1, 1.0]
+    rows = [_row("sdxl", "script", 100 * MB, 10.0, noisy),
+            _row("sdxl", "script-switches", 80 * MB, 5.0, noisy),
+            _row("sdxl", "lora_gui", 50 * MB, 14.0, [x + 0.01 for x in noisy]),
+            _row("sdxl", "lora_gui-switches", 40 * MB, 6.0, noisy),
+            _row("flux", "script", 10 * MB, 10.0, noisy), _row("flux", "script-switches", 9 * MB, 8.0, noisy),
+            _row("flux", "lora_gui", 8 * MB, 9.0, [x + 5 for x in noisy], bare=5 * MB),
+            _row("flux", "lora_gui-switches", 7 * MB, 8.0, noisy)]
+    verdicts = {line.split(" | ")[0].strip("| "): line for line in bench.table(rows) if "x " in line}
+    assert "0.62x met; 0.62x | 1.40x met; 1.40x" in verdicts["sdxl"]
+    assert "within noise" in verdicts["sdxl"]
+    assert "0.89x MISSED; 0.56x | 0.90x MISSED" in verdicts["flux"]
+    assert "OUTSIDE noise" in verdicts["flux"]
