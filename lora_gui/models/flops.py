@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 GEMM_SHAPES = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (4096, 1024, 1024),
                (2048, 2048, 2048), (8192, 2048, 2048), (4096, 4096, 4096), (16384, 4096, 4096),
                (8192, 8192, 8192))
-_PEAKS: dict[tuple[str, str], float] = {}  # (device, dtype) -> FLOP/s, measured once per process
+_PEAKS: dict[tuple[str, str, tuple[int, int, int]], float] = {}  # (device, dtype, largest shape) -> FLOP/s
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_gemm_peak(device: torch.device | str, dtype: torch.dtype, budget_s: float = 1.0) -> float:
+def gemm_bytes(m: int, k: int, n: int, dtype: torch.dtype) -> int:
+    """Bytes a probe matmul holds at once: both operands and the product in ``dtype``, plus the
+    float32 draw an operand is made from."""
+    return (m * k + k * n + m * n) * torch.empty((), dtype=dtype).element_size() + 4 * max(m * k, k * n)
+
+
+def measure_gemm_peak(device: torch.device | str, dtype: torch.dtype, budget_s: float = 1.0,
+                      max_bytes: int | None = None) -> float:
     """The largest FLOP/s a plain matmul reaches on ``device`` in ``dtype`` over :data:`GEMM_SHAPES`
-    (each shape timed over repeats; larger shapes are skipped once the budget is spent).
-    Random operands from a private generator: the run's random state is untouched."""
+    (each shape timed over repeats; larger shapes are skipped once the budget is spent, and
+    shapes needing more than ``max_bytes`` at once are never tried: a run's probe stays inside the
+    memory its plan leaves above the weights). Random operands from a private generator: the
+    run's random state is untouched. 0.0 when no shape fits ``max_bytes``."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(0)
     best, start = 0.0, time.perf_counter()
     for m, k, n in GEMM_SHAPES:
+        if max_bytes is not None and gemm_bytes(m, k, n, dtype) > max_bytes:
+            break  # the shapes grow: no later one fits either
         left = budget_s - (time.perf_counter() - start)
         if left <= 0 or (best and 2 * m * k * n / best > left / 4):  # no time for its repeats
             break
@@ -79,14 +90,29 @@ def measure_gemm_peak(device: torch.device | str, dtype: torch.dtype, budget_s: 
     return best
 
 
-def machine_peak(device: torch.device | str, dtype: torch.dtype) -> MachinePeak:
-    """:func:`measure_gemm_peak`, measured once per device and dtype for the process (~1 s)."""
+def largest_shape(dtype: torch.dtype, max_bytes: int | None) -> tuple[int, int, int] | None:
+    """The largest of :data:`GEMM_SHAPES` the probe may try within ``max_bytes``."""
+    fit = [s for s in GEMM_SHAPES if max_bytes is None or gemm_bytes(*s, dtype) <= max_bytes]
+    return fit[-1] if fit else None
+
+
+def machine_peak(device: torch.device | str, dtype: torch.dtype, max_bytes: int | None = None,
+                 ) -> MachinePeak | None:
+    """:func:`measure_gemm_peak`, measured once per device, dtype and largest shape allowed by
+    ``max_bytes`` for the process (~1 s); None when not even the smallest shape fits. On CUDA the
+    probe's blocks go back to the card after it."""
     device = torch.device(device)
-    key = (str(device), str(dtype).removeprefix("torch."))
+    shape = largest_shape(dtype, max_bytes)
+    if shape is None:
+        return None
+    key = (str(device), str(dtype).removeprefix("torch."), shape)
     if key not in _PEAKS:
-        _PEAKS[key] = measure_gemm_peak(device, dtype)
-        log.info("matmul peak on %s in %s: %.3g FLOP/s", *key, _PEAKS[key])
-    return MachinePeak(_PEAKS[key], *key)
+        _PEAKS[key] = measure_gemm_peak(device, dtype, max_bytes=gemm_bytes(*shape, dtype))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.info("matmul peak on %s in %s (shapes up to %s): %.3g FLOP/s", *key, _PEAKS[key])
+    source = "measured gemm" if shape == GEMM_SHAPES[-1] else "measured gemm up to {}x{}x{}".format(*shape)
+    return MachinePeak(_PEAKS[key], key[0], key[1], source)
 
 
 def compute_dtype(mixed_precision: str, model: nn.Module) -> torch.dtype:

@@ -10,9 +10,18 @@ import torch
 from lora_gui.models.flops import MachinePeak, compute_dtype, machine_peak, mfu
 
 
-def run_peak(device: torch.device, mixed_precision: str, model: torch.nn.Module) -> MachinePeak:
-    """The device's measured matmul peak in the dtype the run's matmuls use (once per process)."""
-    return machine_peak(device, compute_dtype(mixed_precision, model))
+def run_peak(device: torch.device, mixed_precision: str, model: torch.nn.Module,
+             headroom_bytes: int | None = None) -> MachinePeak | None:
+    """The device's measured matmul peak in the dtype the run's matmuls use (once per process).
+    ``headroom_bytes``: what the run's plan leaves above what is resident now (its predicted step
+    peak minus the live bytes); the probe's matmuls stay inside it, so measuring the machine never
+    raises the run's peak above its plan."""
+    return machine_peak(device, compute_dtype(mixed_precision, model), headroom_bytes)
+
+
+def headroom(predicted: int | None, meter: Any) -> int | None:
+    """Bytes the run's plan leaves above what the meter sees live now (None without a plan)."""
+    return None if not predicted else max(0, int(predicted) - meter.live_bytes())
 
 
 def step_speed(flops: int | None, seconds: float, peak: MachinePeak | None, processes: int) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from lora_gui.engine.core.setup import (
     run_device,
     start_state,
 )
-from lora_gui.engine.core.speed import run_peak, step_speed
+from lora_gui.engine.core.speed import headroom, run_peak, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
@@ -203,7 +203,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
         data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
         cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction,
-        peak=run_peak(accelerator.device, accelerator.mixed_precision, unet),
+        peak=run_peak(accelerator.device, accelerator.mixed_precision, unet, headroom(predicted, meter)),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     session.plan_event(budget, **cache, optimizer=optimizer_name,
                        bucket_names=resolution_names(data.buckets))

@@ -62,7 +62,7 @@ from lora_gui.engine.core.setup import (
     run_device,
     start_state,
 )
-from lora_gui.engine.core.speed import run_peak, run_speed, step_speed
+from lora_gui.engine.core.speed import headroom, run_peak, run_speed, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
@@ -374,7 +374,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         else cfg.sample_token_budget(),
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
         prediction=prediction, flop_costs=text_flops(unwrapped), init_peak_bytes=init_peak,
-        peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped),
+        peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped, headroom(predicted, meter)),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     if dist.is_main:
         (out / STOP_FILE).unlink(missing_ok=True)
