@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 # every class lora_gui takes from diffusers' top level: models, schedulers and pipelines
 CLASSES = ("AutoencoderKL", "UNet2DConditionModel", "SD3Transformer2DModel", "FluxTransformer2DModel",
-           "DDPMScheduler", "DDIMScheduler", "FlowMatchEulerDiscreteScheduler", "StableDiffusionPipeline",
+           "DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
+           "StableDiffusionPipeline",
            "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline")
 SUBMODULES = ("diffusers.models.attention_processor", "diffusers.training_utils", "diffusers.utils")
 
