@@ -33,35 +33,10 @@ CONFIGS = ("script", "script-switches", "lora_gui", "lora_gui-switches")
 
 
 def build_sdxl(out: Path) -> Path:
-    """A tiny SDXL pipeline from configs (the layout of a real one, as tests/engine/test_image_sdxl.py)."""
-    from diffusers import (
-        AutoencoderKL,
-        EulerDiscreteScheduler,
-        StableDiffusionXLPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    """The tiny SDXL pipeline the tests use (lora_gui.models.build_diffusion), saved in ``out``."""
+    from lora_gui.models.build_diffusion import build_sdxl_pipeline
 
-    from lora_gui.models.build_diffusion import SCHEDULER, VAE, build_tokenizer
-
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    text = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=2, max_position_embeddings=77)
-    enc1 = CLIPTextModel(CLIPTextConfig(hidden_size=32, **text))
-    enc2 = CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=32, projection_dim=32, **text))
-    unet = UNet2DConditionModel(
-        sample_size=64, block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=64,  # 32 + 32
-        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
-        addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8)
-    euler = {k: v for k, v in SCHEDULER.items() if k not in ("clip_sample", "set_alpha_to_one")}
-    pipe = StableDiffusionXLPipeline(vae=AutoencoderKL(**VAE), text_encoder=enc1, text_encoder_2=enc2,
-                                     tokenizer=tok, tokenizer_2=tok, unet=unet,
-                                     scheduler=EulerDiscreteScheduler(**euler))
-    pipe.save_pretrained(out)
+    build_sdxl_pipeline(seed=0).save_pretrained(out)
     return out
 
 
