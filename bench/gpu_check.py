@@ -1,7 +1,15 @@
 """Every GPU measurement the open issues ask for, in one prepared run (for a lent GPU machine).
 
-    python -m bench.gpu_check --out "$OUT"          # on the GPU machine (~5 min on an H200)
+    python -m bench.gpu_check --plan-only --plans bench/results/gpu_plans.json --out /tmp/x
+                                                    # first, on a CPU: every row's plan (~10 min)
+    python -m bench.gpu_check --plans bench/results/gpu_plans.json --out "$OUT"
+                                                    # then on the GPU machine (~8 min on an H200)
     python -m bench.gpu_check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
+
+Sections run in the order of ``--sections`` (text, unet, card, dit, nf4, flex by default); both
+output files are rewritten after each, and a section that fails leaves its traceback under
+``errors`` without losing the others. After each section on a GPU, ``context_bytes`` records
+what NVML shows beyond the allocator's reserve (the CUDA context the plans count).
 
 1. Planner accuracy (issue 3): a ~1B Llama (Llama-3.2-1B shapes, random bf16 weights built from
    the config: nothing is downloaded) with LoRA r16 on all linear layers, batch 1 at seq
@@ -51,6 +59,7 @@ from typing import Any
 
 import torch
 
+from bench import gpu_plans
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -88,6 +97,7 @@ TINY_FLUX = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_chann
 _RESERVED: list[int] = []  # max_memory_reserved of the last measured step (0 on a CPU)
 _SECONDS: list[float] = []  # median wall seconds of the last row's timed steps
 TIMED_STEPS = 3  # steady-state steps timed after the measured one (speed rows)
+PLAN_ONLY: list[bool] = [False]  # --plan-only: compute and keep the plans, measure nothing
 
 
 def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
@@ -163,9 +173,12 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
     cfg = load_model_config(config)
     rows = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    label = config if isinstance(config, str) else f"llama {cfg.hidden_size}x{cfg.num_hidden_layers}"
     for seq in seqs:
-        predicted = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
-                                       device="cuda")
+        predicted = gpu_plans.planned(f"text:{label}:{dtype}:{seq}", lambda seq=seq: tr.trace_text_step(
+            cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype, device="cuda"))
+        if PLAN_ONLY[0]:
+            continue
         model = tr.build_text_model(cfg, attn_implementation="sdpa", dtype=dtype, lora_rank=16,
                                     lora_alpha=None, target_modules="all-linear")
         model = _materialized(model, device, dtype)
@@ -174,7 +187,7 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
             model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)
         speed = _speed(model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss,
                        device, dtype, "tokens", seq, [seq])
-        rows.append({"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers}", "seq_len": seq,
+        rows.append({"model": label, "seq_len": seq,
                      "measured_bytes": measured, "predicted_bytes": predicted.allocator_peak_bytes,
                      "predicted_with_context_bytes": predicted.peak_bytes,
                      "error": predicted.allocator_peak_bytes / measured - 1 if measured else None,
@@ -198,16 +211,23 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
     run = apply_overrides(RunConfig(), {
         "quantization": "nf4", "gradient_checkpointing": True, "lora_rank": 16, "lora_alpha": 16.0,
         "max_seq_len": max(seqs), "precision": "bf16" if device == "cuda" else "fp32"})
+    plans = {seq: gpu_plans.planned(f"nf4:{cfg.hidden_size}x{cfg.num_hidden_layers}:{dtype}:{seq}",
+                                    lambda seq=seq: tr.trace_text_step(
+                                        cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
+                                        device="cuda", quantization="nf4", gradient_checkpointing=True))
+             for seq in seqs}
+    if PLAN_ONLY[0]:
+        return []
     with tempfile.TemporaryDirectory() as folder:
-        save_random_model(cfg, folder)
+        with torch.device(device):  # random weights made on the device: seconds, not minutes
+            save_random_model(cfg, folder)
         model = text_models.attach_lora(
             text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
     enable_checkpointing(model)
     model.train()
     rows = []
     for seq in seqs:
-        predicted = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
-                                       device="cuda", quantization="nf4", gradient_checkpointing=True)
+        predicted = plans[seq]
         ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
         measured = _real_step_peak(
             model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)
@@ -257,7 +277,9 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
     gives, with its switches. Per row: planned allocated / reserved / nvidia-smi and the kernel's
     backward workspace vs the measured max_memory_allocated / max_memory_reserved, and whether it
     ran out of memory (a planned length must not)."""
+    import dataclasses
     import tempfile
+    import types
 
     from bench.quant_measure import save_random_model
     from lora_gui.attention.head_groups import key_value_heads, register_head_groups
@@ -273,14 +295,31 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
-        save_random_model(cfg, folder, dtype=dtype)
+        if PLAN_ONLY[0]:
+            cfg.save_pretrained(folder)  # the plan reads the config alone
+        else:
+            with torch.device(device):  # random weights made on the device: seconds, not minutes
+                save_random_model(cfg, folder, dtype=dtype)
         base = apply_overrides(RunConfig(), {
             "model": folder, "quantization": "nf4", "lora_rank": 32, "lora_alpha": 32.0, "batch_size": 1,
             "lora_targets": "all-linear", "precision": "bf16" if device == "cuda" else "fp32"})
         for k, name in enumerate(cards):
             card = card_by_name(name)
-            answer = longest_text(base, card.total_bytes, "cuda", count_cuda_context=True)
+            key = f"card:{name}:{cfg.hidden_size}x{cfg.num_hidden_layers}:{dtype}"
+            longest = gpu_plans.planned(f"{key}:longest", lambda c=card: dataclasses.asdict(longest_text(
+                base, c.total_bytes, "cuda", count_cuda_context=True)))
+            answer = types.SimpleNamespace(**longest)
             run = apply_overrides(base, {**answer.switches, "max_seq_len": max(answer.seq_len, 16)})
+            runs = [(seq, run) for seq in [*(lengths if k == 0 else []), answer.seq_len]]
+            if k == 0:
+                other = 0 if run.attention_head_groups > 1 else key_value_heads(cfg)
+                runs.append((answer.seq_len, replace(run, attention_head_groups=other)))
+            plans = [gpu_plans.planned(f"{key}:{seq}:{at.attention_head_groups}",
+                                       lambda seq=seq, at=at: tr.trace_text_step(
+                                           cfg, batch_size=1, seq_len=seq, **step_kwargs(at, "cuda")))
+                     for seq, at in runs]
+            if PLAN_ONLY[0]:
+                continue
             model = text_models.attach_lora(
                 text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
             if run.gradient_checkpointing:
@@ -295,13 +334,8 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
             # the planned lengths, then (first card) the longest again with attention in head groups
             # switched the other way (off when the plan chose them, one key/value head a call when
             # not): the plan says whether that fits, the card says whether the plan is right
-            runs = [(seq, run) for seq in [*(lengths if k == 0 else []), answer.seq_len]]
-            if k == 0:
-                other = 0 if run.attention_head_groups > 1 else key_value_heads(cfg)
-                runs.append((answer.seq_len, replace(run, attention_head_groups=other)))
-            for seq, at in runs:
+            for (seq, at), planned in zip(runs, plans):
                 _set_head_groups(model, at.attention_head_groups)
-                planned = tr.trace_text_step(cfg, batch_size=1, seq_len=seq, **step_kwargs(at, "cuda"))
                 ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
                 row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32",
                        "card": card.name, "budget_bytes": card.total_bytes, "seq_len": seq,
@@ -355,10 +389,13 @@ def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[st
     name = config if isinstance(config, str) else ("tiny sdxl-shaped unet" if "addition_embed_type" in c
                                                    else "tiny unet")
     for res in resolutions:
-        predicted = tr.trace_unet_step(c, batch_size=1, resolution=res, lora_rank=16, dtype=dtype,
-                                       device="cuda")
-        planner_estimate = estimate_unet_step(c, batch_size=1, resolution=res, lora_rank=16,
-                                              dtype=dtype, device="cuda")
+        key = f"unet:{name}:{dtype}:{res}"
+        predicted = gpu_plans.planned(key, lambda res=res: tr.trace_unet_step(
+            c, batch_size=1, resolution=res, lora_rank=16, dtype=dtype, device="cuda"))
+        planner_estimate = gpu_plans.planned(f"{key}:estimate", lambda res=res: estimate_unet_step(
+            c, batch_size=1, resolution=res, lora_rank=16, dtype=dtype, device="cuda"))
+        if PLAN_ONLY[0]:
+            continue
         unet = _materialized(tr.build_unet(c, dtype=dtype, lora_rank=16, lora_alpha=None,
                                            target_modules=tr.UNET_LORA_TARGETS), device, dtype)
         ctx = c.get("cross_attention_dim", 768)
@@ -411,8 +448,12 @@ def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpo
                              guidance=3.5 if c.get("guidance_embeds") else None,
                              precondition_outputs=kind == "sd3")
     for res in resolutions:
-        predicted = dt.trace_dit_step(c, resolution=res, **step)
-        planner_estimate = dt.estimate_dit_step(c, resolution=res, **step)
+        key = f"dit:{name}:{dtype}:{res}:{gradient_checkpointing}:{tokens}"
+        predicted = gpu_plans.planned(key, lambda res=res: dt.trace_dit_step(c, resolution=res, **step))
+        planner_estimate = gpu_plans.planned(f"{key}:estimate", lambda res=res: dt.estimate_dit_step(
+            c, resolution=res, **step))
+        if PLAN_ONLY[0]:
+            continue
         model = _materialized(dt.build_dit(c, dtype=dtype, lora_rank=16, lora_alpha=None,
                                            target_modules=lora_targets(kind, "all-linear")), device, dtype)
         if gradient_checkpointing:
@@ -525,44 +566,109 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+SECTIONS = ("text", "unet", "card", "dit", "nf4", "flex")  # the order a lent card runs them in
+
+
+def _sections(smoke: bool, device: str) -> dict[str, Any]:
+    """Each section's rows as a callable, most wanted first (a run cut short keeps those)."""
+    if smoke:
+        return {"text": lambda: check_text(TINY_LLAMA, [64], device)
+                + check_text("assets/base-model", [128], device),
+                "unet": lambda: check_unet(TINY_UNET, [64], device)
+                + check_unet(TINY_SDXL_UNET, [64, 128], device),
+                "card": lambda: check_card(TINY_LLAMA, ["8gb"], [64], device),
+                "dit": lambda: check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
+                    TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16),
+                "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
+                "flex": lambda: check_flex([512], device, repeats=2)}
+    # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
+    # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
+    return {"text": lambda: check_text("assets/base-model", [512], device)
+            + check_text(LLAMA_1B, [512, 1024, 2048, 8192], device),
+            "unet": lambda: check_unet("sd15-unet", [512, 768, 1024], device)
+            + check_unet("sdxl-unet", [512, 768, 1024], device),
+            "card": lambda: check_card("llama-3.1-8b", ["8gb", "24gb"], [1024, 4096], device),
+            "dit": lambda: check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
+                "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
+            "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
+            "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+
+
+def _context_bytes() -> int | None:
+    """What nvidia-smi shows beyond the caching allocator's reserve now (source: nvml minus
+    cuda_allocator): the CUDA context and the libraries' own memory, which plans count as
+    ``CUDA_CONTEXT_BYTES``. None where NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        used = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used
+    except Exception:  # no NVML: the row says so rather than guessing
+        return None
+    return int(used - torch.cuda.memory_reserved())
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    """Both files after every section, so a run cut short still returns what it measured."""
+    text_rows = [r for r in result.get("text", []) + result.get("nf4", [])]
+    view = {**result, "text": text_rows}
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    (out / "gpu_check.md").write_text(_markdown(view), encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (code-path check)")
-    parser.add_argument("--only", choices=("all", "dit", "no-dit"), default="all",
-                        help="dit: only the SD3 / Flux steps (about 5 min on an H200); no-dit: the rest")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, run in this order (of {', '.join(SECTIONS)})")
+    parser.add_argument("--plans", type=Path, help="precomputed plans to read (and, with --plan-only, write)")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="trace every row's plan on this machine and write --plans; measure nothing")
     args = parser.parse_args()
     # before the first CUDA tensor: the allocator runs use and the plans model (kept if set)
     from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
 
     use_expandable_segments()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if args.plan_only and not args.smoke:
+        device = "cuda"  # the card's dtype and precision; nothing is allocated when only planning
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {}
-    if args.smoke:
-        if args.only != "dit":
-            unet = check_unet(TINY_UNET, [64], device) + check_unet(TINY_SDXL_UNET, [64, 128], device)
-            text = check_text(TINY_LLAMA, [64], device) + check_text_nf4(TINY_LLAMA, [64, 128], device)
-            result = {"text": text, "unet": unet, "flex": check_flex([512], device, repeats=2),
-                      "card": check_card(TINY_LLAMA, ["8gb"], [64], device)}
-        if args.only != "no-dit":
-            result["dit"] = check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
-                TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16)
-    else:
-        if args.only != "dit":
-            result = {"text": check_text(LLAMA_1B, [512, 1024, 2048], device)
-                      + check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
-                      "unet": check_unet("sd15-unet", [512, 768, 1024], device)
-                      + check_unet("sdxl-unet", [512, 768, 1024], device),
-                      "flex": check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
-                      "card": check_card("llama-3.1-8b", ["8gb", "24gb"], [1024, 4096], device)}
-        if args.only != "no-dit":  # Flux-shaped with gradient checkpointing, as it is trained
-            result["dit"] = check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
-                "flux.1-dev", [512, 1024], device, gradient_checkpointing=True)
-    result["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
-    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
-    (args.out / "gpu_check.md").write_text(_markdown(result), encoding="utf-8")
-    print(_markdown(result))
+    PLAN_ONLY[0] = args.plan_only
+    if args.plans and args.plans.exists():
+        gpu_plans.load(args.plans)
+    sections = _sections(args.smoke, device)
+    wanted = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in sections]
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    result: dict[str, Any] = {
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke
+        else "cpu (smoke)" if args.smoke else "cpu (plans only)",
+        "torch": torch.__version__, "errors": {}, "seconds": {}}
+    for name in wanted:
+        start = time.perf_counter()
+        print(f"[gpu_check] {name} ...", flush=True)
+        try:
+            result[name] = sections[name]()
+        except Exception:  # one broken section must not lose the others' rows
+            import traceback
+
+            result["errors"][name] = traceback.format_exc()
+            print(result["errors"][name], flush=True)
+        result["seconds"][name] = round(time.perf_counter() - start, 1)
+        result["plans_traced_with"] = gpu_plans.traced_with()
+        if args.plan_only and args.plans:
+            gpu_plans.save(args.plans)
+        else:
+            _write(args.out, result)
+        print(f"[gpu_check] {name} done in {result['seconds'][name]} s", flush=True)
+        if device == "cuda" and not args.plan_only:
+            result.setdefault("context_bytes", {})[name] = _context_bytes()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if not args.plan_only:
+        print((args.out / "gpu_check.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

@@ -16,13 +16,27 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.integration
 def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path)],
+    plans = tmp_path / "plans.json"
+    # the plans first, alone (what runs on a CPU before a card is lent), then the check reads them
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path),
+                          "--plan-only", "--plans", str(plans), "--sections", "text,card"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    stored = json.loads(plans.read_text(encoding="utf-8"))["plans"]
+    assert any(key.startswith("card:8gb:") and key.endswith(":longest") for key in stored)
+    assert not (tmp_path / "gpu_check.json").exists()  # nothing measured
+    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path),
+                          "--plans", str(plans)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
-    assert out["device_name"] == "cpu (smoke)"
-    steps = out["text"] + out["unet"] + out["dit"]
-    assert len(steps) == 8
+    assert out["device_name"] == "cpu (smoke)" and out["errors"] == {}
+    by_seq = {row["seq_len"]: row for row in out["text"]}  # read back: the stored trace's figures
+    key = next(k for k in stored if k.startswith("text:llama 64x2:") and k.endswith(":64"))
+    trace = stored[key]["trace"]
+    assert by_seq[64]["predicted_nvidia_smi_bytes"] == trace["peak_bytes"]
+    steps = out["text"] + out["nf4"] + out["unet"] + out["dit"]
+    assert len(steps) == 9
     for row in steps:  # reserved is at least allocated, nvidia-smi adds the context
         assert row["predicted_bytes"] <= row["predicted_reserved_bytes"] < row["predicted_nvidia_smi_bytes"]
     for row in out["text"][:1] + out["unet"] + out["dit"]:  # speed rows: rate, FLOPs and MFU
