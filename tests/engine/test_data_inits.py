@@ -243,4 +243,5 @@ def test_an_eva_run_whose_pass_is_its_peak_is_planned(qwen2_dir, tmp_path):
     assert prediction["step_peak_bytes"] / summary["peak_bytes"] - 1 < LOW  # uncounted, the plan fails
     report = summary["memory_report"]
     assert LOW <= report["predicted_vs_measured"] <= HIGH, (report, prediction)
-    assert predict(cfg, device="cpu").figures["init_peak_bytes"] == prediction["init_peak_bytes"]
+    planned = predict(cfg, device="cpu")  # the CLI's plan: reads the data itself
+    assert planned.peak_bytes == planned.figures["init_peak_bytes"] == prediction["init_peak_bytes"]

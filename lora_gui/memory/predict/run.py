@@ -170,7 +170,9 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
         plan = plan_run(cfg, budget_bytes, device, source, parallel=parallel)
     step.info["prediction"] = figures
     rows = [(str(k), v) for k, v in sorted(caps.items())]
-    return Prediction(step.peak_bytes, device, "plan", caps, plan, step, rows, figures=figures)
+    # the run's whole peak: a lora_init pass before step 1 when it is above the steps (figures)
+    return Prediction(figures.get("peak_bytes", step.peak_bytes), device, "plan", caps, plan, step, rows,
+                      figures=figures)
 
 
 def _text_source(cfg: RunConfig, resolve: Any) -> str | None:
