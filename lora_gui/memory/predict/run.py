@@ -169,6 +169,11 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
 
         plan = plan_run(cfg, budget_bytes, device, source, parallel=parallel)
     step.info["prediction"] = figures
+    init = figures.get("init_peak_bytes", 0)  # a lora_init pass before step 1 must fit the budget too
+    if budget_bytes and plan is not None and init > budget_bytes:
+        plan = replace(plan, fits=False, min_bytes_needed=max(plan.min_bytes_needed, init),
+                       message=f"does not fit: the lora_init {cfg.lora_init} pass before the first step "
+                               f"needs {init / GB:.2f} GB")
     rows = [(str(k), v) for k, v in sorted(caps.items())]
     # the run's whole peak: a lora_init pass before step 1 when it is above the steps (figures)
     return Prediction(figures.get("peak_bytes", step.peak_bytes), device, "plan", caps, plan, step, rows,
