@@ -171,13 +171,19 @@ def init_rows(samples: Sequence[Any], count: int, max_len: int, device: torch.de
     return [torch.tensor([s.input_ids[:max_len]], device=device) for s in samples[:count]]
 
 
+def init_batch_rows(samples: int, batch_size: int) -> list[tuple[int, ...]]:
+    """The sample indices of each batch EVA reads: the first ``INIT_BATCHES`` batches of
+    ``batch_size`` of the ``samples`` training samples."""
+    return [tuple(range(start, min(start + batch_size, samples)))
+            for start in range(0, min(samples, batch_size * INIT_BATCHES), batch_size)]
+
+
 def init_batches(samples: Sequence[Any], batch_size: int, max_len: int, pad_id: int,
                  device: torch.device, collate: Callable[..., dict[str, torch.Tensor]],
                  micro_batch: Callable[..., Any]) -> list[dict[str, torch.Tensor]]:
     """The first ``INIT_BATCHES`` batches of ``batch_size`` samples, padded to their longest (EVA)."""
     out = []
-    for start in range(0, min(len(samples), batch_size * INIT_BATCHES), batch_size):
-        idx = tuple(range(start, min(start + batch_size, len(samples))))
+    for idx in init_batch_rows(len(samples), batch_size):
         width = min(max_len, max(len(samples[i]) for i in idx))
         batch = collate(samples, micro_batch(idx, width), pad_id)
         out.append({k: v.to(device) for k, v in batch.items()})

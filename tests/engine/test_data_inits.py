@@ -179,3 +179,69 @@ def test_eva_that_cannot_converge_is_stopped_with_the_way_out(qwen2_dir, tmp_pat
             "lora_rank": 16}
     with pytest.raises(ConfigError, match="did not converge.*larger batch_size"):
         text_train.train_text(apply_overrides(RunConfig(), over), tmp_path / "run", progress=False)
+
+
+def _eva_samples() -> list:
+    """Samples of unequal lengths whose first tokens carry no label (a prompt): padded batches
+    whose trained tokens are fewer than their real ones."""
+    from lora_gui.data.text import IGNORE_INDEX, TokenizedSample
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for n in (40, 64, 23, 64, 51, 30, 64, 17, 45, 64, 33, 28):
+        ids = torch.randint(3, 300, (n,), generator=gen).tolist()
+        out.append(TokenizedSample(ids, [IGNORE_INDEX] * (n // 4) + ids[n // 4:]))
+    return out
+
+
+@pytest.mark.parametrize(("intermediate", "batch_size", "max_len"), [(160, 3, 64), (2048, 2, 24)])
+def test_eva_pass_is_planned_as_measured(tmp_path, intermediate, batch_size, max_len):
+    """EVA's pass traced with peft's hooks on fake tensors, against the tracker on peft's real pass
+    over the same batches (padded rows, prompt tokens without a label): never below, at most +3%."""
+    from lora_gui.data.batching import MicroBatch, collate
+    from lora_gui.memory.predict.eva_trace import EvaBatch, eva_batches, eva_peak_bytes
+    from lora_gui.memory.predict.init_trace import measured_init
+    from lora_gui.models.adapters import AdapterSpec, attach_adapter
+    from lora_gui.models.text import load_base_model
+
+    model_dir = tiny_qwen2(tmp_path / "m", intermediate_size=intermediate)
+    samples = _eva_samples()
+    batches = init_passes.init_batches(samples, batch_size, max_len, 0, torch.device("cpu"), collate,
+                                       lambda idx, width: MicroBatch(idx, width))
+    planned = eva_batches(samples, batch_size, max_len)
+    real = [(b["attention_mask"], b["labels"]) for b in batches]  # what peft's mask selects
+    assert planned == [EvaBatch(*mask.shape, int((mask.bool() & (labels != -100)).sum()),
+                                bool((mask == 0).any())) for mask, labels in real]
+    assert any(b.padded for b in planned) and len({b.tokens for b in planned}) > 1
+    spec = AdapterSpec("lora", 4, 8.0, 0.0, False, "eva", False)
+    predicted = eva_peak_bytes(str(model_dir), dtype=torch.float32, target_modules="all-linear", spec=spec,
+                               batches=planned)
+    model = load_base_model(str(model_dir), "sdpa")
+
+    def attach():
+        peft_model = attach_adapter(model, spec, "all-linear", task_type="CAUSAL_LM")
+        init_passes.run_eva(peft_model, batches)
+        return peft_model
+
+    _, measured, source = measured_init(model, attach, torch.device("cpu"),
+                                        inputs=[t for b in batches for t in b.values()])
+    assert source == "tracker" and 0 <= predicted / measured - 1 <= HIGH, (predicted, measured)
+
+
+def test_an_eva_run_whose_pass_is_its_peak_is_planned(qwen2_dir, tmp_path):
+    """Micro-batches of one row (a 16-token budget) train below EVA's pass over the run's first
+    batches of 4 rows: the plan counts the pass (the CLI's plan too, reading the data itself); a
+    plan of the steps alone would be more than 1% under the run's peak."""
+    from lora_gui.memory.predict.run import predict
+
+    over = {**TINY, "model": str(qwen2_dir), "lora_init": "eva", "token_budget": 16, "checkpoint_every": 1000}
+    cfg = apply_overrides(RunConfig(), over)
+    summary = text_train.train_text(cfg, tmp_path / "run", progress=False)
+    prediction = summary["prediction"]
+    assert summary["init_peak_bytes"] > summary["step_peak_bytes"]  # EVA's pass is this run's peak
+    assert prediction["init_peak_bytes"] == prediction["peak_bytes"] >= summary["init_peak_bytes"]
+    assert prediction["step_peak_bytes"] / summary["peak_bytes"] - 1 < LOW  # uncounted, the plan fails
+    report = summary["memory_report"]
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, (report, prediction)
+    planned = predict(cfg, device="cpu")  # the CLI's plan: reads the data itself
+    assert planned.peak_bytes == planned.figures["init_peak_bytes"] == prediction["init_peak_bytes"]

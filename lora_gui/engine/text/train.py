@@ -200,7 +200,8 @@ def _probe_step(model, data: TextData) -> Callable[[], None]:
 
 def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.device,
                  parallel: Parallel | None = None, lengths: list[int] | None = None,
-                 added_tokens: int = 0) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
+                 added_tokens: int = 0, samples: Sequence[Any] | None = None,
+                 ) -> tuple[BatchCaps, int | None, dict[str, Any] | None]:
     """Micro-batch caps per length bucket under the budget (adaptive batch, optimized modes) and
     the predicted peak of the run's largest micro-batch (source: predicted), per GPU."""
     from lora_gui.memory.predict.run import text_memory_plan  # the form calls it too
@@ -208,7 +209,7 @@ def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.
     caps = BatchCaps()
     try:
         caps.caps, _, _, prediction = text_memory_plan(cfg, source, budget, device.type, parallel, lengths,
-                                                       added_tokens)
+                                                       added_tokens, samples)
         return caps, prediction["peak_bytes"], prediction
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
@@ -269,7 +270,8 @@ def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, devic
     elif cfg.lora_init == "corda":
         init_data["rows"] = init_rows(data.train, cfg.batch_size * INIT_BATCHES, cfg.max_seq_len, device)
     model, peak, _source = measured_init(
-        base, lambda: text_models.attach_lora(base, cfg, tokenizer, init_data=init_data), device)
+        base, lambda: text_models.attach_lora(base, cfg, tokenizer, init_data=init_data), device,
+        inputs=[t for batch in init_data.get("batches", []) for t in batch.values()])
     dist.on_main(lambda: adapters.save_init(model, saved, with_base=cfg.lora_init in BASE_CHANGING))
     return model, peak
 
@@ -357,7 +359,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     budget = int(cfg.budget_gb * GB) or None
     caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
-                                               [len(s) for s in data.train], added_rows)
+                                               [len(s) for s in data.train], added_rows, data.train)
     if init_peak is None and prediction and "step_peak_bytes" in prediction:  # a resume loaded the
         predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")  # init: no SVD now
     meter = PeakMeter(accelerator.device, budget)

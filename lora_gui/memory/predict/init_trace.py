@@ -1,5 +1,6 @@
 """The memory of an adapter initialisation that runs a pass before the first step (``lora_init``
-pissa / olora / loftq / corda), as the run executes it.
+pissa / olora / loftq / corda; eva in :mod:`lora_gui.memory.predict.eva_trace`), as the run
+executes it.
 
 PiSSA runs an SVD of every adapted weight, one layer at a time, in float32: while a layer is
 decomposed the model's weights, the adapter tensors made so far, a float32 copy of the layer's
@@ -9,17 +10,17 @@ OLoRA does the same with a QR decomposition. Both are traced on fake tensors wit
 LoftQ (4-bit base) is traced per layer with peft's decomposition on top of the resident 4-bit
 model (:func:`loftq_peak_bytes`); CorDA's covariances and factors are counted in closed form
 (:func:`corda_peak_bytes`, whose docstring lists what is modelled). EVA's pass (no-grad forwards
-of the run's batches, an incremental SVD of one layer's inputs at a time) is not predicted: on the
-runs measured it stayed below a training step of the same batch (0.93x-0.995x), and the run
-measures and reports it like every pass. The run measures each pass with the tracker (CPU) or
-the CUDA allocator, and its peak counts when it is above the training steps' (small models at
-short lengths; CorDA on large models). LAPACK's own workspace on a CPU is not a tensor and is
-counted by neither side.
+of the run's batches with peft's incremental SVD of each distinct layer input) is traced on fake
+tensors with peft's hooks (:mod:`lora_gui.memory.predict.eva_trace`). The run measures each pass
+with the tracker (CPU) or the CUDA allocator, and its peak counts when it is above the training
+steps' (small models at short lengths; CorDA on large models; EVA on wide layers). LAPACK's own
+workspace on a CPU is not a tensor and is counted by neither side.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -55,10 +56,12 @@ def init_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, spe
     return tracker.peak_bytes + (CUDA_CONTEXT_BYTES if device == "cuda" else 0)
 
 
-def measured_init(model: nn.Module, attach: Any, device: torch.device) -> tuple[Any, int, str]:
+def measured_init(model: nn.Module, attach: Any, device: torch.device,
+                  inputs: Sequence[torch.Tensor] = ()) -> tuple[Any, int, str]:
     """Runs ``attach()`` (the run's own adapter attach) and measures its peak: the CUDA
-    allocator's on a GPU, else the tracker's over the model's tensors and what the attach makes.
-    Returns (attach's result, peak bytes, source)."""
+    allocator's on a GPU (everything on the card counts), else the tracker's over the model's
+    tensors, ``inputs`` (what the pass reads, made before it: EVA's batches) and what the attach
+    makes. Returns (attach's result, peak bytes, source)."""
     from lora_gui.memory.runtime.tracker import MEMORY_SOURCE, StorageTracker
 
     if device.type == "cuda":
@@ -66,7 +69,7 @@ def measured_init(model: nn.Module, attach: Any, device: torch.device) -> tuple[
         result = attach()
         return result, int(torch.cuda.max_memory_allocated(device)), "cuda_allocator"
     tracker = StorageTracker()
-    tracker.track([*model.parameters(), *model.buffers()])
+    tracker.track([*model.parameters(), *model.buffers(), *inputs])
     with tracker:
         result = attach()
     return result, tracker.peak_bytes, MEMORY_SOURCE

@@ -110,6 +110,11 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_l
     lines += [f"  {name:<18} {nbytes / MIB:>10,.1f} MiB" for name, nbytes in step.breakdown.items()]
     lines += [f"  + {name:<16} {nbytes / MIB:>10,.1f} MiB  (CUDA-only overhead, not in the trace)"
               for name, nbytes in step.cuda_overheads.items() if nbytes]  # none when planning for a CPU
+    if figures and "init_peak_bytes" in figures:  # the lora_init pass before step 1
+        above = figures["init_peak_bytes"] > step.peak_bytes
+        lines.append(f"lora_init {cfg.lora_init}: its pass before the first step peaks at "
+                     f"{figures['init_peak_bytes'] / MIB:,.0f} MiB (source: predicted)"
+                     + (": above the steps, the run's predicted peak" if above else ", below the steps"))
     if step.device == "cuda":
         from lora_gui.memory.predict.cuda_kernels import card_figures, describe_rows
 

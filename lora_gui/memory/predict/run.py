@@ -12,6 +12,7 @@ closed-form estimate a form shows while :func:`predict` works.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,7 +57,7 @@ class Prediction:
 # -- the text run's own function ---------------------------------------------------------------
 def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, device: str,
                      parallel: Parallel | None = None, lengths: list[int] | None = None,
-                     added_tokens: int | None = None,
+                     added_tokens: int | None = None, samples: Sequence[Any] | None = None,
                      ) -> tuple[dict[int, int], TraceResult, planner.Plan | None, dict[str, Any]]:
     """Text run: caps per length bucket under the budget (bucketed batching only), the trace of
     the worst micro-batch the run will execute on its real data (:func:`predict_text_run` of
@@ -68,35 +69,43 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
             planner read and tokenize the data as the run will).
         added_tokens: embedding rows the run added for a chat template's tokens (the run passes
             them with ``lengths``; the form lets the planner read them from the data).
+        samples: the training samples (the run passes them; ``lora_init`` eva's pass reads the
+            first batches of them; the form lets the planner read them from the data).
     """
-    from lora_gui.memory.predict import run_plan
-    from lora_gui.memory.predict.run_predict import predict_text_run
+    from lora_gui.memory.predict import run_plan, run_predict
     from lora_gui.memory.runtime.guard import BatchCaps
 
+    if cfg.lora_init == "eva" and samples is None and lengths is None and source is not None:
+        samples, tokenizer_len, chat = run_predict.train_samples(cfg, source)  # once: steps and EVA
+        lengths = [len(s) for s in samples]
+        if added_tokens is None:
+            added_tokens = run_predict.added_rows(run_plan.model_config_for(cfg, source), tokenizer_len, chat)
     caps, plan = BatchCaps(), None
     if budget and cfg.resolved_batching() == "bucketed":
         plan = run_plan.plan_run(cfg, budget, device, source, parallel=parallel)
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
-    pred = predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel, caps=caps,
-                            added_tokens=added_tokens)
+    pred = run_predict.predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel,
+                                        caps=caps, added_tokens=added_tokens)
     return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, pred.to_json(),
-                                                      pred.step.breakdown)
+                                                      pred.step.breakdown, samples, added_tokens)
 
 
 def with_init_peak(cfg: RunConfig, source: str | None, device: str, figures: dict[str, Any],
-                   breakdown: dict[str, int] | None = None) -> dict[str, Any]:
+                   breakdown: dict[str, int] | None = None, samples: Sequence[Any] | None = None,
+                   added_tokens: int | None = None) -> dict[str, Any]:
     """A ``lora_init`` pass runs before the first step: PiSSA's SVD and OLoRA's QR (traced with
     peft's code), LoftQ's fit to each 4-bit layer's rounding error (the step's resident 4-bit
-    weights and adapter from ``breakdown``, plus the largest layer's pass traced) and CorDA's
-    covariances and decompositions (closed form, init_trace): its peak is ``init_peak_bytes``,
-    and the run's peak when it is above the steps' (``step_peak_bytes`` then keeps the steps'
-    figure). EVA's pass is not counted (see init_trace); the run measures every pass."""
+    weights and adapter from ``breakdown``, plus the largest layer's pass traced), CorDA's
+    covariances and decompositions (closed form, init_trace) and EVA's forwards over the run's
+    first batches with peft's incremental SVD hooks (traced, eva_trace; ``samples``: the training
+    samples, else read from the data): its peak is ``init_peak_bytes``, and the run's peak when
+    it is above the steps' (``step_peak_bytes`` then keeps the steps' figure)."""
     from lora_gui.memory.predict import init_trace
     from lora_gui.memory.predict.run_plan import step_kwargs
     from lora_gui.memory.predict.run_predict import model_config_for
     from lora_gui.memory.predict.trace_build import as_dtype
 
-    if cfg.lora_init not in (*init_trace.DECOMPOSING_INITS, "corda", "loftq"):
+    if cfg.lora_init not in (*init_trace.DECOMPOSING_INITS, "corda", "loftq", "eva"):
         return figures
     kw = step_kwargs(cfg, device)
     args = dict(dtype=as_dtype(kw["dtype"]), target_modules=kw["target_modules"], spec=kw["adapter"],
@@ -107,6 +116,12 @@ def with_init_peak(cfg: RunConfig, source: str | None, device: str, figures: dic
     elif cfg.lora_init == "loftq":
         resident = (breakdown or {}).get("frozen_weights", 0) + (breakdown or {}).get("lora_params", 0)
         init = init_trace.loftq_peak_bytes(config, resident_bytes=resident, **args)
+    elif cfg.lora_init == "eva":
+        from lora_gui.memory.predict.eva_trace import eva_peak_bytes, plan_batches
+
+        batches, added = plan_batches(cfg, source, samples, added_tokens)
+        init = eva_peak_bytes(config, batches=batches, attn_implementation=kw["attn_implementation"],
+                              loss_chunk=kw["loss_chunk"], added_tokens=added, **args)
     else:
         init = init_trace.init_peak_bytes(config, **args)
     figures["init_peak_bytes"] = init
@@ -154,8 +169,15 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
 
         plan = plan_run(cfg, budget_bytes, device, source, parallel=parallel)
     step.info["prediction"] = figures
+    init = figures.get("init_peak_bytes", 0)  # a lora_init pass before step 1 must fit the budget too
+    if budget_bytes and plan is not None and init > budget_bytes:
+        plan = replace(plan, fits=False, min_bytes_needed=max(plan.min_bytes_needed, init),
+                       message=f"does not fit: the lora_init {cfg.lora_init} pass before the first step "
+                               f"needs {init / GB:.2f} GB")
     rows = [(str(k), v) for k, v in sorted(caps.items())]
-    return Prediction(step.peak_bytes, device, "plan", caps, plan, step, rows, figures=figures)
+    # the run's whole peak: a lora_init pass before step 1 when it is above the steps (figures)
+    return Prediction(figures.get("peak_bytes", step.peak_bytes), device, "plan", caps, plan, step, rows,
+                      figures=figures)
 
 
 def _text_source(cfg: RunConfig, resolve: Any) -> str | None:

@@ -157,9 +157,10 @@ def worst_case_shapes(cfg: RunConfig, caps: BatchCaps, world_size: int = 1) -> s
     return out
 
 
-def data_lengths(cfg: RunConfig, source: str) -> tuple[list[int], int, bool]:
-    """(token lengths of the run's training samples, the tokenizer's length, whether the data is
-    chat), read, split and tokenized as the engine does (a chat template may add tokens)."""
+def train_samples(cfg: RunConfig, source: str) -> tuple[list[Any], int, bool]:
+    """(the run's training samples, the tokenizer's length, whether the data is chat), read,
+    split and tokenized as the engine does (a chat template may add tokens); a preference run's
+    samples are its pairs."""
     from lora_gui.data.training_data import load_samples
     from lora_gui.models.text import load_tokenizer
 
@@ -170,11 +171,18 @@ def data_lengths(cfg: RunConfig, source: str) -> tuple[list[int], int, bool]:
         pairs = load_pairs(cfg.data_path(), tokenizer, max_seq_len=cfg.max_seq_len,
                            eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                            chat_template=cfg.chat_template, long_pairs=cfg.long_pairs)
-        return [len(p) for p in pairs.train], len(tokenizer), True
+        return list(pairs.train), len(tokenizer), True
     loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
                           max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                           chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)
-    return [len(s) for s in loaded.train], len(tokenizer), loaded.is_chat
+    return list(loaded.train), len(tokenizer), loaded.is_chat
+
+
+def data_lengths(cfg: RunConfig, source: str) -> tuple[list[int], int, bool]:
+    """(token lengths of the run's training samples, the tokenizer's length, whether the data is
+    chat), read, split and tokenized as the engine does (a chat template may add tokens)."""
+    samples, tokenizer_len, is_chat = train_samples(cfg, source)
+    return [len(s) for s in samples], tokenizer_len, is_chat
 
 
 def added_rows(config: Any, tokenizer_len: int, is_chat: bool) -> int:
