@@ -8,17 +8,21 @@ to outlast the measurement. Then, in rounds whose order alternates (0 pages then
 ...), it measures the run's steps per second over ``--window`` seconds with no page open and with
 ``--pages`` Playwright pages open (Debian's Chromium, one browser context each, as N users).
 
-Tick latency per page: inside each page, the time from the Train tab's timer sending its tick
-(gradio's ``queue/join`` request of the ``poll`` event) to the first change of the loss chart
-after it (a MutationObserver on ``#loss-plot``); ticks whose charts did not change (no new step
-since the page's last tick: the server sends nothing) are not counted. Reports the median over
-pages of each page's median, the worst page's median and the 90th percentile of every tick.
-Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown table
-and writes the figures as JSON (``--json``).
+Tick latency per page, timed inside each page: from the Train tab's timer sending its tick
+(gradio's ``queue/join`` request of the ``poll`` event) to the end of the loss chart's drawing of
+the answer (its ``Plotly.react`` call after the SSE message that carries the result), split into
+the answer's arrival and the page's own drawing; and the age of what it then shows (the newest step
+on the chart, from its record's time in the run folder to drawn). A tick the server answered with
+nothing new (no step since the page's last tick) is not timed. (gradio marks each output pending
+when a tick is sent, which changes the chart's DOM at once: a change of the chart is not a sign of
+new data.) Each chart's ``Plotly.react`` time and calls per tick are reported too. Reports the
+median over pages of each page's median, the worst page's median and the 90th percentile of every
+tick. Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown
+table and writes the figures as JSON (``--json``).
 
 On a machine with few cores the N Chromium pages themselves take most of a core, which in use sit
-on the users' own machines: ``--pin`` keeps the dashboard and its run on CPU 0 and the browsers on
-the others, so the run's speed shows the server's work for the pages (which shares the run's core)
+on the users' own machines: ``--pin`` keeps the dashboard and its run on the last CPU and the browsers
+on the others, so the run's speed shows the server's work for the pages (which shares the run's core)
 and not the browsers' rendering.
 """
 
@@ -45,10 +49,35 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 # Runs in every page before gradio's own code: notes when the timer's tick is sent (fetch of
-# queue/join with the poll event's fn_index) and when the loss chart or the status line change.
+# queue/join with the poll event's fn_index), when the server's answer arrives (the SSE chunk
+# that carries a finished event) and each chart's Plotly.react call (start, end of its
+# synchronous drawing, the chart's box and the last x it draws: the newest step on the loss chart).
 PAGE_PROBE = """
 (pollId) => {
-  window.__ticks = {joins: [], chart: [], status: []};
+  window.__ticks = {joins: [], answers: [], draws: []};
+  const read = ReadableStreamDefaultReader.prototype.read, text = new TextDecoder();
+  ReadableStreamDefaultReader.prototype.read = function () {
+    return read.apply(this, arguments).then((r) => {
+      try {
+        const chunk = typeof r.value === 'string' ? r.value : r.value && text.decode(r.value);
+        if (chunk && chunk.includes('process_completed')) window.__ticks.answers.push(performance.now());
+      } catch (e) {}
+      return r;
+    });
+  };
+  const wrap = setInterval(() => {
+    if (!window.Plotly || !window.Plotly.react || window.Plotly.__timed) return;
+    const react = window.Plotly.react;
+    window.Plotly.react = function (gd) {
+      const t0 = performance.now(), out = react.apply(this, arguments), t1 = performance.now();
+      const box = gd.closest && gd.closest('[id]'), first = (gd._fullData || [])[0];
+      const x = first && first.x && first.x.length ? Number(first.x[first.x.length - 1]) : null;
+      window.__ticks.draws.push([box ? box.id : '', t0, t1, x]);
+      return out;
+    };
+    window.Plotly.__timed = true;
+    clearInterval(wrap);
+  }, 100);
   const send = window.fetch;
   window.fetch = function (input, init) {
     try {
@@ -58,14 +87,6 @@ PAGE_PROBE = """
     } catch (e) {}
     return send.apply(this, arguments);
   };
-  const watch = () => {
-    const chart = document.getElementById('loss-plot'), status = document.getElementById('status');
-    if (!chart || !status) { setTimeout(watch, 100); return; }
-    const opts = {subtree: true, childList: true, attributes: true, characterData: true};
-    new MutationObserver(() => window.__ticks.chart.push(performance.now())).observe(chart, opts);
-    new MutationObserver(() => window.__ticks.status.push(performance.now())).observe(status, opts);
-  };
-  document.addEventListener('DOMContentLoaded', watch);
 }
 """
 
@@ -140,15 +161,41 @@ def steps_per_s(run: Path, t0: float, t1: float) -> float:
     return sum(1 for r in records(run) if t0 <= r["time"] < t1) / (t1 - t0)
 
 
-def latencies(ticks: dict[str, list[float]], key: str = "chart") -> list[float]:
-    """Per tick sent: ms to the first change of ``key`` before the next tick was sent."""
-    joins, changes = sorted(ticks["joins"]), sorted(ticks[key])
+def tick_times(ticks: dict[str, list], origin_s: float, written: dict[int, float]) -> list[dict[str, float]]:
+    """One page's timed ticks: each tick sent whose answer was followed, before the next tick,
+    by a new drawing of the loss chart. ``latency``: tick sent to the end of the last such
+    drawing (ms);
+    ``answer``: tick sent to the server's answer arriving; ``draw``: answer to the loss chart
+    drawn (the page's own work, charts drawn before it included); ``age``: the newest step on the
+    chart, from its record written to the run folder to drawn (``written``: step -> epoch s;
+    ``origin_s``: the page's performance.timeOrigin in epoch s). A tick the server answered with
+    no new step (nothing sent) is not timed."""
+    joins, answers = sorted(ticks["joins"]), sorted(ticks["answers"])
+    loss = sorted((d for d in ticks["draws"] if d[0] == "loss-plot"), key=lambda d: d[1])
     out = []
     for sent, following in zip(joins, [*joins[1:], float("inf")]):
-        first = next((c for c in changes if sent < c < following), None)
-        if first is not None:
-            out.append(first - sent)
+        got = next((a for a in answers if sent < a < following), None)
+        # gradio draws each new figure twice, into a chart it drops at once and into the one it
+        # keeps: the last drawing before the next tick is the one shown
+        drawn = [d for d in loss if got is not None and got <= d[1] < following]
+        if not drawn:
+            continue
+        drawn = drawn[-1]
+        step = drawn[3]
+        age = (origin_s + drawn[2] / 1000 - written[int(step)]) * 1000 if step in written else None
+        out.append({"latency": drawn[2] - sent, "answer": got - sent, "draw": drawn[2] - got, "age": age})
     return out
+
+
+def draw_costs(per_page: list[dict[str, list]]) -> dict[str, Any]:
+    """Median ms of one Plotly.react call per chart and the calls per page per tick sent."""
+    draws: dict[str, list[float]] = {}
+    for ticks in per_page:
+        for box, t0, t1, _ in ticks["draws"]:
+            draws.setdefault(box or "?", []).append(t1 - t0)
+    sent = max(1, sum(len(t["joins"]) for t in per_page))
+    return {"draw_ms": {box: round(statistics.median(xs), 1) for box, xs in sorted(draws.items())},
+            "draws_per_tick": {box: round(len(xs) / sent, 2) for box, xs in sorted(draws.items())}}
 
 
 def open_pages(browser, url: str, n: int, poll_id: int) -> list:
@@ -166,7 +213,7 @@ def open_pages(browser, url: str, n: int, poll_id: int) -> list:
     for page in pages:
         page.wait_for_function("() => (document.getElementById('status') || {innerText: ''})"
                                ".innerText.includes('step')")
-        page.wait_for_function("() => window.__ticks && window.__ticks.chart.length > 0")
+        page.wait_for_function("() => window.__ticks && window.__ticks.draws.some(d => d[0] === 'loss-plot')")
     print(f"{n} pages show the run after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
     return pages
 
@@ -216,7 +263,7 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     pages = open_pages(browser, url, pages_n, poll_id) if pages_n else []
     time.sleep(settle)
     for page in pages:
-        page.evaluate("() => { window.__ticks = {joins: [], chart: [], status: []}; }")
+        page.evaluate("() => { for (const k in window.__ticks) window.__ticks[k] = []; }")
     info = read_lock(run)
     train = {info.pid} | descendants(info.pid) if info else set()
     usage = cpu_use({"server": {server_pid}, "run": train,
@@ -225,21 +272,28 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     time.sleep(window)
     t1 = time.time()
     cores = usage()
-    per_page = [page.evaluate("() => window.__ticks") for page in pages]
+    probe = "() => ({...window.__ticks, origin: performance.timeOrigin})"
+    per_page = [page.evaluate(probe) for page in pages]
     for page in pages:
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
                               **cores}
     if pages:
-        chart = [latencies(t) for t in per_page]
-        status = [latencies(t, "status") for t in per_page]
-        medians = [statistics.median(c) for c in chart if c]
-        every = sorted(x for c in chart for x in c)
+        written = {r["step"]: r["time"] for r in records(run)}
+        timed = [tick_times(t, t["origin"] / 1000, written) for t in per_page]
+        medians = [statistics.median(x["latency"] for x in ticks) for ticks in timed if ticks]
+        every = [x for ticks in timed for x in ticks]
+        latency = sorted(x["latency"] for x in every)
+
+        def median(key: str) -> float | None:
+            values = [x[key] for x in every if x[key] is not None]
+            return statistics.median(values) if values else None
         result.update({
             "tick_ms_median_of_pages": statistics.median(medians) if medians else None,
             "tick_ms_worst_page": max(medians) if medians else None,
-            "tick_ms_p90": every[int(0.9 * (len(every) - 1))] if every else None,
-            "status_ms_median": statistics.median(x for s in status for x in s) if any(status) else None,
+            "tick_ms_p90": latency[int(0.9 * (len(latency) - 1))] if latency else None,
+            "answer_ms_median": median("answer"), "draw_ms_median": median("draw"),
+            "age_ms_median": median("age"), **draw_costs(per_page),
             "ticks_sent": sum(len(t["joins"]) for t in per_page), "chart_updates_timed": len(every),
             "pages_timed": len(medians)})
     return result
@@ -254,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between opening and measuring")
     parser.add_argument("--seq-len", type=int, default=0, help="the run's max_seq_len (0: the preset's)")
     parser.add_argument("--pin", action="store_true",
-                        help="the dashboard and its run on CPU 0, the browsers on the other CPUs "
+                        help="the dashboard and its run on the last CPU, the browsers on the others "
                              "(as on users' own machines): the run then shares its core with the "
                              "server's work per tick only")
     parser.add_argument("--json", help="also write the figures here")
@@ -305,14 +359,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pin(server_pid: int) -> None:
-    """The dashboard (and the run it will start, which inherits it) on CPU 0; this process,
-    Playwright's driver and Chromium (started after this) on the other CPUs."""
+    """The dashboard (and the run it will start, which inherits it) on the last CPU; this
+    process, Playwright's driver and Chromium (started after this) on the others."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
-    os.sched_setaffinity(server_pid, {cpus[0]})
-    os.sched_setaffinity(0, set(cpus[1:]))
-    print(f"pinned: dashboard and run on CPU {cpus[0]}, browsers on CPU {cpus[1:]}", file=sys.stderr,
+    os.sched_setaffinity(server_pid, {cpus[-1]})
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    print(f"pinned: dashboard and run on CPU {cpus[-1]}, browsers on CPU {cpus[:-1]}", file=sys.stderr,
           flush=True)
 
 
@@ -342,6 +396,8 @@ def summarise(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
             "tick_ms_median": statistics.median(r["tick_ms_median_of_pages"] for r in many),
             "tick_ms_worst_page": max(r["tick_ms_worst_page"] for r in many),
             "tick_ms_p90": statistics.median(r["tick_ms_p90"] for r in many),
+            **{key: statistics.median([r[key] for r in many if r[key] is not None] or [float("nan")])
+               for key in ("answer_ms_median", "draw_ms_median", "age_ms_median")},
             **{f"{key}_{label}": statistics.median(r[key] for r in rows if (r["pages"] > 0) == (label == "n"))
                for key in ("cpu_server", "cpu_browser", "cpu_run") for label in ("0", "n")}}
 
@@ -351,22 +407,27 @@ def _cores(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespace) -> str:
-    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | ticks timed / sent "
-           "| CPU cores: server | browser | run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
+    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | of which answer "
+           "| drawing | record age ms | ticks timed / sent | CPU cores: server | browser | run |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["pages"]:
             out.append(f"| {r['round']} | {r['pages']} | {r['steps_per_s']:.3f} | "
                        f"{r['tick_ms_median_of_pages']:.0f} | {r['tick_ms_worst_page']:.0f} | "
-                       f"{r['tick_ms_p90']:.0f} | "
+                       f"{r['tick_ms_p90']:.0f} | {r['answer_ms_median'] or nan:.0f} | "
+                       f"{r['draw_ms_median'] or nan:.0f} | {r['age_ms_median'] or nan:.0f} | "
                        f"{r['chart_updates_timed']} / {r['ticks_sent']} | {_cores(r)}")
         else:
-            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | — | — | — | — | {_cores(r)}")
+            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | {'— | ' * 7}{_cores(r)}")
     out.append(f"\nMedians over {args.rounds} rounds of {args.window:.0f} s: steps/s "
                f"{s['steps_per_s_0']:.3f} (0 pages) vs {s['steps_per_s_n']:.3f} ({args.pages} pages), "
                "per-round ratio median "
                f"{s['ratio_median']:.3f} ({', '.join(f'{x:.3f}' for x in s['ratios'])}); tick latency "
                f"median {s['tick_ms_median']:.0f} ms, worst page {s['tick_ms_worst_page']:.0f} ms, "
-               f"p90 {s['tick_ms_p90']:.0f} ms; the server's CPU {s['cpu_server_0']:.2f} vs "
+               f"p90 {s['tick_ms_p90']:.0f} ms (answer {s['answer_ms_median']:.0f} ms, drawing "
+               f"{s['draw_ms_median']:.0f} ms), record written to drawn {s['age_ms_median']:.0f} ms; "
+               f"the server's CPU {s['cpu_server_0']:.2f} vs "
                f"{s['cpu_server_n']:.2f} cores, the browser's {s['cpu_browser_0']:.2f} vs "
                f"{s['cpu_browser_n']:.2f}, the run's {s['cpu_run_0']:.2f} vs {s['cpu_run_n']:.2f}")
     return "\n".join(out)
