@@ -38,7 +38,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -256,11 +258,46 @@ def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str
     return done
 
 
+class ApiPage(threading.Thread):
+    """A page without a browser: the Train tab's tick as gradio's client sends it (queue/join
+    of the ``poll`` event with a session of its own, its answer read from the SSE stream), once a
+    second after the previous answer, as the page's timer does. The server does for it what it
+    does for a page; nothing is drawn. Notes each tick's answer time (ms)."""
+
+    def __init__(self, url: str, poll_id: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.url, self.poll_id, self.stop, self.answers = url, poll_id, stop, []
+        self.session = uuid.uuid4().hex[:11]
+
+    def tick(self, client: httpx.Client) -> None:
+        sent = time.perf_counter()
+        joined = client.post(f"{self.url}/gradio_api/queue/join", json={
+            "data": [0.6], "fn_index": self.poll_id, "session_hash": self.session, "event_data": None})
+        event = joined.json()["event_id"]
+        with client.stream("GET", f"{self.url}/gradio_api/queue/data",
+                           params={"session_hash": self.session}) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:") and event in line and "process_completed" in line:
+                    self.answers.append((time.perf_counter() - sent) * 1000)
+                    return
+
+    def run(self) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not self.stop.is_set():
+                self.tick(client)
+                self.stop.wait(1.0)
+
+
 def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
-            settle: float, server_pid: int) -> dict[str, Any]:
+            settle: float, server_pid: int, api_pages: int = 0) -> dict[str, Any]:
     from lora_gui.engine.core.lock import read_lock
 
-    pages = open_pages(browser, url, pages_n, poll_id) if pages_n else []
+    api_n = min(api_pages, pages_n)
+    pages = open_pages(browser, url, pages_n - api_n, poll_id) if pages_n > api_n else []
+    stop = threading.Event()
+    api = [ApiPage(url, poll_id, stop) for _ in range(api_n)]
+    for page in api:
+        page.start()
     time.sleep(settle)
     for page in pages:
         page.evaluate("() => { for (const k in window.__ticks) window.__ticks[k] = []; }")
@@ -274,10 +311,16 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     cores = usage()
     probe = "() => ({...window.__ticks, origin: performance.timeOrigin})"
     per_page = [page.evaluate(probe) for page in pages]
+    api_answers = [ms for page in api for ms in page.answers]  # in the window and the settle
+    stop.set()
+    for page in api:
+        page.join(timeout=120)
     for page in pages:
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
-                              **cores}
+                              **cores, "browser_pages": len(pages), "api_pages": api_n}
+    if api_answers:
+        result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers)})
     if pages:
         written = {r["step"]: r["time"] for r in records(run)}
         timed = [tick_times(t, t["origin"] / 1000, written) for t in per_page]
@@ -311,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the dashboard and its run on the last CPU, the browsers on the others "
                              "(as on users' own machines): the run then shares its core with the "
                              "server's work per tick only")
+    parser.add_argument("--api-pages", type=int, default=0,
+                        help="of the --pages, this many tick as gradio's client does without a "
+                             "browser (the server's work for a page, nothing drawn): with --pin and "
+                             "--pages 20 --api-pages 19, one user's browser page times the ticks "
+                             "of a server that serves 20")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
@@ -337,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
                 for n in order:
-                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid)
+                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid,
+                                  args.api_pages)
                     row["round"] = r + 1
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -412,8 +461,9 @@ def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespac
            "| drawing | record age ms | ticks timed / sent | CPU cores: server | browser | run |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        shown = f"{r['pages']} ({r['api_pages']} without browser)" if r.get("api_pages") else r["pages"]
         if r["pages"]:
-            out.append(f"| {r['round']} | {r['pages']} | {r['steps_per_s']:.3f} | "
+            out.append(f"| {r['round']} | {shown} | {r['steps_per_s']:.3f} | "
                        f"{r['tick_ms_median_of_pages']:.0f} | {r['tick_ms_worst_page']:.0f} | "
                        f"{r['tick_ms_p90']:.0f} | {r['answer_ms_median'] or nan:.0f} | "
                        f"{r['draw_ms_median'] or nan:.0f} | {r['age_ms_median'] or nan:.0f} | "
@@ -430,6 +480,10 @@ def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespac
                f"the server's CPU {s['cpu_server_0']:.2f} vs "
                f"{s['cpu_server_n']:.2f} cores, the browser's {s['cpu_browser_0']:.2f} vs "
                f"{s['cpu_browser_n']:.2f}, the run's {s['cpu_run_0']:.2f} vs {s['cpu_run_n']:.2f}")
+    api = [r["api_answer_ms_median"] for r in rows if r.get("api_answer_ms_median") is not None]
+    if api:
+        out.append(f"The pages without a browser got their answers in {statistics.median(api):.0f} ms "
+                   "(median of each round's median).")
     return "\n".join(out)
 
 
