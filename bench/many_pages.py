@@ -262,11 +262,11 @@ class ApiPage(threading.Thread):
     """A page without a browser: the Train tab's tick as gradio's client sends it (queue/join
     of the ``poll`` event with a session of its own, its answer read from the SSE stream), once a
     second after the previous answer, as the page's timer does. The server does for it what it
-    does for a page; nothing is drawn. Notes each tick's answer time (ms)."""
+    does for a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
 
     def __init__(self, url: str, poll_id: int, stop: threading.Event) -> None:
         super().__init__(daemon=True)
-        self.url, self.poll_id, self.stop, self.answers = url, poll_id, stop, []
+        self.url, self.poll_id, self.stop, self.answers, self.sizes = url, poll_id, stop, [], []
         self.session = uuid.uuid4().hex[:11]
 
     def tick(self, client: httpx.Client) -> None:
@@ -279,6 +279,7 @@ class ApiPage(threading.Thread):
             for line in stream.iter_lines():
                 if line.startswith("data:") and event in line and "process_completed" in line:
                     self.answers.append((time.perf_counter() - sent) * 1000)
+                    self.sizes.append(len(line.encode()))
                     return
 
     def run(self) -> None:
@@ -312,6 +313,7 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     probe = "() => ({...window.__ticks, origin: performance.timeOrigin})"
     per_page = [page.evaluate(probe) for page in pages]
     api_answers = [ms for page in api for ms in page.answers]  # in the window and the settle
+    api_bytes = [size for page in api for size in page.sizes]
     stop.set()
     for page in api:
         page.join(timeout=120)
@@ -320,7 +322,9 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
                               **cores, "browser_pages": len(pages), "api_pages": api_n}
     if api_answers:
-        result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers)})
+        result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers),
+                       "api_answer_bytes_median": statistics.median(api_bytes),
+                       "api_answer_bytes_max": max(api_bytes)})
     if pages:
         written = {r["step"]: r["time"] for r in records(run)}
         timed = [tick_times(t, t["origin"] / 1000, written) for t in per_page]
