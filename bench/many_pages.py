@@ -304,6 +304,7 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
         page.evaluate("() => { for (const k in window.__ticks) window.__ticks[k] = []; }")
     info = read_lock(run)
     train = {info.pid} | descendants(info.pid) if info else set()
+    run_cpus = allowed_cpus(info.pid) if info else "?"
     usage = cpu_use({"server": {server_pid}, "run": train,
                      "browser": descendants(os.getpid()) - {server_pid} - train}, window)
     t0 = time.time()
@@ -320,7 +321,8 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
     for page in pages:
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
-                              **cores, "browser_pages": len(pages), "api_pages": api_n}
+                              **cores, "browser_pages": len(pages), "api_pages": api_n,
+                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid)}
     if api_answers:
         result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers),
                        "api_answer_bytes_median": statistics.median(api_bytes),
@@ -383,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             if server.poll() is not None:
                 raise SystemExit("the dashboard exited")
             time.sleep(1)
+        if args.pin:
+            print(f"the run's process may use CPU {pin_run(run, server.pid)}", file=sys.stderr, flush=True)
         poll_id = poll_fn_index(url)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
@@ -412,15 +416,44 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pin(server_pid: int) -> None:
-    """The dashboard (and the run it will start, which inherits it) on the last CPU; this
-    process, Playwright's driver and Chromium (started after this) on the others."""
+    """The dashboard (every thread it has, and those they start) on the last CPU, its run too
+    once started (:func:`pin_run`); this process, Playwright's driver and Chromium (started after
+    this) on the others."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
-    os.sched_setaffinity(server_pid, {cpus[-1]})
+    pin_threads(server_pid, {cpus[-1]})
     os.sched_setaffinity(0, set(cpus[:-1]))
     print(f"pinned: dashboard and run on CPU {cpus[-1]}, browsers on CPU {cpus[:-1]}", file=sys.stderr,
           flush=True)
+
+
+def pin_run(run: Path, server_pid: int) -> str:
+    """Every thread of the run's processes on the dashboard's CPUs (a run started detached does
+    not keep the dashboard's affinity); returns the CPUs the run's main process may use."""
+    from lora_gui.engine.core.lock import read_lock
+
+    cpus = os.sched_getaffinity(server_pid)
+    info = read_lock(run)
+    if info is None:
+        raise SystemExit(f"{run}: no run lock to pin")
+    for pid in {info.pid} | descendants(info.pid):
+        pin_threads(pid, cpus)
+    return allowed_cpus(info.pid)
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (sched_setaffinity of a pid moves its main thread only)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except OSError:
+            continue
+
+
+def allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
 
 
 def stop_run(run: Path) -> None:
