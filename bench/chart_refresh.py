@@ -64,20 +64,31 @@ def tick(module: Any, samples: list[dict], records: list[dict], phases: list[tup
 
 
 def old_charts(rev: str) -> types.ModuleType:
-    """lora_gui/ui/charts.py and series.py as they were at ``rev`` (git show), as modules."""
+    """lora_gui/ui/charts.py, series.py and (where it existed) history.py as they were at ``rev``
+    (git show), as modules using each other, not today's."""
     root = Path(__file__).resolve().parents[1]
 
-    def load(name: str, path: str) -> types.ModuleType:
-        source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True,
-                                capture_output=True, text=True).stdout
+    def load(name: str, path: str, given: dict[str, Any]) -> types.ModuleType | None:
+        shown = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True,
+                               text=True)
+        if shown.returncode:
+            return None
+        lines = shown.stdout.splitlines()
+        for i, line in enumerate(lines):  # their imports of each other: the old modules instead
+            if line.startswith(("from lora_gui.ui.series import", "from lora_gui.ui.history import")):
+                lines[i] = ""
         module = types.ModuleType(name)
-        exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
+        module.__dict__.update(given)
+        exec(compile("\n".join(lines), f"{rev}:{path}", "exec"), module.__dict__)
         return module
 
-    series = load("old_series", "lora_gui/ui/series.py")
-    module = load("old_charts", "lora_gui/ui/charts.py")
-    module.downsample, module.ema = series.downsample, series.ema  # its own helpers, not today's
-    return module
+    series = load("old_series", "lora_gui/ui/series.py", {})
+    names = {k: getattr(series, k) for k in ("MAX_POINTS", "bucket_size", "downsample", "ema")
+             if hasattr(series, k)}
+    history = load("old_history", "lora_gui/ui/history.py", names)
+    if history is not None:
+        names |= {k: getattr(history, k) for k in ("HISTORY", "SmoothedSeries", "column")}
+    return load("old_charts", "lora_gui/ui/charts.py", names)
 
 
 def main() -> None:

@@ -8,17 +8,21 @@ to outlast the measurement. Then, in rounds whose order alternates (0 pages then
 ...), it measures the run's steps per second over ``--window`` seconds with no page open and with
 ``--pages`` Playwright pages open (Debian's Chromium, one browser context each, as N users).
 
-Tick latency per page: inside each page, the time from the Train tab's timer sending its tick
-(gradio's ``queue/join`` request of the ``poll`` event) to the first change of the loss chart
-after it (a MutationObserver on ``#loss-plot``); ticks whose charts did not change (no new step
-since the page's last tick: the server sends nothing) are not counted. Reports the median over
-pages of each page's median, the worst page's median and the 90th percentile of every tick.
-Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown table
-and writes the figures as JSON (``--json``).
+Tick latency per page, timed inside each page: from the Train tab's timer sending its tick
+(gradio's ``queue/join`` request of the ``poll`` event) to the end of the loss chart's drawing of
+the answer (its ``Plotly.react`` call after the SSE message that carries the result), split into
+the answer's arrival and the page's own drawing; and the age of what it then shows (the newest step
+on the chart, from its record's time in the run folder to drawn). A tick the server answered with
+nothing new (no step since the page's last tick) is not timed. (gradio marks each output pending
+when a tick is sent, which changes the chart's DOM at once: a change of the chart is not a sign of
+new data.) Each chart's ``Plotly.react`` time and calls per tick are reported too. Reports the
+median over pages of each page's median, the worst page's median and the 90th percentile of every
+tick. Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown
+table and writes the figures as JSON (``--json``).
 
 On a machine with few cores the N Chromium pages themselves take most of a core, which in use sit
-on the users' own machines: ``--pin`` keeps the dashboard and its run on CPU 0 and the browsers on
-the others, so the run's speed shows the server's work for the pages (which shares the run's core)
+on the users' own machines: ``--pin`` keeps the dashboard and its run on the last CPU and the browsers
+on the others, so the run's speed shows the server's work for the pages (which shares the run's core)
 and not the browsers' rendering.
 """
 
@@ -34,7 +38,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,10 +51,35 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 # Runs in every page before gradio's own code: notes when the timer's tick is sent (fetch of
-# queue/join with the poll event's fn_index) and when the loss chart or the status line change.
+# queue/join with the poll event's fn_index), when the server's answer arrives (the SSE chunk
+# that carries a finished event) and each chart's Plotly.react call (start, end of its
+# synchronous drawing, the chart's box and the last x it draws: the newest step on the loss chart).
 PAGE_PROBE = """
 (pollId) => {
-  window.__ticks = {joins: [], chart: [], status: []};
+  window.__ticks = {joins: [], answers: [], draws: []};
+  const read = ReadableStreamDefaultReader.prototype.read, text = new TextDecoder();
+  ReadableStreamDefaultReader.prototype.read = function () {
+    return read.apply(this, arguments).then((r) => {
+      try {
+        const chunk = typeof r.value === 'string' ? r.value : r.value && text.decode(r.value);
+        if (chunk && chunk.includes('process_completed')) window.__ticks.answers.push(performance.now());
+      } catch (e) {}
+      return r;
+    });
+  };
+  const wrap = setInterval(() => {
+    if (!window.Plotly || !window.Plotly.react || window.Plotly.__timed) return;
+    const react = window.Plotly.react;
+    window.Plotly.react = function (gd) {
+      const t0 = performance.now(), out = react.apply(this, arguments), t1 = performance.now();
+      const box = gd.closest && gd.closest('[id]'), first = (gd._fullData || [])[0];
+      const x = first && first.x && first.x.length ? Number(first.x[first.x.length - 1]) : null;
+      window.__ticks.draws.push([box ? box.id : '', t0, t1, x]);
+      return out;
+    };
+    window.Plotly.__timed = true;
+    clearInterval(wrap);
+  }, 100);
   const send = window.fetch;
   window.fetch = function (input, init) {
     try {
@@ -58,14 +89,6 @@ PAGE_PROBE = """
     } catch (e) {}
     return send.apply(this, arguments);
   };
-  const watch = () => {
-    const chart = document.getElementById('loss-plot'), status = document.getElementById('status');
-    if (!chart || !status) { setTimeout(watch, 100); return; }
-    const opts = {subtree: true, childList: true, attributes: true, characterData: true};
-    new MutationObserver(() => window.__ticks.chart.push(performance.now())).observe(chart, opts);
-    new MutationObserver(() => window.__ticks.status.push(performance.now())).observe(status, opts);
-  };
-  document.addEventListener('DOMContentLoaded', watch);
 }
 """
 
@@ -140,15 +163,41 @@ def steps_per_s(run: Path, t0: float, t1: float) -> float:
     return sum(1 for r in records(run) if t0 <= r["time"] < t1) / (t1 - t0)
 
 
-def latencies(ticks: dict[str, list[float]], key: str = "chart") -> list[float]:
-    """Per tick sent: ms to the first change of ``key`` before the next tick was sent."""
-    joins, changes = sorted(ticks["joins"]), sorted(ticks[key])
+def tick_times(ticks: dict[str, list], origin_s: float, written: dict[int, float]) -> list[dict[str, float]]:
+    """One page's timed ticks: each tick sent whose answer was followed, before the next tick,
+    by a new drawing of the loss chart. ``latency``: tick sent to the end of the last such
+    drawing (ms);
+    ``answer``: tick sent to the server's answer arriving; ``draw``: answer to the loss chart
+    drawn (the page's own work, charts drawn before it included); ``age``: the newest step on the
+    chart, from its record written to the run folder to drawn (``written``: step -> epoch s;
+    ``origin_s``: the page's performance.timeOrigin in epoch s). A tick the server answered with
+    no new step (nothing sent) is not timed."""
+    joins, answers = sorted(ticks["joins"]), sorted(ticks["answers"])
+    loss = sorted((d for d in ticks["draws"] if d[0] == "loss-plot"), key=lambda d: d[1])
     out = []
     for sent, following in zip(joins, [*joins[1:], float("inf")]):
-        first = next((c for c in changes if sent < c < following), None)
-        if first is not None:
-            out.append(first - sent)
+        got = next((a for a in answers if sent < a < following), None)
+        # gradio draws each new figure twice, into a chart it drops at once and into the one it
+        # keeps: the last drawing before the next tick is the one shown
+        drawn = [d for d in loss if got is not None and got <= d[1] < following]
+        if not drawn:
+            continue
+        drawn = drawn[-1]
+        step = drawn[3]
+        age = (origin_s + drawn[2] / 1000 - written[int(step)]) * 1000 if step in written else None
+        out.append({"latency": drawn[2] - sent, "answer": got - sent, "draw": drawn[2] - got, "age": age})
     return out
+
+
+def draw_costs(per_page: list[dict[str, list]]) -> dict[str, Any]:
+    """Median ms of one Plotly.react call per chart and the calls per page per tick sent."""
+    draws: dict[str, list[float]] = {}
+    for ticks in per_page:
+        for box, t0, t1, _ in ticks["draws"]:
+            draws.setdefault(box or "?", []).append(t1 - t0)
+    sent = max(1, sum(len(t["joins"]) for t in per_page))
+    return {"draw_ms": {box: round(statistics.median(xs), 1) for box, xs in sorted(draws.items())},
+            "draws_per_tick": {box: round(len(xs) / sent, 2) for box, xs in sorted(draws.items())}}
 
 
 def open_pages(browser, url: str, n: int, poll_id: int) -> list:
@@ -166,7 +215,7 @@ def open_pages(browser, url: str, n: int, poll_id: int) -> list:
     for page in pages:
         page.wait_for_function("() => (document.getElementById('status') || {innerText: ''})"
                                ".innerText.includes('step')")
-        page.wait_for_function("() => window.__ticks && window.__ticks.chart.length > 0")
+        page.wait_for_function("() => window.__ticks && window.__ticks.draws.some(d => d[0] === 'loss-plot')")
     print(f"{n} pages show the run after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
     return pages
 
@@ -209,37 +258,91 @@ def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str
     return done
 
 
+class ApiPage(threading.Thread):
+    """A page without a browser: the Train tab's tick as gradio's client sends it (queue/join
+    of the ``poll`` event with a session of its own, its answer read from the SSE stream), once a
+    second after the previous answer, as the page's timer does. The server does for it what it
+    does for a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
+
+    def __init__(self, url: str, poll_id: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.url, self.poll_id, self.stop, self.answers, self.sizes = url, poll_id, stop, [], []
+        self.session = uuid.uuid4().hex[:11]
+
+    def tick(self, client: httpx.Client) -> None:
+        sent = time.perf_counter()
+        joined = client.post(f"{self.url}/gradio_api/queue/join", json={
+            "data": [0.6], "fn_index": self.poll_id, "session_hash": self.session, "event_data": None})
+        event = joined.json()["event_id"]
+        with client.stream("GET", f"{self.url}/gradio_api/queue/data",
+                           params={"session_hash": self.session}) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:") and event in line and "process_completed" in line:
+                    self.answers.append((time.perf_counter() - sent) * 1000)
+                    self.sizes.append(len(line.encode()))
+                    return
+
+    def run(self) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not self.stop.is_set():
+                self.tick(client)
+                self.stop.wait(1.0)
+
+
 def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
-            settle: float, server_pid: int) -> dict[str, Any]:
+            settle: float, server_pid: int, api_pages: int = 0) -> dict[str, Any]:
     from lora_gui.engine.core.lock import read_lock
 
-    pages = open_pages(browser, url, pages_n, poll_id) if pages_n else []
+    api_n = min(api_pages, pages_n)
+    pages = open_pages(browser, url, pages_n - api_n, poll_id) if pages_n > api_n else []
+    stop = threading.Event()
+    api = [ApiPage(url, poll_id, stop) for _ in range(api_n)]
+    for page in api:
+        page.start()
     time.sleep(settle)
     for page in pages:
-        page.evaluate("() => { window.__ticks = {joins: [], chart: [], status: []}; }")
+        page.evaluate("() => { for (const k in window.__ticks) window.__ticks[k] = []; }")
     info = read_lock(run)
     train = {info.pid} | descendants(info.pid) if info else set()
+    run_cpus = allowed_cpus(info.pid) if info else "?"
     usage = cpu_use({"server": {server_pid}, "run": train,
                      "browser": descendants(os.getpid()) - {server_pid} - train}, window)
     t0 = time.time()
     time.sleep(window)
     t1 = time.time()
     cores = usage()
-    per_page = [page.evaluate("() => window.__ticks") for page in pages]
+    probe = "() => ({...window.__ticks, origin: performance.timeOrigin})"
+    per_page = [page.evaluate(probe) for page in pages]
+    api_answers = [ms for page in api for ms in page.answers]  # in the window and the settle
+    api_bytes = [size for page in api for size in page.sizes]
+    stop.set()
+    for page in api:
+        page.join(timeout=120)
     for page in pages:
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
-                              **cores}
+                              **cores, "browser_pages": len(pages), "api_pages": api_n,
+                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid)}
+    if api_answers:
+        result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers),
+                       "api_answer_bytes_median": statistics.median(api_bytes),
+                       "api_answer_bytes_max": max(api_bytes)})
     if pages:
-        chart = [latencies(t) for t in per_page]
-        status = [latencies(t, "status") for t in per_page]
-        medians = [statistics.median(c) for c in chart if c]
-        every = sorted(x for c in chart for x in c)
+        written = {r["step"]: r["time"] for r in records(run)}
+        timed = [tick_times(t, t["origin"] / 1000, written) for t in per_page]
+        medians = [statistics.median(x["latency"] for x in ticks) for ticks in timed if ticks]
+        every = [x for ticks in timed for x in ticks]
+        latency = sorted(x["latency"] for x in every)
+
+        def median(key: str) -> float | None:
+            values = [x[key] for x in every if x[key] is not None]
+            return statistics.median(values) if values else None
         result.update({
             "tick_ms_median_of_pages": statistics.median(medians) if medians else None,
             "tick_ms_worst_page": max(medians) if medians else None,
-            "tick_ms_p90": every[int(0.9 * (len(every) - 1))] if every else None,
-            "status_ms_median": statistics.median(x for s in status for x in s) if any(status) else None,
+            "tick_ms_p90": latency[int(0.9 * (len(latency) - 1))] if latency else None,
+            "answer_ms_median": median("answer"), "draw_ms_median": median("draw"),
+            "age_ms_median": median("age"), **draw_costs(per_page),
             "ticks_sent": sum(len(t["joins"]) for t in per_page), "chart_updates_timed": len(every),
             "pages_timed": len(medians)})
     return result
@@ -254,9 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between opening and measuring")
     parser.add_argument("--seq-len", type=int, default=0, help="the run's max_seq_len (0: the preset's)")
     parser.add_argument("--pin", action="store_true",
-                        help="the dashboard and its run on CPU 0, the browsers on the other CPUs "
+                        help="the dashboard and its run on the last CPU, the browsers on the others "
                              "(as on users' own machines): the run then shares its core with the "
                              "server's work per tick only")
+    parser.add_argument("--api-pages", type=int, default=0,
+                        help="of the --pages, this many tick as gradio's client does without a "
+                             "browser (the server's work for a page, nothing drawn): with --pin and "
+                             "--pages 20 --api-pages 19, one user's browser page times the ticks "
+                             "of a server that serves 20")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
@@ -277,13 +385,16 @@ def main(argv: list[str] | None = None) -> int:
             if server.poll() is not None:
                 raise SystemExit("the dashboard exited")
             time.sleep(1)
+        if args.pin:
+            print(f"the run's process may use CPU {pin_run(run, server.pid)}", file=sys.stderr, flush=True)
         poll_id = poll_fn_index(url)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             for r in range(args.rounds):
                 order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
                 for n in order:
-                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid)
+                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid,
+                                  args.api_pages)
                     row["round"] = r + 1
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -305,15 +416,44 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pin(server_pid: int) -> None:
-    """The dashboard (and the run it will start, which inherits it) on CPU 0; this process,
-    Playwright's driver and Chromium (started after this) on the other CPUs."""
+    """The dashboard (every thread it has, and those they start) on the last CPU, its run too
+    once started (:func:`pin_run`); this process, Playwright's driver and Chromium (started after
+    this) on the others."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--pin needs at least 2 CPUs")
-    os.sched_setaffinity(server_pid, {cpus[0]})
-    os.sched_setaffinity(0, set(cpus[1:]))
-    print(f"pinned: dashboard and run on CPU {cpus[0]}, browsers on CPU {cpus[1:]}", file=sys.stderr,
+    pin_threads(server_pid, {cpus[-1]})
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    print(f"pinned: dashboard and run on CPU {cpus[-1]}, browsers on CPU {cpus[:-1]}", file=sys.stderr,
           flush=True)
+
+
+def pin_run(run: Path, server_pid: int) -> str:
+    """Every thread of the run's processes on the dashboard's CPUs (a run started detached does
+    not keep the dashboard's affinity); returns the CPUs the run's main process may use."""
+    from lora_gui.engine.core.lock import read_lock
+
+    cpus = os.sched_getaffinity(server_pid)
+    info = read_lock(run)
+    if info is None:
+        raise SystemExit(f"{run}: no run lock to pin")
+    for pid in {info.pid} | descendants(info.pid):
+        pin_threads(pid, cpus)
+    return allowed_cpus(info.pid)
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (sched_setaffinity of a pid moves its main thread only)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except OSError:
+            continue
+
+
+def allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
 
 
 def stop_run(run: Path) -> None:
@@ -342,6 +482,8 @@ def summarise(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
             "tick_ms_median": statistics.median(r["tick_ms_median_of_pages"] for r in many),
             "tick_ms_worst_page": max(r["tick_ms_worst_page"] for r in many),
             "tick_ms_p90": statistics.median(r["tick_ms_p90"] for r in many),
+            **{key: statistics.median([r[key] for r in many if r[key] is not None] or [float("nan")])
+               for key in ("answer_ms_median", "draw_ms_median", "age_ms_median")},
             **{f"{key}_{label}": statistics.median(r[key] for r in rows if (r["pages"] > 0) == (label == "n"))
                for key in ("cpu_server", "cpu_browser", "cpu_run") for label in ("0", "n")}}
 
@@ -351,24 +493,34 @@ def _cores(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]], s: dict[str, Any], args: argparse.Namespace) -> str:
-    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | ticks timed / sent "
-           "| CPU cores: server | browser | run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
+    out = ["| round | pages | steps/s | tick ms: median of pages | worst page | p90 | of which answer "
+           "| drawing | record age ms | ticks timed / sent | CPU cores: server | browser | run |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        shown = f"{r['pages']} ({r['api_pages']} without browser)" if r.get("api_pages") else r["pages"]
         if r["pages"]:
-            out.append(f"| {r['round']} | {r['pages']} | {r['steps_per_s']:.3f} | "
+            out.append(f"| {r['round']} | {shown} | {r['steps_per_s']:.3f} | "
                        f"{r['tick_ms_median_of_pages']:.0f} | {r['tick_ms_worst_page']:.0f} | "
-                       f"{r['tick_ms_p90']:.0f} | "
+                       f"{r['tick_ms_p90']:.0f} | {r['answer_ms_median'] or nan:.0f} | "
+                       f"{r['draw_ms_median'] or nan:.0f} | {r['age_ms_median'] or nan:.0f} | "
                        f"{r['chart_updates_timed']} / {r['ticks_sent']} | {_cores(r)}")
         else:
-            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | — | — | — | — | {_cores(r)}")
+            out.append(f"| {r['round']} | 0 | {r['steps_per_s']:.3f} | {'— | ' * 7}{_cores(r)}")
     out.append(f"\nMedians over {args.rounds} rounds of {args.window:.0f} s: steps/s "
                f"{s['steps_per_s_0']:.3f} (0 pages) vs {s['steps_per_s_n']:.3f} ({args.pages} pages), "
                "per-round ratio median "
                f"{s['ratio_median']:.3f} ({', '.join(f'{x:.3f}' for x in s['ratios'])}); tick latency "
                f"median {s['tick_ms_median']:.0f} ms, worst page {s['tick_ms_worst_page']:.0f} ms, "
-               f"p90 {s['tick_ms_p90']:.0f} ms; the server's CPU {s['cpu_server_0']:.2f} vs "
+               f"p90 {s['tick_ms_p90']:.0f} ms (answer {s['answer_ms_median']:.0f} ms, drawing "
+               f"{s['draw_ms_median']:.0f} ms), record written to drawn {s['age_ms_median']:.0f} ms; "
+               f"the server's CPU {s['cpu_server_0']:.2f} vs "
                f"{s['cpu_server_n']:.2f} cores, the browser's {s['cpu_browser_0']:.2f} vs "
                f"{s['cpu_browser_n']:.2f}, the run's {s['cpu_run_0']:.2f} vs {s['cpu_run_n']:.2f}")
+    api = [r["api_answer_ms_median"] for r in rows if r.get("api_answer_ms_median") is not None]
+    if api:
+        out.append(f"The pages without a browser got their answers in {statistics.median(api):.0f} ms "
+                   "(median of each round's median).")
     return "\n".join(out)
 
 

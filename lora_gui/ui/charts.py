@@ -41,9 +41,27 @@ def _typed(value: Any) -> Any:
     return to_typed_array_spec(value) if is_homogeneous_array(value) else value
 
 
+MARKERS_UP_TO = 200  # points: a line with more is drawn without markers (one SVG shape each)
+
+
+def _marked(n: int) -> str:
+    """A curve's mode: each sample marked while they are few enough to tell apart."""
+    return "lines+markers" if n <= MARKERS_UP_TO else "lines"
+
+
+def _single(value: Any) -> Any:
+    """Float64 columns sent as float32: half the bytes every open page gets each tick; steps,
+    seconds since the run's start, MiB and losses keep far more digits than a chart shows."""
+    if isinstance(value, np.ndarray) and value.dtype == np.float64:
+        return value.astype(np.float32)
+    return value
+
+
 def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     """A figure from plain trace and layout dicts, built without plotly's per-property validation
     (the builders below are unit-tested; validation cost ~3 ms a figure on every timer tick)."""
+    traces = [{key: _single(value) if key in ("x", "y") else value for key, value in trace.items()}
+              for trace in traces]
     return _Figure({"data": traces, "layout": layout}, _validate=False)
 
 
@@ -69,7 +87,7 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
     steps, peaks, _ = HISTORY.points("step peak", records,
                                      lambda new: (_steps(new), column(new, "peak_bytes", MIB)))
     source = records[-1]["memory_source"] if records else "no data yet"
-    traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": "lines+markers",
+    traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": _marked(len(steps)),
                "name": f"step peak ({source})"}, *_ranked_lines(records, source)]
     shapes = []  # layout shapes draw across the whole axis; a one-point trace names each in the legend
     first = [steps[0] if len(steps) else 0]
@@ -210,7 +228,7 @@ def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start:
                     ) -> tuple[list[dict[str, Any]], float]:
     """The live-memory line (one per GPU of a launched run) and the last time on the axis."""
     def line(xs: np.ndarray, ys: np.ndarray, label: str) -> dict[str, Any]:
-        return {"type": "scatter", "x": xs, "y": ys, "mode": "lines+markers", "marker": {"size": 3},
+        return {"type": "scatter", "x": xs, "y": ys, "mode": _marked(len(xs)), "marker": {"size": 3},
                 "name": f"{label}live memory ({source})"}
 
     if not (samples and any("rank" in s for s in (samples[0], samples[-1]))):

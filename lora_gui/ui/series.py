@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-MAX_POINTS = 2000  # points per curve sent to the browser; a 10-hour run at 2 Hz has 72,000
+MAX_POINTS = 1000  # points per curve sent to the browser (a min and a max per 2 px of a 1,000 px chart);
+#                    a 10-hour run at 2 Hz has 72,000
 
 
 def ema(values: Sequence[float], weight: float) -> list[float]:

@@ -1,3 +1,5 @@
+import numpy as np
+
 from lora_gui.ui import charts
 
 
@@ -99,3 +101,19 @@ def test_speed_bars_and_self_contained_report(tmp_path, compare_rows):
     assert list(by["optimized"].y) == [250.0] and by["optimized"].text[0] == "2.50x"
     page = charts.write_compare_report(compare_rows, tmp_path / "r.html").read_text()
     assert page.count("<script src=") == 0 and "Plotly" in page and "ablation: full 512" in page
+
+
+def test_live_curves_go_as_float32_and_mark_samples_only_while_few():
+    import json
+
+    from lora_gui.ui.series import MAX_POINTS
+
+    few = charts.memory_timeline([{"time": float(i), "tracker_live_bytes": i * 2**20} for i in range(10)],
+                                 [("training", 0.0)])
+    assert few.data[0].mode == "lines+markers" and few.data[0].y.dtype == np.float32
+    samples = [{"time": float(i), "tracker_live_bytes": i * 2**20} for i in range(5000)]
+    many = charts.memory_timeline(samples, [("training", 0.0)])
+    sent = json.loads(many.to_json())["data"][0]
+    assert many.data[0].mode == "lines" and len(many.data[0].x) <= MAX_POINTS
+    assert sent["x"]["dtype"] == sent["y"]["dtype"] == "f4"
+    assert float(many.data[0].y.max()) == 4999.0  # the peak survives the downsampling
