@@ -31,7 +31,6 @@ Runs alternate TRL / lora_gui inside each round (the order flips each round); me
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -44,17 +43,18 @@ from typing import Any
 
 import torch
 
-from bench.peer_trl import TARGET_PEAK, TARGET_SPEED, json_lines
+from bench.peer_trl import TARGET_PEAK, LoopClock, json_lines, pair_order, speed_rounds, tracked_train
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.pairs import load_pairs, read_pairs
 from lora_gui.data.text import split_documents
 from lora_gui.engine.text.preference import accuracies, held_out_logps
 from lora_gui.engine.text.train import TrainControl, train_text
-from lora_gui.memory.runtime.tracker import MEMORY_SOURCE, StorageTracker
+from lora_gui.memory.runtime.tracker import MEMORY_SOURCE
 from lora_gui.models.text import load_tokenizer
 from lora_gui.presets import load_config
 
 MiB = 2**20
+TARGET_SPEED = 1.2  # lora_gui at least 1.2x TRL's pairs/s
 PLAIN_TEMPLATE = (  # answers inside {% generation %}: the loss on them and their end of sequence
     "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'assistant: ' }}{% generation %}"
     "{{ m['content'] + eos_token }}{% endgeneration %}{{ '\n' }}"
@@ -92,25 +92,6 @@ def bench_pairs(cfg: RunConfig) -> tuple[list[dict[str, Any]], list, Any]:
     return rows, loaded.held_out, tokenizer
 
 
-class _LoopClock:
-    """TRL callback: wall time of the training loop."""
-
-    def __init__(self) -> None:
-        from transformers import TrainerCallback
-
-        clock = self
-
-        class Callback(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
-                clock.start = time.perf_counter()
-
-            def on_train_end(self, args, state, control, **kwargs):
-                clock.end = time.perf_counter()
-
-        self.callback = Callback()
-        self.start = self.end = 0.0
-
-
 def _accuracy(model, held_out, pad_id: int) -> dict[str, float]:
     device = torch.device("cpu")
     tuned = held_out_logps(model, held_out, pad_id, device)
@@ -138,17 +119,14 @@ def run_trl(name: str, rows: list[dict[str, Any]], held_out, cfg: RunConfig, fol
                      learning_rate=cfg.lr, beta=cfg.beta, loss_type=["sigmoid"], report_to=[],
                      save_strategy="no", seed=cfg.seed, disable_tqdm=True, bf16=False,
                      gradient_checkpointing=spec["gradient_checkpointing"], logging_steps=1)
-    clock = _LoopClock()
+    clock = LoopClock()
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=tokenizer, peft_config=lora, callbacks=[clock.callback])
-    tracker = StorageTracker()
-    tracker.track(list(trainer.model.parameters()) + list(trainer.model.buffers()))
-    with tracker if tracked else contextlib.nullcontext():
-        trainer.train()
+    _, peak = tracked_train(trainer, tracked)
     seconds = clock.end - clock.start
     pairs = trainer.state.global_step * cfg.batch_size
     return {"run": name, "trainer": "trl", "steps": trainer.state.global_step, "tracked": tracked,
-            "peak_bytes": tracker.peak_bytes if tracked else None, "pairs": pairs, "seconds": seconds,
+            "peak_bytes": peak, "pairs": pairs, "seconds": seconds,
             "pairs_per_s": pairs / seconds, "memory_source": MEMORY_SOURCE,
             **_accuracy(trainer.model, held_out, tokenizer.pad_token_id)}
 
@@ -173,15 +151,8 @@ def run_lora(name: str, cfg: RunConfig, folder: Path) -> dict[str, Any]:
                                  "eval_likelihood_accuracy", "base_eval_likelihood_accuracy")}}
 
 
-def _speed_rounds(rows: list[dict[str, Any]]) -> set[int]:
-    """Rounds whose speeds count: all, or with untracked TRL runs only the rounds that have them
-    (the first round's tracked TRL run gives the peak)."""
-    untracked = {r["round"] for r in rows if r.get("tracked") is False}
-    return untracked or {r["round"] for r in rows}
-
-
 def _medians(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    counted = _speed_rounds(rows)
+    counted = speed_rounds(rows)
     by_run: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_run.setdefault(r["run"], []).append(r)
@@ -254,11 +225,11 @@ def main() -> None:
     trl_names = [n for n in args.trl.split(",") if n]
     out: list[dict[str, Any]] = []
     for round_index in range(args.rounds):
-        for name in trl_names if round_index % 2 == 0 else trl_names[::-1]:
-            tracked = not (args.untracked_trl and round_index > 0)
+        tracked = not (args.untracked_trl and round_index > 0)
+        for name, trl_first in pair_order(round_index, trl_names):
             pair = [lambda n=name, t=tracked: run_trl(n, rows, held_out, cfg, folder, t),
                     lambda n=name: run_lora(TRL_CONFIGS[n]["peer"], cfg, folder)]
-            for run in pair if round_index % 2 == 0 else pair[::-1]:
+            for run in pair if trl_first else pair[::-1]:
                 out.append({**run(), "round": round_index})
                 print(json.dumps(out[-1]), flush=True)
     print_table(out)
