@@ -71,8 +71,6 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     # the speed switches off, to measure each on / off (not paired with a TRL configuration)
     "lora-unfused": {"gradient_checkpointing": False, "lora_fused": False},
     "lora-gc-unfused": {"gradient_checkpointing": True, "lora_fused": False},
-    "lora-merged": {"gradient_checkpointing": False, "lora_merged": True},
-    "lora-gc-merged": {"gradient_checkpointing": True, "lora_merged": True},
 }
 BENCH_EVAL_FRACTION = 0.0  # lora_gui still holds out one document (its eval loss); TRL skips it too
 TARGET_PEAK, TARGET_SPEED = 0.7, 1.5  # lora_gui at most 0.7x TRL's peak, at least 1.5x its tokens/s

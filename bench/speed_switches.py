@@ -9,8 +9,6 @@ the per-round ratio (off / on). Peak: live tensor bytes by lora_gui's tracker (s
 over one step, weights, gradients and optimizer state counted first.
 
 - ``lora_fused``: the adapter's output added inside one addmm (on) vs peft's forward (off).
-- ``--merged``: ``lora_merged``: the adapter folded into the weight for each pass, one matmul
-  forward and one for the input's gradient (on) vs the fused forward (off).
 - ``--compile``: regional ``torch.compile`` of the decoder block (``layer.compile(dynamic=True)``
   on every layer: one graph serves every layer and, with dynamic shapes, every bucket length) vs
   eager, both with ``lora_fused`` on, on several bucket shapes. The compile time (first step of
@@ -38,8 +36,8 @@ from lora_gui.presets import load_config
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speed_switches"
 
 
-def _arm(fused: bool, base, merged: bool = False):
-    cfg = apply_overrides(load_config("text-demo"), {"lora_fused": fused, "lora_merged": merged})
+def _arm(fused: bool, base):
+    cfg = apply_overrides(load_config("text-demo"), {"lora_fused": fused})
     torch.manual_seed(0)
     model = text_models.attach_lora(copy.deepcopy(base), cfg)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
@@ -118,8 +116,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--merged", action="store_true",
-                        help="lora_merged on / off (both with lora_fused on) instead")
     parser.add_argument("--compile", action="store_true",
                         help="regional torch.compile of the decoder block on / off instead")
     args = parser.parse_args()
@@ -129,10 +125,7 @@ def main() -> None:
         return compile_bench(base, args.rounds)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, base.config.vocab_size, (args.batch, args.seq), generator=gen)
-    switch = "lora_merged" if args.merged else "lora_fused"
-    # lora_merged: merged on against the fused forward (its default); lora_fused: fused against peft's
-    arms = ({"on": _arm(True, base, True), "off": _arm(True, base)} if args.merged
-            else {"on": _arm(True, base), "off": _arm(False, base)})
+    arms = {"on": _arm(True, base), "off": _arm(False, base)}
     for model, opt in arms.values():
         _step(model, opt, ids)  # warm: optimizer state, kernels
     peaks = {k: _peak(m, o, ids) for k, (m, o) in arms.items()}
@@ -141,11 +134,11 @@ def main() -> None:
         for k in (("on", "off") if r % 2 == 0 else ("off", "on")):
             times[k].append(_step(*arms[k], ids))
     ratios = [off / on for on, off in zip(times["on"], times["off"], strict=True)]
-    print(f"{switch}, {args.batch} x {args.seq} tokens, {args.rounds} rounds; command: {COMMAND}")
+    print(f"lora_fused, {args.batch} x {args.seq} tokens, {args.rounds} rounds; command: {COMMAND}")
     print("| switch | step s on (median) | step s off (median) | speed-up off/on (median of rounds) "
           "| per round | peak MiB on / off (tracker) |")
     print("|---|---|---|---|---|---|")
-    print(f"| {switch} | {statistics.median(times['on']):.3f} | {statistics.median(times['off']):.3f} | "
+    print(f"| lora_fused | {statistics.median(times['on']):.3f} | {statistics.median(times['off']):.3f} | "
           f"{statistics.median(ratios):.3f}x | {', '.join(f'{x:.2f}' for x in ratios)} | "
           f"{peaks['on'] / 2**20:.1f} / {peaks['off'] / 2**20:.1f} |")
 

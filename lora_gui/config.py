@@ -240,10 +240,6 @@ class RunConfig(PreferenceSettings):
     lora_fused: bool = option(True, "LoRA: add the adapter's output inside the base layer's matmul "
                               "(one fused multiply-add, no full-width temporaries): same results "
                               "and memory, faster. Off: peft's own forward.", "lora", tasks=TEXT)
-    lora_merged: bool = option(False, "LoRA, with lora_fused: fold the adapter into the layer's "
-                               "weight for each pass (one matmul forward, one for the input's "
-                               "gradient; the folded weight held only during the matmul).",
-                               "lora", tasks=TEXT)
     rslora: bool = option(False, "LoRA / DoRA: rank-stabilised scale alpha / sqrt(r) instead of "
                           "alpha / r (keeps high ranks learning).", "lora", tasks=TEXT)
     lora_init: str = option("default", "LoRA / DoRA initial weights: default (A random, B zero); "

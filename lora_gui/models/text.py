@@ -206,5 +206,5 @@ def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None,
     if cfg.lora_fused:  # plain LoRA layers only; every other adapter keeps peft's forward
         from lora_gui.models.lora_fused import fuse_lora
 
-        fuse_lora(peft_model, merged=cfg.lora_merged)
+        fuse_lora(peft_model)
     return peft_model
