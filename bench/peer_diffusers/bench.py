@@ -163,7 +163,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             runs = [r for r in rows if r["pipeline"] == pipeline and r["config"] == config]
             if not runs:
                 continue
-            losses = [x for r in runs for x in r["losses"]]
+            losses = runs[0]["losses"]  # seeded: every round logs the same curve, one is the sample
             measured = [r for r in runs if r.get("tracked", True)] or runs  # peaks: 0 untracked
             timed = [r for r in runs if r.get("round", 0) in timed_rounds]
             med[config] = {"peak": statistics.median(r["peak_bytes"] for r in measured),
