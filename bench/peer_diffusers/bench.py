@@ -30,6 +30,9 @@ PIPELINES: dict[str, tuple[str, float, bool]] = {
     "bundled-sd3": ("train_dreambooth_lora_sd3", 1e-4, True),
 }
 CONFIGS = ("script", "script-switches", "lora_gui", "lora_gui-switches")
+# --diagnose: lora_gui's defaults without its built-in CPU memory tracker (no step peaks): not how
+# users run it, a row that says what that tracker costs a CPU run; untracked rounds only
+BARE = "lora_gui-no-cpu-tracker"
 
 
 def build_sdxl(out: Path) -> Path:
@@ -106,6 +109,8 @@ def run_one(pipeline: str, config: str, model: Path, data: Path, folder: Path, a
            "--result", str(result)]
     if not tracked:
         cmd.append("--no-tracker")
+    if config == BARE:
+        cmd.append("--no-builtin-tracker")
     if config.startswith("script"):
         env["PYTHONPATH"] = os.pathsep.join([str(DEPS), str(ROOT)])  # bench-only torchvision
         cmd += ["--script", PIPELINES[pipeline][0], "--",
@@ -159,7 +164,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 "|---|---|---|---|---|"]
     for pipeline in PIPELINES:
         med: dict[str, dict[str, Any]] = {}
-        for config in CONFIGS:
+        for config in (*CONFIGS, BARE):
             runs = [r for r in rows if r["pipeline"] == pipeline and r["config"] == config]
             if not runs:
                 continue
@@ -177,7 +182,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {pipeline} | {config} | {m['steps']} | {m['peak'] / MiB:.1f} | "
                          f"{m['bare'] / MiB:.1f} | {m['speed']:.2f} | {m['speeds']} | {m['steady']:.2f} | "
                          f"{m['total']:.1f} | {statistics.fmean(losses):.4f} |")
-        if len(med) < len(CONFIGS):
+        if any(c not in med for c in CONFIGS):
             continue
         scripts = [med["script"], med["script-switches"]]
         peak = med["lora_gui"]["peak"] / max(1, min(s["peak"] for s in scripts))  # 0: not measured
@@ -230,6 +235,9 @@ def main() -> None:
                         help="the first round runs both sides under the tracker (peaks); later rounds "
                              "run each side as its users run it (no tracker around either; lora_gui "
                              "keeps its built-in one) and give the speeds")
+    parser.add_argument("--diagnose", action="store_true",
+                        help=f"untracked rounds also run {BARE}: lora_gui's defaults without its "
+                             "built-in CPU step-peak tracker (what that tracker costs)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
     parser.add_argument("--chart", type=Path, default=ROOT / "bench" / "results" / "peer_diffusers_loss.html")
     a = parser.parse_args()
@@ -244,11 +252,15 @@ def main() -> None:
           f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}", flush=True)
     rows: list[dict[str, Any]] = []
     pairs = [("script", "lora_gui"), ("script-switches", "lora_gui-switches")]
+    if a.diagnose:
+        pairs[0] = ("script", "lora_gui", BARE)
     for rnd in range(a.rounds):
         for pipeline in names if rnd % 2 == 0 else names[::-1]:
             for pair in pairs if rnd % 2 == 0 else pairs[::-1]:
                 for config in pair if rnd % 2 == 0 else pair[::-1]:  # script / lora_gui, reversed
                     tracked = not a.no_tracker and not (a.untracked_peer and rnd > 0)
+                    if config == BARE and tracked:
+                        continue
                     row = run_one(pipeline, config, models[pipeline], data, folder, a, f"r{rnd}", tracked)
                     rows.append({**row, "round": rnd})
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "losses"}), flush=True)
