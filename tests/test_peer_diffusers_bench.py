@@ -50,7 +50,7 @@ def test_machine_peak_probe_is_counted_apart(monkeypatch):
 def _row(pipeline, config, peak, speed, losses, bare=None):
     return {"pipeline": pipeline, "config": config, "peak_bytes": peak, "optimizer_steps": len(losses),
             "peak_bytes_without_probe": bare or peak, "images_per_s": speed, "steady_images_per_s": speed,
-            "losses": losses}
+            "losses": losses, "total_s": 1.0}
 
 
 def test_table_says_which_targets_are_met_and_which_are_missed():
@@ -67,3 +67,19 @@ def test_table_says_which_targets_are_met_and_which_are_missed():
     assert "within noise" in verdicts["sdxl"]
     assert "0.89x MISSED; 0.56x | 0.90x MISSED" in verdicts["flux"]
     assert "OUTSIDE noise" in verdicts["flux"]
+
+
+def test_peaks_come_from_the_tracked_round_and_speeds_from_the_untracked_ones():
+    """--untracked-peer: round 0 runs both sides under the bench's tracker (peaks, slowed); the
+    later rounds run each side as its users do (no peak: 0) and alone give the speeds."""
+    noisy = [1.0, 0.8, 1.2, 0.9, 1.1, 1.0]
+    rows = []
+    for rnd, tracked in ((0, True), (1, False)):
+        for config, peak, speed in (("script", 100 * MB, 10.0), ("script-switches", 80 * MB, 5.0),
+                                    ("lora_gui", 50 * MB, 14.0), ("lora_gui-switches", 40 * MB, 6.0)):
+            row = _row("sdxl", config, peak if tracked else 0, speed * (1 if tracked else 3), noisy)
+            rows.append({**row, "round": rnd, "tracked": tracked})
+    verdicts = [line for line in bench.table(rows) if line.startswith("| sdxl | 0")]
+    assert "0.62x met; 0.62x | 1.40x met; 1.40x" in verdicts[0]
+    script = next(line for line in bench.table(rows) if line.startswith("| sdxl | script |"))
+    assert "| 100.0 | 100.0 | 30.00 | [30.0] |" in script  # peak of round 0, speed of round 1

@@ -26,6 +26,13 @@ Measured the same way for both: peak = live tensor-storage bytes counted by
 ``lora_gui.memory.runtime.tracker`` around the whole training call (loading, caching, the loop,
 saving; source ``tracker``); images/s = batch x (steps - 1) / the time from the first to the last
 optimizer step (a global optimizer-step hook); the loss each side logs per step.
+
+``--untracked-peer``: the first round runs both sides under that tracker and gives the peaks; the
+later rounds give the speeds with each side run as its users run it: the script with no tracker
+around it (the tracker, a Python dispatch mode on every op, slows it several times), lora_gui with
+no tracker around it but its own built-in one (how a CPU run measures its step peaks).
+``--diagnose``: the untracked rounds also run lora_gui's defaults without that built-in tracker
+(not a configuration users run: a row that says what the tracker costs).
 """
 
 from bench.peer_diffusers.bench import main

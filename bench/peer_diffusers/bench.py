@@ -30,6 +30,9 @@ PIPELINES: dict[str, tuple[str, float, bool]] = {
     "bundled-sd3": ("train_dreambooth_lora_sd3", 1e-4, True),
 }
 CONFIGS = ("script", "script-switches", "lora_gui", "lora_gui-switches")
+# --diagnose: lora_gui's defaults without its built-in CPU memory tracker (no step peaks): not how
+# users run it, a row that says what that tracker costs a CPU run; untracked rounds only
+BARE = "lora_gui-no-cpu-tracker"
 
 
 def build_sdxl(out: Path) -> Path:
@@ -93,8 +96,10 @@ def lora_settings(pipeline: str, model: Path, a: argparse.Namespace, switches: b
 
 
 def run_one(pipeline: str, config: str, model: Path, data: Path, folder: Path, a: argparse.Namespace,
-            tag: str) -> dict[str, Any]:
-    """One configuration in a fresh subprocess (pinned with taskset when --cpu is given)."""
+            tag: str, tracked: bool = True) -> dict[str, Any]:
+    """One configuration in a fresh subprocess (pinned with taskset when --cpu is given).
+    ``tracked``: the bench's tracker around the training call (peaks); without it, each side runs
+    as its users run it (the script with no tracker; lora_gui with its own, built in on a CPU)."""
     out, result = folder / f"{pipeline}-{config}-{tag}", folder / f"{pipeline}-{config}-{tag}.json"
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(folder / "hf-datasets"),
@@ -102,8 +107,10 @@ def run_one(pipeline: str, config: str, model: Path, data: Path, folder: Path, a
     switches = config.endswith("switches")
     cmd = [sys.executable, "-m", "bench.peer_diffusers.launch", "--threads", str(a.threads),
            "--result", str(result)]
-    if a.no_tracker:
+    if not tracked:
         cmd.append("--no-tracker")
+    if config == BARE:
+        cmd.append("--no-builtin-tracker")
     if config.startswith("script"):
         env["PYTHONPATH"] = os.pathsep.join([str(DEPS), str(ROOT)])  # bench-only torchvision
         cmd += ["--script", PIPELINES[pipeline][0], "--",
@@ -121,9 +128,9 @@ def run_one(pipeline: str, config: str, model: Path, data: Path, folder: Path, a
     row = json.loads(result.read_text(encoding="utf-8"))
     stamps = row.pop("stamps")[-a.steps:]  # the training loop's steps (lora_gui's planner traces one more)
     gaps = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)]
-    if a.no_tracker:  # speed only: no peak was measured on either side
+    if not tracked:  # speed only: no peak was measured on either side
         row |= {"peak_bytes": 0, "peak_bytes_without_probe": 0}
-    row |= {"pipeline": pipeline, "config": config, "optimizer_steps": len(stamps),
+    row |= {"pipeline": pipeline, "config": config, "optimizer_steps": len(stamps), "tracked": tracked,
             "images_per_s": a.batch * (len(stamps) - 1) / (stamps[-1] - stamps[0]),
             "steady_images_per_s": a.batch / statistics.median(gaps)}
     return row
@@ -136,11 +143,20 @@ def _noise_ok(a: list[float], b: list[float]) -> tuple[float, float, bool]:
     return diff, 2 * se, abs(diff) <= 2 * se
 
 
+def _speed_rounds(rows: list[dict[str, Any]]) -> set[int]:
+    """Rounds whose speeds count: all, or with untracked rounds (--untracked-peer) only those."""
+    untracked = {r.get("round", 0) for r in rows if r.get("tracked") is False}
+    return untracked or {r.get("round", 0) for r in rows}
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The markdown table: per pipeline, each configuration's medians and the target ratios."""
+    """The markdown table: per pipeline, each configuration's medians and the target ratios
+    (peaks from the tracked rounds, speeds from the untracked ones when there are any)."""
+    timed_rounds = _speed_rounds(rows)
     lines = ["| pipeline | configuration | steps | peak MiB (tracker, whole run) | peak MiB without "
-             "the MFU probe | images/s (loop) | images/s per round | images/s (median step) | mean loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "the MFU probe | images/s (loop) | images/s per round | images/s (median step) | "
+             "whole run s | mean loss |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = ["", "| pipeline | lora_gui default peak / script's lowest (<= 0.7); without the probe "
                 "| "
                 "lora_gui default images/s / script's fastest (>= 1.3); median step | same switches: "
@@ -148,22 +164,25 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 "|---|---|---|---|---|"]
     for pipeline in PIPELINES:
         med: dict[str, dict[str, Any]] = {}
-        for config in CONFIGS:
+        for config in (*CONFIGS, BARE):
             runs = [r for r in rows if r["pipeline"] == pipeline and r["config"] == config]
             if not runs:
                 continue
-            losses = [x for r in runs for x in r["losses"]]
-            med[config] = {"peak": statistics.median(r["peak_bytes"] for r in runs),
-                           "bare": statistics.median(r["peak_bytes_without_probe"] for r in runs),
-                           "speed": statistics.median(r["images_per_s"] for r in runs),
-                           "steady": statistics.median(r["steady_images_per_s"] for r in runs),
-                           "speeds": [round(r["images_per_s"], 2) for r in runs], "losses": losses,
+            losses = runs[0]["losses"]  # seeded: every round logs the same curve, one is the sample
+            measured = [r for r in runs if r.get("tracked", True)] or runs  # peaks: 0 untracked
+            timed = [r for r in runs if r.get("round", 0) in timed_rounds]
+            med[config] = {"peak": statistics.median(r["peak_bytes"] for r in measured),
+                           "bare": statistics.median(r["peak_bytes_without_probe"] for r in measured),
+                           "speed": statistics.median(r["images_per_s"] for r in timed),
+                           "steady": statistics.median(r["steady_images_per_s"] for r in timed),
+                           "total": statistics.median(r["total_s"] for r in timed),
+                           "speeds": [round(r["images_per_s"], 2) for r in timed], "losses": losses,
                            "steps": runs[0]["optimizer_steps"]}
             m = med[config]
             lines.append(f"| {pipeline} | {config} | {m['steps']} | {m['peak'] / MiB:.1f} | "
                          f"{m['bare'] / MiB:.1f} | {m['speed']:.2f} | {m['speeds']} | {m['steady']:.2f} | "
-                         f"{statistics.fmean(losses):.4f} |")
-        if len(med) < len(CONFIGS):
+                         f"{m['total']:.1f} | {statistics.fmean(losses):.4f} |")
+        if any(c not in med for c in CONFIGS):
             continue
         scripts = [med["script"], med["script-switches"]]
         peak = med["lora_gui"]["peak"] / max(1, min(s["peak"] for s in scripts))  # 0: not measured
@@ -212,6 +231,13 @@ def main() -> None:
     parser.add_argument("--no-tracker", action="store_true",
                         help="speed only: no tracker around either side (peaks print as 0); lora_gui "
                              "keeps its own built-in per-step tracker")
+    parser.add_argument("--untracked-peer", action="store_true",
+                        help="the first round runs both sides under the tracker (peaks); later rounds "
+                             "run each side as its users run it (no tracker around either; lora_gui "
+                             "keeps its built-in one) and give the speeds")
+    parser.add_argument("--diagnose", action="store_true",
+                        help=f"untracked rounds also run {BARE}: lora_gui's defaults without its "
+                             "built-in CPU step-peak tracker (what that tracker costs)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
     parser.add_argument("--chart", type=Path, default=ROOT / "bench" / "results" / "peer_diffusers_loss.html")
     a = parser.parse_args()
@@ -226,11 +252,16 @@ def main() -> None:
           f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}", flush=True)
     rows: list[dict[str, Any]] = []
     pairs = [("script", "lora_gui"), ("script-switches", "lora_gui-switches")]
+    if a.diagnose:
+        pairs[0] = ("script", "lora_gui", BARE)
     for rnd in range(a.rounds):
         for pipeline in names if rnd % 2 == 0 else names[::-1]:
             for pair in pairs if rnd % 2 == 0 else pairs[::-1]:
                 for config in pair if rnd % 2 == 0 else pair[::-1]:  # script / lora_gui, reversed
-                    row = run_one(pipeline, config, models[pipeline], data, folder, a, f"r{rnd}")
+                    tracked = not a.no_tracker and not (a.untracked_peer and rnd > 0)
+                    if config == BARE and tracked:
+                        continue
+                    row = run_one(pipeline, config, models[pipeline], data, folder, a, f"r{rnd}", tracked)
                     rows.append({**row, "round": rnd})
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "losses"}), flush=True)
     print("\n" + "\n".join(table(rows)))

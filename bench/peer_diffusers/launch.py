@@ -178,12 +178,20 @@ def main() -> None:
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-tracker", action="store_true", help="speed only: no outer tracker")
+    parser.add_argument("--no-builtin-tracker", action="store_true",
+                        help="lora_gui without its own CPU step-peak tracker (a diagnosis, not how "
+                             "users run it: its step peaks are then not measured)")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.no_tracker:
         global RealTracker
         RealTracker = NoTracker  # noqa: F811 (speed-only runs)
+    if args.no_builtin_tracker:
+        from lora_gui.memory.runtime.meter import PeakMeter
+
+        PeakMeter.__enter__ = lambda self: self  # the tracker's dispatch mode is never pushed
+        PeakMeter.__exit__ = lambda self, *exc: None
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     result = run_lora(json.loads(args.lora.read_text()), args.out) if args.lora else run(args.script, rest)
     args.result.write_text(json.dumps(result), encoding="utf-8")

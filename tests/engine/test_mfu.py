@@ -91,12 +91,21 @@ def test_text_run_reports_mfu(tmp_path, small_corpus):
     assert all(r["flops"] > 0 and r["mfu"] > 0 for r in records)
 
 
-def test_image_run_reports_mfu(tmp_path):
+def test_image_run_reports_mfu(tmp_path, monkeypatch):
+    from lora_gui.engine.core.control import TrainControl
+    from lora_gui.engine.image import speed
+
     build(tmp_path / "pics", count=3)
     cfg = apply_overrides(load_config("image-512"), {
         "data": str(tmp_path / "pics"), "max_steps": 2, "batch_size": 1, "monitor_hz": 0,
         "eval_fraction": 0.34, "sample_images": 0, "resolution": 128})
-    summary = train_image(cfg, tmp_path / "run", progress=False)
+    phases, counted_in = [], []  # the run's phases so far; the phase each FLOP count ran in
+    control = TrainControl(on_event=lambda e: phases.append(e.get("phase")))
+    count = speed.counted_step_flops
+    monkeypatch.setattr(speed, "counted_step_flops",
+                        lambda *a: counted_in.append(phases[-1]) or count(*a))
+    summary = train_image(cfg, tmp_path / "run", progress=False, control=control)
+    assert counted_in and "training" not in counted_in  # every bucket counted before the loop
     assert summary["mfu"] is not None and 0 < summary["mfu"] < 1.5
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["flops"] > 0 for r in records)

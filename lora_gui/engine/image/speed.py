@@ -1,7 +1,12 @@
 """Useful FLOPs of an image step: the denoiser's forward and backward for one image of a bucket,
-counted once per bucket on fake copies of a real micro-batch's inputs, times the step's images
+counted once per bucket on fake copies of a real image's inputs, times the step's images
 (a step's matmuls and convolutions grow linearly with its images). The text encoders' pass
-(train_text_encoder) and the VAE are not counted: the count is the denoiser's."""
+(train_text_encoder) and the VAE are not counted: the count is the denoiser's.
+
+Every bucket the run will train is counted before its first step (:meth:`BucketFlops.count_buckets`):
+a count is a fake-tensor forward and backward (about a second per bucket on the demo models, several
+on a full-size one), which inside the loop would sit between two timed steps, and, under the CPU
+memory tracker the loop runs in, cost about five times as much."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any
 
 import torch
 
-from lora_gui.engine.image.inputs import denoise_loss, noised, unet_loss
+from lora_gui.engine.image.inputs import InputSource, denoise_loss, noised, unet_loss
+from lora_gui.engine.image.ranks import image_noise
 from lora_gui.models.diffusion import Encoded
 from lora_gui.models.dit import FlowMatching
 from lora_gui.models.flops import counted_step_flops
@@ -63,6 +69,22 @@ class BucketFlops:
                 log.warning("no FLOP count for latents %s: %s", key, str(err))
                 self.per_image[key] = None
         self.pending.clear()
+
+    def count_buckets(self, inputs: InputSource, buckets: list[tuple[int, int]], dtype: torch.dtype,
+                      seed: int, model: Any, scheduler: Any) -> None:
+        """Counts each bucket of ``buckets`` (one per training image) on its first image, before
+        training: the image's real inputs (cached, or encoded once) and its step-0 noise."""
+        first: dict[tuple[int, int], int] = {}
+        for index, bucket in enumerate(buckets):
+            first.setdefault(bucket, index)
+        for index in first.values():
+            enc = inputs.batch((index,), dtype, 0)
+            noise, timesteps = image_noise(seed, 0, (index,), enc.latents.shape[1:],
+                                           scheduler.config.num_train_timesteps, enc.latents.device)
+            self.offer(enc, noise, timesteps)
+            del enc, noise
+        self.count_pending(model, scheduler)
+        self.last_key = None
 
     def step(self, images: int) -> int | None:
         """Useful FLOPs of a step of ``images`` images of the latest micro-batch's latent shape."""

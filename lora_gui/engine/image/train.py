@@ -196,6 +196,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if state.base_eval_loss is None and dist.is_main:
         state.base_eval_loss = eval_loss(unet, model.noise_scheduler, eval_set, device, dtype)
     meter.track(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    flop_counts = BucketFlops()  # useful FLOPs of every bucket, counted once before the loop
+    flop_counts.count_buckets(inputs, data.buckets, dtype, cfg.seed, unet, model.noise_scheduler)
     metrics, events = open_logs(out, state, resume, dist)
     session = ImageSession(
         cfg=cfg, out=out, control=control, dist=dist, accelerator=accelerator, model=unet,
@@ -203,6 +205,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, pipeline=model,
         data=data, inputs=inputs, eval_set=eval_set, dtype=dtype, cache_seconds=cache["cache_seconds"],
         cache_peak_bytes=cache["cache_peak_bytes"], optimizer_name=optimizer_name, prediction=prediction,
+        flop_counts=flop_counts,
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unet, headroom(predicted, meter)),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     session.plan_event(budget, **cache, optimizer=optimizer_name,
@@ -262,7 +265,7 @@ def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
               "images_per_s": images / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
               "time": time.time()}
-    run.flop_counts.count_pending(run.model, run.pipeline.noise_scheduler)  # new buckets, untimed
+    run.flop_counts.count_pending(run.model, run.pipeline.noise_scheduler)  # a bucket not counted yet
     record.update(step_speed(run.flop_counts.step(images), seconds, run.peak, run.dist.world_size))
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":
         record["samples_by_rank"] = run.dist.gather_to_main(stats["indices"])
