@@ -610,8 +610,7 @@ def _context_bytes() -> int | None:
 
 def _write(out: Path, result: dict[str, Any]) -> None:
     """Both files after every section, so a run cut short still returns what it measured."""
-    text_rows = [r for r in result.get("text", []) + result.get("nf4", [])]
-    view = {**result, "text": text_rows}
+    view = {**result, "text": result.get("text", []) + result.get("nf4", [])}  # one accuracy table
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     (out / "gpu_check.md").write_text(_markdown(view), encoding="utf-8")
 
@@ -645,7 +644,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke
         else "cpu (smoke)" if args.smoke else "cpu (plans only)",
-        "torch": torch.__version__, "errors": {}, "seconds": {}}
+        "torch": torch.__version__, "plans_traced_with": gpu_plans.traced_with(), "errors": {}, "seconds": {}}
     for name in wanted:
         start = time.perf_counter()
         print(f"[gpu_check] {name} ...", flush=True)
@@ -657,7 +656,6 @@ def main() -> None:
             result["errors"][name] = traceback.format_exc()
             print(result["errors"][name], flush=True)
         result["seconds"][name] = round(time.perf_counter() - start, 1)
-        result["plans_traced_with"] = gpu_plans.traced_with()
         if args.plan_only and args.plans:
             gpu_plans.save(args.plans)
         else:

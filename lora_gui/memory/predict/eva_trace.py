@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lora_gui.memory.predict.allocator import round_size
 from lora_gui.memory.runtime.tracker import StorageTracker
 
 log = logging.getLogger(__name__)
-CUDA_ROUNDING = 512  # bytes: the caching allocator's smallest block
 MASK = "attention_mask"
 
 
@@ -79,10 +79,11 @@ def eva_batches(samples: Sequence[Any], batch_size: int, max_len: int) -> list[E
 
 
 class _CudaBlocks(StorageTracker):
-    """The tracker counting each storage at the CUDA caching allocator's block size."""
+    """The tracker counting each storage at the block the CUDA caching allocator hands out
+    (``allocator.round_size``; an empty storage takes none)."""
 
     def _new_storages(self, tensors: Any) -> list[tuple[torch.UntypedStorage, int]]:
-        return [(s, -(-n // CUDA_ROUNDING) * CUDA_ROUNDING) for s, n in super()._new_storages(tensors)]
+        return [(s, round_size(n) if n else 0) for s, n in super()._new_storages(tensors)]
 
 
 def plan_batches(cfg: Any, source: str | None, samples: Sequence[Any] | None = None,
