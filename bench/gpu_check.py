@@ -6,10 +6,14 @@
                                                     # then on the GPU machine (~8 min on an H200)
     python -m bench.gpu_check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
-Sections run in the order of ``--sections`` (text, unet, card, dit, nf4, flex by default); both
-output files are rewritten after each, and a section that fails leaves its traceback under
-``errors`` without losing the others. After each section on a GPU, ``context_bytes`` records
-what NVML shows beyond the allocator's reserve (the CUDA context the plans count).
+Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex by
+default); both output files are rewritten after each, and a section that fails leaves its
+traceback under ``errors`` without losing the others. After each section on a GPU,
+``context_bytes`` records what NVML shows beyond the allocator's reserve and
+``outside_allocator_bytes`` what cudaMemGetInfo does (the CUDA context the plans count); the
+``context`` section (bench/gpu_context.py) reads them stage by stage. Every measured step starts
+after a garbage collection and ``empty_cache``, so an earlier row's model held in a reference
+cycle cannot inflate a later row's peaks.
 
 1. Planner accuracy (issue 3): a ~1B Llama (Llama-3.2-1B shapes, random bf16 weights built from
    the config: nothing is downloaded) with LoRA r16 on all linear layers, batch 1 at seq
@@ -50,6 +54,7 @@ Writes gpu_check.json and gpu_check.md under --out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -59,7 +64,7 @@ from typing import Any
 
 import torch
 
-from bench import gpu_plans
+from bench import gpu_context, gpu_plans
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -107,7 +112,7 @@ def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for measured in (False, True):
         if measured and device == "cuda":
-            torch.cuda.synchronize()
+            _release()
             torch.cuda.reset_peak_memory_stats()
         make_loss().backward()
         opt.step()
@@ -125,6 +130,15 @@ def _real_step_peak(model: torch.nn.Module, make_loss, device: str) -> int:
         times.append(time.perf_counter() - t0)
     _SECONDS.append(statistics.median(times))
     return peak
+
+
+def _release() -> None:
+    """Frees what earlier rows left (models held in reference cycles until the collector runs,
+    cached segments) so a row's peaks are its own step's."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _speed(model: torch.nn.Module, make_loss, device: str, dtype: torch.dtype, unit: str, count: int,
@@ -194,7 +208,7 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
                      **_reserved(measured, predicted), "breakdown": predicted.breakdown, **speed})
         del model
         if device == "cuda":
-            torch.cuda.empty_cache()
+            _release()
     return rows
 
 
@@ -204,6 +218,7 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
 
     from bench.quant_measure import save_random_model
     from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.memory.predict.run_plan import step_kwargs
     from lora_gui.models import text as text_models
 
     cfg = load_model_config(config)
@@ -211,10 +226,11 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
     run = apply_overrides(RunConfig(), {
         "quantization": "nf4", "gradient_checkpointing": True, "lora_rank": 16, "lora_alpha": 16.0,
         "max_seq_len": max(seqs), "precision": "bf16" if device == "cuda" else "fp32"})
-    plans = {seq: gpu_plans.planned(f"nf4:{cfg.hidden_size}x{cfg.num_hidden_layers}:{dtype}:{seq}",
+    # the engine's own step (its chunked loss included), with the AdamW this check steps
+    step = {**step_kwargs(run, "cuda"), "optimizer": "adamw", "dtype": dtype}
+    plans = {seq: gpu_plans.planned(f"nf4:{cfg.hidden_size}x{cfg.num_hidden_layers}:{dtype}:{seq}:run",
                                     lambda seq=seq: tr.trace_text_step(
-                                        cfg, batch_size=1, seq_len=seq, lora_rank=16, dtype=dtype,
-                                        device="cuda", quantization="nf4", gradient_checkpointing=True))
+                                        cfg, batch_size=1, seq_len=seq, **step))
              for seq in seqs}
     if PLAN_ONLY[0]:
         return []
@@ -239,7 +255,7 @@ def check_text_nf4(config: dict, seqs: list[int], device: str) -> list[dict[str,
                      **_reserved(measured, predicted), "breakdown": predicted.breakdown})
     del model
     if device == "cuda":
-        torch.cuda.empty_cache()
+        _release()
     return rows
 
 
@@ -248,13 +264,13 @@ def _step_under(model, optimizer, ids, budget: int, device: str) -> dict[str, An
     card's memory less the CUDA context the plan counts): max allocated / reserved, or the OOM."""
     out: dict[str, Any] = {"measured_bytes": 0, "measured_reserved_bytes": 0, "out_of_memory": False}
     if device == "cuda":
-        torch.cuda.empty_cache()
+        _release()
         usable = (budget - tr.CUDA_CONTEXT_BYTES) / torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, usable)))
     try:
         for measured in (False, True):  # a warm step first: the optimizer state exists
             if measured and device == "cuda":
-                torch.cuda.synchronize()
+                _release()
                 torch.cuda.reset_peak_memory_stats()
             model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
             optimizer.step()
@@ -264,10 +280,23 @@ def _step_under(model, optimizer, ids, budget: int, device: str) -> dict[str, An
             out.update(measured_bytes=torch.cuda.max_memory_allocated(),
                        measured_reserved_bytes=torch.cuda.max_memory_reserved())
     except torch.OutOfMemoryError as err:
-        out["out_of_memory"] = str(err).splitlines()[0]
+        out["out_of_memory"] = " ".join(str(err).split())[:600]
     finally:
         if device == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0)
+    if out["out_of_memory"] and device == "cuda":  # how far the plan was: the same steps uncapped
+        optimizer.zero_grad(set_to_none=True)
+        _release()
+        for measured in (False, True):
+            if measured:
+                _release()
+                torch.cuda.reset_peak_memory_stats()
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        out.update(uncapped_measured_bytes=torch.cuda.max_memory_allocated(),
+                   uncapped_reserved_bytes=torch.cuda.max_memory_reserved())
     return out
 
 
@@ -357,7 +386,7 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                 rows.append(row)
             del model, optimizer
             if device == "cuda":
-                torch.cuda.empty_cache()
+                _release()
     return rows
 
 
@@ -419,7 +448,7 @@ def check_unet(config: Any, resolutions: list[int], device: str) -> list[dict[st
                      **_reserved(measured, predicted)})
         del unet
         if device == "cuda":
-            torch.cuda.empty_cache()
+            _release()
     return rows
 
 
@@ -478,7 +507,7 @@ def check_dit(config: Any, resolutions: list[int], device: str, gradient_checkpo
                      **_reserved(measured, predicted)})
         del model
         if device == "cuda":
-            torch.cuda.empty_cache()
+            _release()
     return rows
 
 
@@ -520,7 +549,9 @@ def check_flex(seqs: list[int], device: str, repeats: int = 5) -> list[dict[str,
 
 def _markdown(result: dict[str, Any]) -> str:
     mib = 2**20
-    out = [f"# GPU check ({result['device_name']})", "", "## Planner accuracy (allocator peak)", "",
+    out = [f"# GPU check ({result['device_name']})", "",
+           *(gpu_context.markdown(result["context"]) if "context" in result else []),
+           "## Planner accuracy (allocator peak)", "",
            "| model | shape | measured MiB | predicted MiB (trace) | error | planner estimate MiB | "
            "measured reserved MiB | planned reserved MiB | reserved error |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -557,6 +588,9 @@ def _markdown(result: dict[str, Any]) -> str:
     for r in result.get("card", []):
         measured = "OOM" if r["out_of_memory"] else (f"{r['measured_bytes'] / mib:,.0f} / "
                                                        f"{r['measured_reserved_bytes'] / mib:,.0f}")
+        if "uncapped_measured_bytes" in r:
+            measured += (f" (uncapped: {r['uncapped_measured_bytes'] / mib:,.0f} / "
+                         f"{r['uncapped_reserved_bytes'] / mib:,.0f})")
         err = f"{r['reserved_error']:+.1%}" if r["reserved_error"] is not None else "-"
         planned = f"{r['predicted_bytes'] / mib:,.0f} / {r['predicted_reserved_bytes'] / mib:,.0f}"
         out.append(f"| {r['model']} | {r['card']} | {r['seq_len']} | {r['planned_longest']} | "
@@ -566,13 +600,14 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-SECTIONS = ("text", "unet", "card", "dit", "nf4", "flex")  # the order a lent card runs them in
+SECTIONS = ("context", "text", "card", "nf4", "dit", "unet", "flex")  # the order a lent card runs them in
 
 
 def _sections(smoke: bool, device: str) -> dict[str, Any]:
     """Each section's rows as a callable, most wanted first (a run cut short keeps those)."""
     if smoke:
-        return {"text": lambda: check_text(TINY_LLAMA, [64], device)
+        return {"context": gpu_context.check_context,
+                "text": lambda: check_text(TINY_LLAMA, [64], device)
                 + check_text("assets/base-model", [128], device),
                 "unet": lambda: check_unet(TINY_UNET, [64], device)
                 + check_unet(TINY_SDXL_UNET, [64, 128], device),
@@ -583,7 +618,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "flex": lambda: check_flex([512], device, repeats=2)}
     # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
     # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
-    return {"text": lambda: check_text("assets/base-model", [512], device)
+    return {"context": gpu_context.check_context,
+            "text": lambda: check_text("assets/base-model", [512], device)
             + check_text(LLAMA_1B, [512, 1024, 2048, 8192], device),
             "unet": lambda: check_unet("sd15-unet", [512, 768, 1024], device)
             + check_unet("sdxl-unet", [512, 768, 1024], device),
@@ -606,6 +642,13 @@ def _context_bytes() -> int | None:
     except Exception:  # no NVML: the row says so rather than guessing
         return None
     return int(used - torch.cuda.memory_reserved())
+
+
+def _outside_allocator_bytes() -> int:
+    """cudaMemGetInfo's total - free - the allocator's reserve: what this process (and any other
+    on the card) holds outside the caching allocator, as an out-of-memory is decided."""
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free - torch.cuda.memory_reserved())
 
 
 def _write(out: Path, result: dict[str, Any]) -> None:
@@ -663,8 +706,9 @@ def main() -> None:
         print(f"[gpu_check] {name} done in {result['seconds'][name]} s", flush=True)
         if device == "cuda" and not args.plan_only:
             result.setdefault("context_bytes", {})[name] = _context_bytes()
+            result.setdefault("outside_allocator_bytes", {})[name] = _outside_allocator_bytes()
         if device == "cuda":
-            torch.cuda.empty_cache()
+            _release()
     if not args.plan_only:
         print((args.out / "gpu_check.md").read_text(encoding="utf-8"))
 

@@ -5,13 +5,16 @@ A lent GPU machine has minutes, not hours: the traces behind each row of ``bench
 ``python -m bench.gpu_check --plan-only --plans FILE`` and read back there with ``--plans FILE``.
 The plans are the planner's own (the same functions, the same settings); the torch on the GPU
 machine may be another version than the one that traced them, and the check's output says which
-each side used. A key missing from the file is traced on the spot.
+each side used. A key missing from the file is traced on the spot, and so is every key of a file
+written by another version of the planner (``meta.planner``: a hash of lora_gui/memory/predict).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,13 +23,27 @@ import torch
 
 from lora_gui.memory.predict.trace_result import TraceResult
 
+log = logging.getLogger(__name__)
 _PLANS: dict[str, Any] = {}
 _META: dict[str, Any] = {}
+_PREDICT = Path(__file__).resolve().parents[1] / "lora_gui" / "memory" / "predict"
+
+
+def planner_fingerprint() -> str:
+    """A hash of the prediction package's source: plans from other code are not this planner's."""
+    digest = hashlib.sha256()
+    for path in sorted(_PREDICT.rglob("*.py")):
+        digest.update(path.relative_to(_PREDICT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def load(path: Path) -> None:
     """Reads precomputed plans (``--plans``); keys not in the file are traced when asked."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("meta", {}).get("planner") != planner_fingerprint():
+        log.warning("%s was written by another version of the planner: every plan is traced again", path)
+        print(f"[gpu_plans] {path}: stale (planner changed since), tracing every plan again", flush=True)
+        return
     _META.update(data.get("meta", {}))
     for key, value in data["plans"].items():
         _PLANS[key] = TraceResult(**value["trace"]) if "trace" in value else value["value"]
@@ -36,7 +53,7 @@ def save(path: Path) -> None:
     """Writes every plan computed or read so far, with the torch version that traced them."""
     plans = {key: ({"trace": dataclasses.asdict(v)} if isinstance(v, TraceResult) else {"value": v})
              for key, v in _PLANS.items()}
-    meta = {"torch": _META.get("torch", torch.__version__)}
+    meta = {"torch": _META.get("torch", torch.__version__), "planner": planner_fingerprint()}
     path.write_text(json.dumps({"meta": meta, "plans": plans}, indent=1, default=str), encoding="utf-8")
 
 

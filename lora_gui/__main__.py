@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="host memory offloaded tensors may use "
                            "(default: what is available here)")
     plan.add_argument("--no-cuda-context", action="store_true",
-                      help="--longest on cuda: leave the CUDA context (~500 MiB) out of the budget, "
+                      help="--longest on cuda: leave the CUDA context (920 MiB) out of the budget, "
                            "as published figures do")
     plan.add_argument("--estimate-only", action="store_true",
                       help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")

@@ -71,8 +71,9 @@ _CARDS = (
     # H100 80GB HBM3: "total capacity of 79.11 GiB" (vllm-project/vllm#27508,
     # NVIDIA-NeMo/RL#2814)
     ("h100-80gb", "NVIDIA H100 80 GB", _gib(79.11)),
-    # H200: no report found; nvidia-smi's 143,771 MiB less 600 MiB
-    ("h200", "NVIDIA H200 141 GB", (143_771 - 600) * MIB),
+    # H200: measured on a lent H200 (driver 580, torch 2.11 + CUDA 13.0, bench/gpu_check.py);
+    # nvidia-smi shows 143,771 MiB, 615 MiB of which the driver keeps (NVML v2 "reserved")
+    ("h200", "NVIDIA H200 141 GB", 150_109_880_320),
 )
 
 CARDS: dict[str, Card] = {name: Card(name, label, nbytes) for name, label, nbytes in _CARDS}

@@ -82,6 +82,8 @@ from lora_gui.engine.image.speed import BucketFlops
 from lora_gui.engine.image.summary import image_summary
 from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache
 from lora_gui.memory.predict.image_run import image_run_prediction
+from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
+from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
@@ -175,9 +177,11 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     budget = int(cfg.budget_gb * GB) or None
+    plan_budget, card_context = budget_for_plan(budget, device, CUDA_CONTEXT_BYTES)
+
     def plan() -> tuple:  # the form and `plan` call the same function on the same modules
-        planned = image_run_prediction(cfg, model, data, budget, device, dtype, dist.world_size)
-        return planned.caps, planned.peak_bytes, planned.figures(device.type)
+        planned = image_run_prediction(cfg, model, data, plan_budget, device, dtype, dist.world_size)
+        return planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context}
 
     caps, predicted, prediction = dist.on_main(plan)
     meter = PeakMeter(device, budget)

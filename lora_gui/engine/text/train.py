@@ -74,6 +74,8 @@ from lora_gui.engine.text.preference import (
     run_pair_step,
 )
 from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
+from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import adapters
@@ -357,9 +359,12 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     # does not pass through the first evaluation, which used to switch them on
     model.train()
     budget = int(cfg.budget_gb * GB) or None
-    caps, predicted, prediction = _memory_plan(cfg, source, budget, accelerator.device,
+    plan_budget, card_context = budget_for_plan(budget, accelerator.device, CUDA_CONTEXT_BYTES)
+    caps, predicted, prediction = _memory_plan(cfg, source, plan_budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
                                                [len(s) for s in data.train], added_rows, data.train)
+    if prediction is not None:
+        prediction.update(card_context)
     if init_peak is None and prediction and "step_peak_bytes" in prediction:  # a resume loaded the
         predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")  # init: no SVD now
     meter = PeakMeter(accelerator.device, budget)

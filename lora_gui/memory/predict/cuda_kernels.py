@@ -36,9 +36,15 @@ MEM_EFF_BLOCK_I = 64  # kernel_backward.h: query block (kBlockSizeI) of the sm80
 MEM_EFF_BLOCK_J = 128  # kernel_backward.h: key block (kBlockSizeJ), upper bound over variants
 # torch's default CUBLAS_WORKSPACE_CONFIG (aten/src/ATen/cuda/CublasHandlePool.cpp,
 # getChosenWorkspaceSize): ":4096:8" on Hopper = 8 x 4 MiB; older cards ":4096:2:16:8" = 8.125 MiB.
-# One workspace per (handle, stream) that runs a matmul; cuBLASLt gets its own 1 MiB
-# (getCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE default 1024 KiB).
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+# One workspace per (handle, stream) that runs a matmul, and handles are per thread
+# (DeviceThreadHandlePool): the forward's thread and the autograd engine's device thread, which
+# runs every backward matmul, hold one each. Measured on an H200 (bench/gpu_check.py): every
+# training step's max_memory_allocated was 31 MiB above a plan that counted one workspace.
+# The plan takes 32 MiB (the Hopper size) on every card: a card of unknown kind never gets less.
+# cuBLASLt: 1 MiB of its own (getCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE 1024 KiB),
+# kept although recent builds share the cuBLAS workspace (erring by 1 MiB high, never low).
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # one (handle, stream) pair
+CUBLAS_HANDLES = 2  # forward thread + autograd's device thread
 CUBLASLT_WORKSPACE_BYTES = 1 * 2**20
 # aten/src/ATen/native/transformers/cuda/attention.cu _flash_attention_forward: the forward
 # returns rng_state (2 x uint64) and an empty uint64 "_unused"; both are saved for backward, one
@@ -198,8 +204,9 @@ def kernel_table(*, kernel: str, batch: int, seq: int, heads: int, kv_heads: int
                   lora_param_bytes, "inside optimizer.step()", True,
                   "torch/optim/adamw.py (adam.py) _multi_tensor_adam: torch._foreach_sqrt; "
                   "foreach is the default on CUDA, traced with foreach=True"),
-        KernelRow("cublas", "cuBLAS workspace (one stream: forward and backward)", "step",
-                  CUBLAS_WORKSPACE_BYTES, "from the first matmul to the end of the process", False,
+        KernelRow("cublas", "cuBLAS workspaces (forward thread + autograd's backward thread)", "step",
+                  CUBLAS_HANDLES * CUBLAS_WORKSPACE_BYTES, "from the first matmul to the end of the process",
+                  False,
                   "aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize"),
         KernelRow("cublaslt", "cuBLASLt workspace", "step", CUBLASLT_WORKSPACE_BYTES,
                   "from the first Lt matmul to the end of the process", False,

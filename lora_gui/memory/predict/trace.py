@@ -238,9 +238,12 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
         overheads["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
         overheads["cuda_context"] = CUDA_CONTEXT_BYTES
         reserved = _replay(tracker)
+        from lora_gui.memory.predict.allocator import capped_need
+
         # reserved beyond allocated: what the allocator's segments hold that no live block uses
-        # (expandable segments: the pages a capped run needs, the allocator unmapping free ones)
-        overheads["allocator_cache"] = max(0, reserved.peak_pages - reserved.peak_allocated)
+        # (expandable segments: the pages a capped run needs, the allocator unmapping free ones,
+        # and the fragmentation it could not unmap on a card)
+        overheads["allocator_cache"] = max(0, capped_need(reserved) - reserved.peak_allocated)
     n_train = sum(p.numel() for p in trainable)
     info = {
         "trainable_params": n_train,
@@ -260,6 +263,7 @@ def _result(tracker: _PhaseTracker, device: str, seconds: float, model: nn.Modul
 def _replay(tracker: _PhaseTracker):
     """The caching allocator's replay of the run's first two steps (:mod:`allocator`)."""
     from lora_gui.memory.predict.allocator import replay_records, two_steps
+    from lora_gui.memory.predict.cuda_kernels import CUBLAS_HANDLES as handles
     from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as cublas
     from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as cublaslt
     from lora_gui.memory.runtime.alloc_conf import expandable_segments_planned
@@ -269,7 +273,7 @@ def _replay(tracker: _PhaseTracker):
     state = [r.nbytes for r in before if r.category == "optimizer_state"]
     kept = [r.nbytes for r in before if r.category != "optimizer_state"]
     step = [(r.nbytes, r.born, r.died) for r in tracker.records if r.born > start]
-    return replay_records(two_steps(kept, state, step, fixed=(cublas, cublaslt)),
+    return replay_records(two_steps(kept, state, step, fixed=(*[cublas] * handles, cublaslt)),
                           expandable=expandable_segments_planned())
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from lora_gui.memory.predict.cuda_kernels import CUBLAS_HANDLES as _HANDLES
 from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
 from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
 from lora_gui.memory.runtime.tracker import StorageTracker, track_op
@@ -18,17 +19,25 @@ UNET_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells attention
 
 # -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
-# CUDA context + kernels loaded lazily by torch (CUDA 12, lazy loading on): about 500 MiB on
-# A100/H100 as shown by nvidia-smi; it is outside torch.cuda.max_memory_allocated().
-CUDA_CONTEXT_BYTES = 500 * 2**20
+# CUDA context + kernels loaded lazily by torch + the libraries' own device memory, outside
+# torch.cuda.max_memory_allocated(). Measured on an H200 (torch 2.11 + CUDA 13.0, driver 580;
+# bench/gpu_check.py, source cuda_mem_get_info: total - free - reserved): 619 MiB after the first
+# tensor, 765 MiB once cuBLAS and flash attention ran, 919 MiB after text, NF4 (bitsandbytes),
+# DiT and UNet steps had run in the same process. Cards with fewer multiprocessors hold less,
+# so plans err high there; a run on a card reads its own figure before planning
+# (lora_gui.memory.runtime.cuda_context) and plans against less when the card holds more.
+CUDA_CONTEXT_BYTES = 920 * 2**20
 # cuBLAS + cuBLASLt workspaces, allocated through the caching allocator on the first matmul (so
-# inside max_memory_allocated): 32 MiB (":4096:8" on Hopper) + 1 MiB, one stream (cuda_kernels).
-CUBLAS_WORKSPACE_BYTES = _CUBLAS + _CUBLASLT
+# inside max_memory_allocated): 32 MiB (":4096:8" on Hopper) for each of the two threads that run
+# matmuls (forward, autograd's backward) + 1 MiB cuBLASLt (cuda_kernels).
+CUBLAS_WORKSPACE_BYTES = _HANDLES * _CUBLAS + _CUBLASLT
 # The caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize).
 CUDA_ALLOC_ROUNDING = 512
 CUDA_OVERHEADS_DOC = (
-    "cuda_context: CUDA context and lazily loaded kernels (~500 MiB, nvidia-smi only); "
-    "cublas_workspace: 32 MiB cuBLAS (torch default ':4096:8' on Hopper) + 1 MiB cuBLASLt; "
+    "cuda_context: CUDA context, lazily loaded kernels and the libraries' own memory (920 MiB, "
+    "measured on an H200; outside the allocator); "
+    "cublas_workspace: 2 x 32 MiB cuBLAS (torch default ':4096:8' on Hopper, one per thread that "
+    "runs matmuls: forward and autograd's backward) + 1 MiB cuBLASLt; "
     "allocator_rounding: every live block at the peak rounded up to 512 bytes (computed from "
     "the traced storages); kernel workspaces (attention backward) are inside the trace, at the "
     "moment they are alive; reserved beyond allocated: the caching-allocator replay."
