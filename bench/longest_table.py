@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     source = "rows with traces > 0 confirmed by the fake-tensor trace, the others closed-form estimate"
     counted = ("the CUDA context counted, kernel workspaces and the allocator's reserved memory counted "
                "(peak = what nvidia-smi shows)" if context else
-               "the CUDA context (~500 MiB) NOT counted (--no-cuda-context); kernel workspaces and the "
+               "the CUDA context (920 MiB) NOT counted (--no-cuda-context); kernel workspaces and the "
                "allocator's reserved memory counted (peak = max_memory_reserved)")
     lines = [f"Llama-3.1-8B, nf4, LoRA r32 all-linear, batch 1, full attention, planned for CUDA on each "
              f"card's whole memory as torch reports it, {counted}; source: predicted ({source}); "
