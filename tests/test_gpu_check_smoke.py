@@ -55,3 +55,20 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
     assert cards[1]["predicted_nvidia_smi_bytes"] <= cards[1]["budget_bytes"]  # the plan fits the card
     assert cards[1]["planned_to_fit"]
     assert "## Cards" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
+
+
+def test_the_h200_report_pairs_each_row_with_its_plan():
+    """The lent card's results: every row found its plan, and the 8 GB longest length that ran
+    out of memory under its cap is refused by the capped-run rule the plan now uses."""
+    from bench.gpu_report import report
+
+    folder = Path(__file__).resolve().parent.parent / "bench" / "results" / "gpu_h200"
+    check = json.loads((folder / "run2_gpu_check.json").read_text(encoding="utf-8"))
+    plans = json.loads((folder / "run2_plans.json").read_text(encoding="utf-8"))["plans"]
+    text = report(check, plans)
+    measured_rows = sum(len(check[s]) for s in ("text", "nf4", "unet", "dit", "card"))
+    table_rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| row")
+                  and not line.startswith("| card")]
+    assert len(table_rows) == measured_rows
+    oom = [line for line in table_rows if line.endswith("| out of memory |")]
+    assert oom and all("| no | out of memory |" in line for line in oom)
