@@ -83,3 +83,16 @@ def test_peaks_come_from_the_tracked_round_and_speeds_from_the_untracked_ones():
     assert "0.62x met; 0.62x | 1.40x met; 1.40x" in verdicts[0]
     script = next(line for line in bench.table(rows) if line.startswith("| sdxl | script |"))
     assert "| 100.0 | 100.0 | 30.00 | [30.0] |" in script  # peak of round 0, speed of round 1
+
+
+def test_the_cpu_seconds_column_gives_its_own_verdict():
+    """Speeds in process CPU seconds (what a loaded machine's other processes do not change):
+    lora_gui's default over the script's fastest, in a column of its own."""
+    noisy = [1.0, 0.8, 1.2, 0.9, 1.1, 1.0]
+    rows = [{**_row("sdxl", config, 10 * MB, speed, noisy), "cpu_images_per_s": cpu}
+            for config, speed, cpu in (("script", 10.0, 20.0), ("script-switches", 5.0, 10.0),
+                                       ("lora_gui", 14.0, 30.0), ("lora_gui-switches", 6.0, None))]
+    table = bench.table(rows)
+    verdict = next(line for line in table if line.startswith("| sdxl | 1.00x"))
+    assert verdict.endswith("| 1.50x met |")
+    assert next(line for line in table if line.startswith("| sdxl | lora_gui-switches |")).endswith("| - |")

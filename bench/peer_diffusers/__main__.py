@@ -30,7 +30,8 @@ optimizer step (a global optimizer-step hook); the loss each side logs per step.
 ``--untracked-peer``: the first round runs both sides under that tracker and gives the peaks; the
 later rounds give the speeds with each side run as its users run it: the script with no tracker
 around it (the tracker, a Python dispatch mode on every op, slows it several times), lora_gui with
-no tracker around it but its own built-in one (how a CPU run measures its step peaks).
+no tracker around it but its own built-in one (how a CPU run measures its step peaks: the first 2
+steps of each step shape, later ones of a measured shape without it).
 ``--diagnose``: the untracked rounds also run lora_gui's defaults without that built-in tracker
 (not a configuration users run: a row that says what the tracker costs).
 """

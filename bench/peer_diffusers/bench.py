@@ -127,12 +127,14 @@ def run_one(pipeline: str, config: str, model: Path, data: Path, folder: Path, a
         raise RuntimeError(f"{pipeline} {config} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     row = json.loads(result.read_text(encoding="utf-8"))
     stamps = row.pop("stamps")[-a.steps:]  # the training loop's steps (lora_gui's planner traces one more)
+    cpu = row.pop("cpu_stamps", [])[-a.steps:]  # the same steps in process CPU seconds
     gaps = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)]
     if not tracked:  # speed only: no peak was measured on either side
         row |= {"peak_bytes": 0, "peak_bytes_without_probe": 0}
     row |= {"pipeline": pipeline, "config": config, "optimizer_steps": len(stamps), "tracked": tracked,
             "images_per_s": a.batch * (len(stamps) - 1) / (stamps[-1] - stamps[0]),
-            "steady_images_per_s": a.batch / statistics.median(gaps)}
+            "steady_images_per_s": a.batch / statistics.median(gaps),
+            "cpu_images_per_s": a.batch * (len(cpu) - 1) / (cpu[-1] - cpu[0]) if len(cpu) > 1 else None}
     return row
 
 
@@ -149,19 +151,38 @@ def _speed_rounds(rows: list[dict[str, Any]]) -> set[int]:
     return untracked or {r.get("round", 0) for r in rows}
 
 
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _cpu_verdict(med: dict[str, dict[str, Any]]) -> str:
+    """lora_gui's default images/s over the script's fastest, both in process CPU seconds."""
+    fastest = max((med[c]["cpu"] or 0.0) for c in ("script", "script-switches"))
+    if med["lora_gui"]["cpu"] is None or not fastest:
+        return "-"
+    ratio = med["lora_gui"]["cpu"] / fastest
+    return f"{ratio:.2f}x {'met' if ratio >= TARGET_SPEED else 'MISSED'}"
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The markdown table: per pipeline, each configuration's medians and the target ratios
     (peaks from the tracked rounds, speeds from the untracked ones when there are any)."""
     timed_rounds = _speed_rounds(rows)
     lines = ["| pipeline | configuration | steps | peak MiB (tracker, whole run) | peak MiB without "
              "the MFU probe | images/s (loop) | images/s per round | images/s (median step) | "
-             "whole run s | mean loss |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "whole run s | mean loss | images/s (loop, CPU seconds) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = ["", "| pipeline | lora_gui default peak / script's lowest (<= 0.7); without the probe "
                 "| "
                 "lora_gui default images/s / script's fastest (>= 1.3); median step | same switches: "
-                "peak, images/s | loss, lora_gui - script: mean difference (2 s.e.) |",
-                "|---|---|---|---|---|"]
+                "peak, images/s | loss, lora_gui - script: mean difference (2 s.e.) | images/s by "
+                "CPU seconds / script's fastest (>= 1.3) |",
+                "|---|---|---|---|---|---|"]
     for pipeline in PIPELINES:
         med: dict[str, dict[str, Any]] = {}
         for config in (*CONFIGS, BARE):
@@ -176,12 +197,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                            "speed": statistics.median(r["images_per_s"] for r in timed),
                            "steady": statistics.median(r["steady_images_per_s"] for r in timed),
                            "total": statistics.median(r["total_s"] for r in timed),
+                           "cpu": _median_or_none([r.get("cpu_images_per_s") for r in timed]),
                            "speeds": [round(r["images_per_s"], 2) for r in timed], "losses": losses,
                            "steps": runs[0]["optimizer_steps"]}
             m = med[config]
             lines.append(f"| {pipeline} | {config} | {m['steps']} | {m['peak'] / MiB:.1f} | "
                          f"{m['bare'] / MiB:.1f} | {m['speed']:.2f} | {m['speeds']} | {m['steady']:.2f} | "
-                         f"{m['total']:.1f} | {statistics.fmean(losses):.4f} |")
+                         f"{m['total']:.1f} | {statistics.fmean(losses):.4f} | {_fmt(m['cpu'])} |")
         if any(c not in med for c in CONFIGS):
             continue
         scripts = [med["script"], med["script-switches"]]
@@ -196,7 +218,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                         f"{bare:.2f}x | {speed:.2f}x {'met' if speed >= TARGET_SPEED else 'MISSED'}; "
                         f"{steady:.2f}x | "
                         f"{same_peak:.2f}x, {same_speed:.2f}x | {diff:+.4f} ({two_se:.4f}) "
-                        f"{'within noise' if ok else 'OUTSIDE noise'} |")
+                        f"{'within noise' if ok else 'OUTSIDE noise'} | {_cpu_verdict(med)} |")
     return lines + verdicts
 
 

@@ -6,7 +6,8 @@ measured the same way as lora_gui's run in bench/peer_diffusers:
 - peak: live tensor-storage bytes counted by ``lora_gui.memory.runtime.tracker`` around the
   script's whole ``main(args)`` (model loading, caches, training loop, saving);
 - step times: a global optimizer-step hook (``register_optimizer_step_post_hook``)
-  stamps every optimizer step, so images/s is taken between the first and the last step;
+  stamps every optimizer step (wall and process CPU seconds), so images/s is taken between the
+  first and the last step;
 - losses: what the script logs with ``accelerator.log`` (its own per-step loss).
 
 torchvision: the scripts import ``torchvision.transforms``. The only torchvision wheel for torch
@@ -88,13 +89,20 @@ def load_script(name: str):
     return module
 
 
-def _stamp_steps() -> list[float]:
-    """perf_counter() of every optimizer step from now on (any torch.optim optimizer, 8-bit too)."""
+def _stamp_steps() -> tuple[list[float], list[float]]:
+    """perf_counter() and process_time() of every optimizer step from now on (any torch.optim
+    optimizer, 8-bit too). The process's CPU seconds leave out the time other processes of a
+    loaded machine take the core away, which wall seconds count."""
     stamps: list[float] = []
+    cpu: list[float] = []
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    register_optimizer_step_post_hook(lambda *a: stamps.append(time.perf_counter()))
-    return stamps
+    def stamp(*_: object) -> None:
+        stamps.append(time.perf_counter())
+        cpu.append(time.process_time())
+
+    register_optimizer_step_post_hook(stamp)
+    return stamps, cpu
 
 
 def _probe_apart(tracker: RealTracker) -> None:
@@ -123,7 +131,7 @@ def run_lora(overrides: dict[str, Any], out: Path) -> dict[str, Any]:
     from lora_gui.presets import load_config
 
     cfg = load_config("image-demo", overrides)
-    stamps = _stamp_steps()
+    stamps, cpu = _stamp_steps()
     tracker = RealTracker()
     _probe_apart(tracker)
     start = time.perf_counter()
@@ -134,7 +142,7 @@ def run_lora(overrides: dict[str, Any], out: Path) -> dict[str, Any]:
               if line.strip() and "loss" in json.loads(line)]
     return {"peak_bytes": max(tracker.peak_bytes, tracker.probe_peak_bytes),
             "peak_bytes_without_probe": tracker.peak_bytes, "memory_source": MEMORY_SOURCE,
-            "stamps": stamps, "losses": losses, "total_s": total,
+            "stamps": stamps, "cpu_stamps": cpu, "losses": losses, "total_s": total,
             "engine_peak_bytes": summary.get("peak_bytes"),
             "steps": summary.get("steps"), "precision": summary.get("precision"),
             "switches": summary.get("switches")}
@@ -145,7 +153,7 @@ def run(name: str, argv: list[str]) -> dict[str, Any]:
     allow_torchvision_without_ops()
     import accelerate
 
-    stamps = _stamp_steps()
+    stamps, cpu = _stamp_steps()
     losses: list[float] = []
     original_log = accelerate.Accelerator.log
 
@@ -166,7 +174,8 @@ def run(name: str, argv: list[str]) -> dict[str, Any]:
         module.main(args)
     total = time.perf_counter() - start
     return {"peak_bytes": tracker.peak_bytes, "peak_bytes_without_probe": tracker.peak_bytes,
-            "memory_source": MEMORY_SOURCE, "stamps": stamps, "losses": losses, "total_s": total}
+            "memory_source": MEMORY_SOURCE, "stamps": stamps, "cpu_stamps": cpu, "losses": losses,
+            "total_s": total}
 
 
 def main() -> None:

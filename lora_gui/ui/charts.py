@@ -67,10 +67,11 @@ def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
 
 def _ranked_lines(records: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """Several processes: one line per GPU besides the step peak (short runs: no downsampling)."""
-    ranks = max((len(r.get("peak_bytes_by_rank", ())) for r in records[-1:] + records[:1]), default=0)
+    records = _measured(records)
+    ranks = max((len(r.get("peak_bytes_by_rank") or ()) for r in records[-1:] + records[:1]), default=0)
     lines = []
     for rank in range(ranks if ranks > 1 else 0):
-        rows = [r for r in records if len(r.get("peak_bytes_by_rank", ())) > rank]
+        rows = [r for r in records if len(r.get("peak_bytes_by_rank") or ()) > rank]
         lines.append({"type": "scatter", "x": np.array([r["step"] for r in rows], float),
                       "y": np.array([r["peak_bytes_by_rank"][rank] / MIB for r in rows]),
                       "mode": "lines", "name": f"{_device_name(source)} {rank} ({source})"})
@@ -81,14 +82,25 @@ def _steps(records: list[dict[str, Any]]) -> np.ndarray:
     return column(records, "step")
 
 
+def _coverage(records: list[dict[str, Any]]) -> str:
+    """', measured steps only' when some steps carry no measured peak."""
+    return ", measured steps only" if any(r.get("peak_bytes") is None for r in records) else ""
+
+
+def _measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps with a measured peak (a CPU run measures the first steps of each step shape)."""
+    return [r for r in records if r.get("peak_bytes") is not None]
+
+
 def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None,
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
-    """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines."""
-    steps, peaks, _ = HISTORY.points("step peak", records,
-                                     lambda new: (_steps(new), column(new, "peak_bytes", MIB)))
+    """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines; only
+    measured steps are drawn (a CPU run measures the first steps of each step shape)."""
+    steps, peaks, _ = HISTORY.points("step peak", records, lambda new: (
+        _steps(m := _measured(new)), column(m, "peak_bytes", MIB)))
     source = records[-1]["memory_source"] if records else "no data yet"
     traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": _marked(len(steps)),
-               "name": f"step peak ({source})"}, *_ranked_lines(records, source)]
+               "name": f"step peak ({source}{_coverage(records)})"}, *_ranked_lines(records, source)]
     shapes = []  # layout shapes draw across the whole axis; a one-point trace names each in the legend
     first = [steps[0] if len(steps) else 0]
     for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget

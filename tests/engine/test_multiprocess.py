@@ -101,7 +101,8 @@ def test_two_processes_train_the_same_adapter_as_one(single, ddp):
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
     assert [r["real_tokens"] for r in two] == [r["real_tokens"] for r in one]
     assert all(len(r["peak_bytes_by_rank"]) == 2 and r["peak_bytes"] == max(r["peak_bytes_by_rank"])
-               for r in two)
+               for r in two if r["peak_bytes"] is not None)  # None: a step the CPU meter skipped
+    assert two[0]["peak_bytes"] is not None
     run = json.loads((ddp / "run.json").read_text())
     assert run["world_size"] == 2 and len(run["peak_bytes_by_rank"]) == 2
     assert not list(ddp.glob("*.rank*"))  # the main process wrote the folder alone

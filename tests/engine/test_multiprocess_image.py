@@ -105,7 +105,8 @@ def test_two_processes_train_the_same_image_adapter_as_one(single, ddp, four_ima
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
     assert [r["images"] for r in two] == [r["images"] for r in one]
     assert all(len(r["peak_bytes_by_rank"]) == 2 and r["peak_bytes"] == max(r["peak_bytes_by_rank"])
-               for r in two)
+               for r in two if r["peak_bytes"] is not None)  # None: a step the CPU meter skipped
+    assert two[0]["peak_bytes"] is not None
     # every image of epoch 0 exactly once across ranks; the 4-image step dealt 2 + 2
     seen = sorted(i for r in two for rank in r["samples_by_rank"] for i in rank)
     assert seen == list(range(5))

@@ -40,7 +40,9 @@ def test_run_folder_contract_and_adapter_loads(tmp_path, small_corpus, builtin_m
     records = read_records(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(STEP_KEYS <= r.keys() for r in records)
-    assert all(r["memory_source"] == "tracker" and r["peak_bytes"] > 0 for r in records)
+    assert all(r["memory_source"] == "tracker" for r in records) and records[0]["peak_bytes"] > 0
+    # later steps of an already measured step shape run without the tracker: no peak recorded
+    assert all(r["peak_bytes"] is None or r["peak_bytes"] > 0 for r in records)
     run = json.loads((out / "run.json").read_text())
     assert RUN_KEYS <= run.keys() and run == summary and run["status"] == "completed"
     assert run["padding_efficiency"] == run["real_tokens"] / run["padded_tokens"]

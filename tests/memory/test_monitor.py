@@ -20,5 +20,10 @@ def test_samples_name_their_source_and_follow_the_tracker():
         assert not any(k.startswith(("cuda", "nvml")) for k in samples[0])
 
 
+def test_no_tracker_figure_while_a_step_runs_without_the_tracker():
+    sample = MemoryMonitor(lambda s: None, live_bytes=lambda: None).sample()
+    assert "tracker_live_bytes" not in sample and sample["rss_bytes"] > 0
+
+
 def test_rss_is_plausible():
     assert 10 * 2**20 < rss_bytes() < 64 * 2**30

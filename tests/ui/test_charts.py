@@ -19,6 +19,14 @@ def test_memory_figure_has_points_budget_and_source():
     assert "tracker" in fig.layout.yaxis.title.text
 
 
+def test_memory_figure_draws_only_the_measured_steps():
+    records = [rec(1, 2**20), rec(2, 3 * 2**20), rec(3, None), {**rec(4, None), "peak_bytes_by_rank": None}]
+    fig = charts.memory_figure(records)
+    assert list(fig.data[0].x) == [1.0, 2.0] and list(fig.data[0].y) == [1.0, 3.0]
+    assert "measured steps only" in fig.data[0].name
+    assert "measured steps only" not in charts.memory_figure(records[:2]).data[0].name
+
+
 def test_memory_figure_without_budget_or_data():
     fig = charts.memory_figure([])
     assert len(fig.data) == 1 and len(fig.data[0].x) == 0 and not fig.layout.shapes

@@ -286,14 +286,17 @@ def injected_oom(rank: int, step: int) -> bool:
     return True
 
 
-def combine_step_stats(dist: Dist, peak: int, loss: float, real: int, padded: int) -> dict[str, Any]:
+def combine_step_stats(dist: Dist, peak: int | None, loss: float, real: int,
+                       padded: int) -> dict[str, Any]:
     """One step's figures over all ranks: loss and tokens summed (each rank's loss is already a
-    share of the global mean), ``peak_bytes`` = the largest rank, plus ``peak_bytes_by_rank``."""
-    rows = dist.gather_floats([peak, loss, real, padded])
+    share of the global mean), ``peak_bytes`` = the largest rank, plus ``peak_bytes_by_rank``.
+    ``peak`` None: the step's memory was not measured (every rank decides alike), so both are None."""
+    rows = dist.gather_floats([-1 if peak is None else peak, loss, real, padded])
     peaks = [int(r[0]) for r in rows]
+    measured = min(peaks) >= 0
     return {"loss": sum(r[1] for r in rows), "real_tokens": int(sum(r[2] for r in rows)),
-            "padded_tokens": int(sum(r[3] for r in rows)), "peak_bytes": max(peaks),
-            "peak_bytes_by_rank": peaks}
+            "padded_tokens": int(sum(r[3] for r in rows)), "peak_bytes": max(peaks) if measured else None,
+            "peak_bytes_by_rank": peaks if measured else None}
 
 def zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
     """Zero gradients where a rank trained nothing this step, so every rank all-reduces the same

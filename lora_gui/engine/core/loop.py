@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -23,8 +23,16 @@ PlanEpoch = Callable[[int], list[Step]]
 OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's metric record
 
 
+def step_shape(step: Step, *extra: Hashable) -> tuple:
+    """What a step's memory depends on besides ``extra`` (a task's own: the image bucket, which
+    rows are padded): each micro-batch's rows, padded length, packing and filler flag."""
+    return (tuple((len(mb.indices), mb.seq_len, mb.packed, mb.filler) for mb in step.micro_batches),
+            *extra)
+
+
 def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[str, Any]],
-                   agree_across_ranks: bool = True) -> tuple[dict[str, Any], float]:
+                   agree_across_ranks: bool = True,
+                   shape: Hashable | None = None) -> tuple[dict[str, Any], float]:
     """Forward and backward of ``step`` under the memory guard (``runner`` does this rank's
     share; an out-of-memory error splits the micro-batch and retries the same step), then the
     gradient all-reduce over ranks, clipping at norm 1, the optimizer and scheduler updates.
@@ -32,11 +40,16 @@ def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[st
     Args:
         agree_across_ranks: every rank learns of any rank's out-of-memory error and splits the
             same way (off under FSDP, where a rank cannot stop inside the all-gathers).
+        shape: the step's shape (:func:`step_shape`) for the CPU memory meter, which measures
+            the first steps of each shape (with the micro-batch caps, which re-cut a step);
+            None: measured.
 
     Returns:
         The runner's statistics and the step's wall seconds; ``run.state.step`` is advanced.
     """
-    run.meter.start_step()
+    key = None if shape is None else (shape, tuple(sorted(run.caps.caps.items())))
+    run.meter.start_step(key, (t for s in run.optimizer.state.values() for t in s.values()
+                               if hasattr(t, "untyped_storage")))
     start = time.perf_counter()
     agree = agree_on_oom(run.dist) if run.dist.active and agree_across_ranks else None
     stats = run_guarded(runner, step, run.caps, lambda: run.optimizer.zero_grad(set_to_none=True),
@@ -46,11 +59,25 @@ def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[st
         zero_missing_grads(trainable)  # a rank that trained nothing still joins the all-reduce
         run.dist.all_reduce_grads(trainable)
     run.accelerator.clip_grad_norm_(trainable, 1.0)
-    run.optimizer.step()
+    _step_optimizer(run.optimizer)
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.state.step += 1
     return stats, time.perf_counter() - start
+
+
+def _step_optimizer(optimizer: Any) -> None:
+    """The optimizer update. accelerate's wrapper searches for an optional package (``lomo_optim``)
+    twice on every step, an importlib lookup of about 0.5 ms each on a CPU; where it has nothing
+    else to do (no gradient scaler, no XLA, gradients in sync) the wrapped optimizer steps itself."""
+    inner = getattr(optimizer, "optimizer", None)
+    state = getattr(optimizer, "accelerator_state", None)
+    if (inner is None or state is None or getattr(optimizer, "scaler", None) is not None
+            or state.distributed_type == "XLA"  # a str enum
+            or not optimizer.gradient_state.sync_gradients):
+        optimizer.step()
+    else:
+        inner.step()
 
 
 def _sample_log(run: RunSession) -> Callable[[dict[str, Any]], None]:
@@ -77,7 +104,7 @@ def run_loop(run: RunSession, plan_epoch: PlanEpoch, one_step: OneStep,
     run.control.phase("training")
     hz = run.cfg.monitor_hz
     monitor = MemoryMonitor(relay.add, interval_s=1 / hz if hz else 0,
-                            live_bytes=run.meter.live_bytes if run.meter.tracker else None)
+                            live_bytes=run.meter.sampled_live_bytes if run.meter.tracker else None)
     planned_epoch, plan = -1, []
     with run.meter, bar, (monitor if hz else contextlib.nullcontext()):
         while run.state.step < run.total:
@@ -95,7 +122,9 @@ def run_loop(run: RunSession, plan_epoch: PlanEpoch, one_step: OneStep,
             if run.control.on_record:
                 run.control.on_record(record)
             bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", peak_mb=f"{record['peak_bytes'] / 2**20:.0f}")
+            peak = record.get("peak_bytes")  # None: a step the CPU meter did not measure
+            bar.set_postfix(loss=f"{record['loss']:.3f}",
+                            peak_mb="-" if peak is None else f"{peak / 2**20:.0f}")
             if run.state.step % run.cfg.checkpoint_every == 0:
                 run.checkpoint("periodic")
     return "completed", None

@@ -8,11 +8,17 @@ from typing import Any
 from lora_gui.config import RunConfig
 
 
+def measured_records(records: list[dict]) -> list[dict]:
+    """The step records with a measured peak (a CPU run skips the tracker on later steps of an
+    already measured step shape: those carry ``peak_bytes`` None)."""
+    return [r for r in records if r.get("peak_bytes") is not None]
+
+
 def peaks_by_rank(records: list[dict]) -> list[int]:
     """Each rank's largest step peak over the records (a resumed run may change the rank count)."""
     by_rank: list[int] = []
-    for r in records:
-        for k, peak in enumerate(r.get("peak_bytes_by_rank", [r["peak_bytes"]])):
+    for r in measured_records(records):
+        for k, peak in enumerate(r.get("peak_bytes_by_rank") or [r["peak_bytes"]]):
             by_rank[k:k + 1] = [max(by_rank[k], peak)] if k < len(by_rank) else [peak]
     return by_rank
 
@@ -23,7 +29,7 @@ def run_summary(cfg: RunConfig, records: list[dict], extra: dict) -> dict[str, A
     real = sum(r["real_tokens"] for r in records)
     padded = sum(r["padded_tokens"] for r in records)
     seconds = sum(r["seconds"] for r in records)
-    peaks = [r["peak_bytes"] for r in records]
+    peaks = [r["peak_bytes"] for r in measured_records(records)]
     by_rank = peaks_by_rank(records)
     return {
         "final_loss": records[-1]["loss"] if records else None,
@@ -46,7 +52,8 @@ def memory_report(summary: dict[str, Any]) -> dict[str, Any]:
     peak, budget, predicted = summary["peak_bytes"], summary["budget_bytes"], summary["predicted_peak_bytes"]
     return {
         "peak_bytes": peak, "mean_step_peak_bytes": summary["mean_step_peak_bytes"],
-        "source": summary["memory_source"], "budget_bytes": budget,
+        "source": summary["memory_source"], "measured_steps": summary.get("measured_steps"),
+        "budget_bytes": budget,
         "budget_utilization": peak / budget if peak and budget else None,
         "predicted_peak_bytes": predicted, "predicted_source": "predicted",
         "predicted_vs_measured": predicted / peak - 1 if peak and predicted else None,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.speed import run_speed
-from lora_gui.engine.core.summary import memory_report, peaks_by_rank
+from lora_gui.engine.core.summary import measured_records, memory_report, peaks_by_rank
 from lora_gui.models import diffusion as dm
 
 if TYPE_CHECKING:  # the loop imports this module
@@ -21,7 +21,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
     records = run.metrics.snapshot()
     images = sum(r["images"] for r in records)
     seconds = sum(r["seconds"] for r in records)
-    peaks = [r["peak_bytes"] for r in records]
+    peaks = [r["peak_bytes"] for r in measured_records(records)]  # steps the meter measured
     cache_peak = run.cache_peak_bytes or 0
     cfg = run.cfg
     summary = {
@@ -35,7 +35,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
         "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
         "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
-        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
+        "memory_source": run.meter.source, **run.meter.coverage(), "budget_bytes": run.meter.budget_bytes,
         "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
         "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,

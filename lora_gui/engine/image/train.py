@@ -52,7 +52,7 @@ from lora_gui.engine.core.distributed import (
     combine_step_stats,
     injected_oom,
 )
-from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.loop import optimizer_step, run_loop, step_shape
 from lora_gui.engine.core.optim import make_optimizer
 from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint
@@ -184,7 +184,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         return planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context}
 
     caps, predicted, prediction = dist.on_main(plan)
-    meter = PeakMeter(device, budget)
+    meter = PeakMeter(device, budget, every_step=cfg.measure_every_step)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
     inputs, eval_set, cache = build_inputs(cfg, out, model, data, device, meter, control, dist)
@@ -258,8 +258,8 @@ def _run_share(run: ImageSession, step: Step) -> dict[str, Any]:
 
 def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
     """One optimizer step; returns its metric record (every rank's figures combined)."""
-    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st))
     w, h = run.data.buckets[step.indices[0]]
+    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st), shape=step_shape(step, (w, h)))
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["images"], 0)
     images = total["real_tokens"]  # combine_step_stats sums the count it is given: images here
     record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],

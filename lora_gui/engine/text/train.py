@@ -48,7 +48,7 @@ from lora_gui.engine.core.distributed import (
     rank_peaks,
 )
 from lora_gui.engine.core.fsdp import FsdpOutOfMemoryError
-from lora_gui.engine.core.loop import optimizer_step, run_loop
+from lora_gui.engine.core.loop import optimizer_step, run_loop, step_shape
 from lora_gui.engine.core.optim import make_optimizer
 from lora_gui.engine.core.preflight import writes_run_folder
 from lora_gui.engine.core.resume import read_resume_checkpoint, sampler_state
@@ -367,7 +367,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         prediction.update(card_context)
     if init_peak is None and prediction and "step_peak_bytes" in prediction:  # a resume loaded the
         predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")  # init: no SVD now
-    meter = PeakMeter(accelerator.device, budget)
+    meter = PeakMeter(accelerator.device, budget, every_step=cfg.measure_every_step)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())
                 + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
@@ -420,10 +420,18 @@ def _row_lengths(samples: Sequence[Any], indices: Sequence[int]) -> list[int]:
     return rows
 
 
+def _text_shape(run: TextSession, step: Step) -> tuple:
+    """The step's shape for the memory meter: its micro-batches and which of them have a padded
+    row (a padding mask is built for those; a preference pair counts both its rows)."""
+    padded = tuple(any(n < mb.seq_len for n in _row_lengths(run.data.train, mb.indices))
+                   for mb in step.micro_batches)
+    return step_shape(step, padded)
+
+
 def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
     """One optimizer step; returns its metric record (every rank's figures combined)."""
     stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st),
-                                    agree_across_ranks=not run.fsdp)
+                                    agree_across_ranks=not run.fsdp, shape=_text_shape(run, step))
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["real_tokens"],
                                stats["padded_tokens"])
     record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
@@ -513,7 +521,7 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
     summary = run_summary(cfg, run.metrics.snapshot(), {
         "status": status, "message": message, "eval_loss": eval_loss,
         "eval_loss_full_attention": eval_full, "base_eval_loss": run.state.base_eval_loss,
-        "memory_source": run.meter.source, "budget_bytes": run.meter.budget_bytes,
+        "memory_source": run.meter.source, **run.meter.coverage(), "budget_bytes": run.meter.budget_bytes,
         "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
         "adapter": str(adapter), "device": str(run.accelerator.device),

@@ -176,12 +176,14 @@ def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
     return tensors(model)
 
 
-def make_optimizer(name: str, params: list[torch.Tensor], foreach: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: list[torch.Tensor], foreach: bool = False,
+                   fused: bool = False) -> torch.optim.Optimizer:
     """The trace's optimizer: torch AdamW or bitsandbytes' 8-bit. ``foreach``: AdamW's multi-tensor
     path, torch's default for CUDA tensors (its ``_foreach_sqrt`` keeps a float32 copy of every
-    exp_avg_sq during the step); False: the per-parameter loop torch runs for CPU tensors."""
+    exp_avg_sq during the step); ``fused``: the fused kernel a CPU run uses (in place, no
+    temporaries; see lora_gui.engine.core.optim); neither: the per-parameter loop."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
+        return torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if fused else {"foreach": foreach}))
     import bitsandbytes as bnb
 
     cls = bnb.optim.AdamW8bit if name == "adamw8bit" else bnb.optim.PagedAdamW8bit

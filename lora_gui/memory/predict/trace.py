@@ -178,7 +178,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
             apply_long_context(model, **long_context)
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = quant.make_optimizer(optimizer, trainable, foreach=device == "cuda")
+        opt = quant.make_optimizer(optimizer, trainable, foreach=device == "cuda", fused=device == "cpu")
         tracker = _PhaseTracker()
         frozen = [p for p in model.parameters() if not p.requires_grad] + list(model.buffers())
         frozen += quant.quant_state_tensors(model)

@@ -56,11 +56,12 @@ class MemoryMonitor:
     """Samples memory every ``interval_s`` seconds in a daemon thread and hands each sample on."""
 
     def __init__(self, sink: Callable[[dict[str, Any]], None], interval_s: float = 0.5,
-                 live_bytes: Callable[[], int] | None = None) -> None:
+                 live_bytes: Callable[[], int | None] | None = None) -> None:
         """Args:
             sink: called with each sample dict (e.g. RecordLog.append).
             interval_s: seconds between samples (0.25-0.5 = 2-4 Hz).
-            live_bytes: the tracker's live-bytes reader on CPU runs.
+            live_bytes: the tracker's live-bytes reader on CPU runs (None while a step runs
+                without the tracker: no tracker figure in that sample).
         """
         self.sink = sink
         self.interval_s = interval_s
@@ -73,8 +74,8 @@ class MemoryMonitor:
     def sample(self) -> dict[str, Any]:
         """One sample: every source this machine has, each key naming its source."""
         out: dict[str, Any] = {"time": time.time(), "rss_bytes": rss_bytes()}
-        if self.live_bytes is not None:
-            out["tracker_live_bytes"] = self.live_bytes()
+        if self.live_bytes is not None and (live := self.live_bytes()) is not None:
+            out["tracker_live_bytes"] = live
         if torch.cuda.is_available():
             out["cuda_allocator_allocated_bytes"] = torch.cuda.memory_allocated()
             out["cuda_allocator_reserved_bytes"] = torch.cuda.memory_reserved()
