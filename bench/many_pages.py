@@ -83,12 +83,19 @@ PAGE_PROBE = """
   }, 100);
   const send = window.fetch;
   window.fetch = function (input, init) {
+    let direct = false;
     try {
       const url = typeof input === 'string' ? input : input.url;
-      if (url.includes('/queue/join') && init && init.body &&
-          JSON.parse(init.body).fn_index === pollId) window.__ticks.joins.push(performance.now());
+      if ((url.includes('/queue/join') || url.includes('/run/')) && init && init.body &&
+          JSON.parse(init.body).fn_index === pollId) {
+        window.__ticks.joins.push(performance.now());
+        direct = url.includes('/run/');  // outside the queue: the answer is this response's body
+      }
     } catch (e) {}
-    return send.apply(this, arguments);
+    const out = send.apply(this, arguments);
+    if (!direct) return out;
+    return out.then((r) => { r.clone().text().then(() => window.__ticks.answers.push(performance.now()));
+                             return r; });
   };
 }
 """
@@ -146,9 +153,11 @@ def start_run(url: str, name: str, steps: int, seq_len: int) -> str:
     return str(message)
 
 
-def poll_fn_index(url: str) -> int:
+def poll_fn_index(url: str) -> tuple[int, bool]:
+    """The Train tab's tick event: (its id, whether it goes through gradio's queue)."""
     config = httpx.get(f"{url}/config", timeout=60).json()
-    return next(d["id"] for d in config["dependencies"] if d["api_name"] == "poll")
+    tick = next(d for d in config["dependencies"] if d["api_name"] == "poll")
+    return tick["id"], tick.get("queue") is not False
 
 
 def records(run: Path) -> list[dict[str, Any]]:
@@ -267,16 +276,18 @@ class ApiPage(threading.Thread):
     second after the previous answer, as the page's timer does. The server does for it what it
     does for a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
 
-    def __init__(self, url: str, poll_id: int, stop: threading.Event) -> None:
+    def __init__(self, url: str, poll_id: int, stop: threading.Event, queued: bool = True) -> None:
         super().__init__(daemon=True)
         self.url, self.poll_id, self.stop, self.answers, self.sizes = url, poll_id, stop, [], []
+        self.queued = queued  # False: the tick is one plain request (the event is not queued)
         self.session = uuid.uuid4().hex[:11]
         self.seen = ""  # the charts' answer this page holds ("seen N"), as the page's script says
 
     def _held(self, line: str) -> None:
         """Notes the answer's number, as the page's script does once it has drawn it."""
         try:
-            charts = json.loads(line[len("data:"):])["output"]["data"][0]
+            answer = json.loads(line.removeprefix("data:"))
+            charts = (answer["output"] if self.queued else answer)["data"][0]
             if isinstance(charts, str) and charts.startswith("{"):
                 self.seen = f"seen {json.loads(charts)['seq']}"
         except (ValueError, KeyError, IndexError, TypeError):
@@ -284,6 +295,14 @@ class ApiPage(threading.Thread):
 
     def tick(self, client: httpx.Client) -> None:
         sent = time.perf_counter()
+        if not self.queued:
+            answer = client.post(f"{self.url}/gradio_api/run/poll", json={
+                "data": [0.6, self.seen], "fn_index": self.poll_id, "session_hash": self.session,
+                "event_data": None})
+            self.answers.append((time.perf_counter() - sent) * 1000)
+            self.sizes.append(len(answer.content))
+            self._held(answer.text)
+            return
         joined = client.post(f"{self.url}/gradio_api/queue/join", json={
             "data": [0.6, self.seen], "fn_index": self.poll_id, "session_hash": self.session,
             "event_data": None})
@@ -304,14 +323,15 @@ class ApiPage(threading.Thread):
                 self.stop.wait(1.0)
 
 
-def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
+def measure(browser, url: str, run: Path, pages_n: int, window: float, poll: tuple[int, bool],
             settle: float, server_pid: int, api_pages: int = 0) -> dict[str, Any]:
     from lora_gui.engine.core.lock import read_lock
 
+    poll_id, queued = poll
     api_n = min(api_pages, pages_n)
     pages = open_pages(browser, url, pages_n - api_n, poll_id) if pages_n > api_n else []
     stop = threading.Event()
-    api = [ApiPage(url, poll_id, stop) for _ in range(api_n)]
+    api = [ApiPage(url, poll_id, stop, queued) for _ in range(api_n)]
     for page in api:
         page.start()
     time.sleep(settle)
@@ -337,7 +357,8 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
                               **cores, "browser_pages": len(pages), "api_pages": api_n,
-                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid)}
+                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid),
+                              "tick_queued": queued}
     if api_answers:
         result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers),
                        "api_answer_bytes_median": statistics.median(api_bytes),
@@ -402,13 +423,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
         if args.pin:
             print(f"the run's process may use CPU {pin_run(run, server.pid)}", file=sys.stderr, flush=True)
-        poll_id = poll_fn_index(url)
+        poll = poll_fn_index(url)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             for r in range(args.rounds):
                 order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
                 for n in order:
-                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid,
+                    row = measure(browser, url, run, n, args.window, poll, args.settle, server.pid,
                                   args.api_pages)
                     row["round"] = r + 1
                     rows.append(row)
