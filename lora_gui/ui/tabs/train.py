@@ -55,7 +55,7 @@ def _views(part: str, key: tuple, specs: tuple) -> dict[str, live_charts.ChartVi
 
 
 PAGES = live_charts.PageCursors()  # what each open page holds of each chart
-TEXTS = live.PageMemory()  # the events log and sample pictures each open page was last sent
+TEXTS = live.PageMemory()  # the sample pictures each open page was last sent
 
 
 def poll(smoothing: float = 0.0, seen: str | None = None, request: gr.Request | None = None) -> tuple:
@@ -67,9 +67,13 @@ def poll(smoothing: float = 0.0, seen: str | None = None, request: gr.Request | 
     answer = PAGES.answer(page, seen, {**timeline, **steps})
     status, log = handle.live_status()
     pictures = handle.sample_gallery()
-    log_out = log if TEXTS.changed(page, "log", log) else gr.skip()
-    gallery = pictures if TEXTS.changed(page, "gallery", tuple(pictures)) else gr.skip()
-    return (gr.skip() if answer is None else answer, status, log_out, gallery)
+    # gradio rebuilds a component for each gr.skip() it is given (1-4 ms of the server's CPU per
+    # tick and page, the gallery's the most): what is small is sent as it is instead, and charts
+    # with nothing new get back the page's own "seen N" (no change on the page)
+    charts_out = str(seen) if answer is None else answer
+    unchanged = not TEXTS.changed(page, "gallery", tuple(pictures))
+    gallery = (gr.skip() if pictures else []) if unchanged else pictures
+    return (charts_out, status, log, gallery)
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
