@@ -272,10 +272,11 @@ def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str
 
 
 class ApiPage(threading.Thread):
-    """A page without a browser: the Train tab's tick as gradio's client sends it (queue/join
-    of the ``poll`` event with a session of its own, its answer read from the SSE stream), once a
-    second after the previous answer, as the page's timer does. The server does for it what it
-    does for a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
+    """A page without a browser: the Train tab's tick as gradio's client sends it (a plain
+    request to ``run/poll``, or for a queued event queue/join and its answer read from the SSE
+    stream) with a session of its own and the number of the last answer it holds, once a second
+    after the previous answer, as the page's timer does. The server does for it what it does for
+    a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
 
     def __init__(self, url: str, poll_id: int, stop: threading.Event, queued: bool = True) -> None:
         super().__init__(daemon=True)

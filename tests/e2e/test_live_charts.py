@@ -70,6 +70,11 @@ def test_ticks_extend_the_same_chart_and_a_reload_gets_the_history(server):
             xs = page.evaluate("() => Array.from(document.querySelector('#loss-plot .js-plotly-plot')"
                                "._fullData[0].x)")
             assert xs == list(range(1, len(xs) + 1))  # every step once, in order, none lost
+            names = page.evaluate("() => document.querySelector('#memory-plot .js-plotly-plot')"
+                                  "._fullData.map(t => t.name)")
+            assert "live memory (tracker)" in names  # the memory figure names its source
+            page.locator("#more-charts").get_by_text("More charts").first.click()  # drawn once open
+            assert _wait_points(page, reloaded, chart="step-peak-plot", minutes=1) >= reloaded
             page.click("#stop")
             wait_text(page, "status", "stopped", minutes=3)
         finally:
