@@ -29,13 +29,14 @@ def _run_panel() -> dict[str, Any]:
     """The run's status with progress and ETA, its charts (updated in place on the page) and
     events (the finished run's summary shows in the status when it ends)."""
     status = gr.Markdown(elem_id="status")
-    charts = live_panel.charts_panel()
+    chart_panel = live_panel.charts_panel()
     events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
     with gr.Accordion("More charts", open=False, elem_id="more-charts") as more:
         live_panel.step_peak_panel()
         smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
                               elem_id="loss-smoothing")
-    return {"status": status, "charts": charts, "smoothing": smoothing, "events": events, "more": more}
+    return {"status": status, "charts": chart_panel, "smoothing": smoothing, "events": events,
+            "more": more}
 
 
 def _sized(chart_id: str, spec: charts.Spec) -> charts.Spec:
