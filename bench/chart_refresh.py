@@ -13,11 +13,16 @@ Side by side in one process, ticks alternating: the charts as they are (curves k
 ticks, only new records read, figures built without per-property validation) and the charts of
 ``--old-rev`` (read from git: every tick re-reads and re-downsamples the whole history). The
 first tick of each arm (a page opened on a long run) is reported apart. Target: under 200 ms.
+
+Then the same ticks as the Train tab answers them now (lora_gui.ui.live_charts): the four charts
+built once per tick for every page, and one page's answer, which holds only the points after
+those the page holds (a page opened on the long run gets the whole charts once): ms and bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
@@ -28,7 +33,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from lora_gui.ui import charts
+from lora_gui.ui import charts, live_charts
 
 OLD_REV = "adf962d"  # the charts before curves were kept between ticks
 
@@ -61,6 +66,43 @@ def tick(module: Any, samples: list[dict], records: list[dict], phases: list[tup
                        module.memory_figure(records, int(2e9), int(1.9e9)),
                        module.loss_figure(records, smoothing=0.9), module.throughput_figure(records)]
     return sum(len(f.to_json()) for f in figs)
+
+
+def live_tick(version: int, samples: list[dict], records: list[dict], phases: list[tuple[str, float]],
+              pages: live_charts.PageCursors, seen: str) -> str:
+    """One tick of one page as the Train tab answers it: the charts' views (built once per tick
+    for every page) and this page's answer (JSON; empty when nothing is new)."""
+    samples, records = list(samples), list(records)
+    specs = {"memory-plot": charts.timeline_spec(samples, phases, int(2e9), int(1.9e9)),
+             "step-peak-plot": charts.memory_spec(records, int(2e9), int(1.9e9)),
+             "loss-plot": charts.loss_spec(records, smoothing=0.9),
+             "throughput-plot": charts.throughput_spec(records)}
+    views = {chart_id: live_charts.ChartView(version, *spec) for chart_id, spec in specs.items()}
+    return pages.answer("page", seen, views) or ""
+
+
+def in_place(args: argparse.Namespace) -> None:
+    """The ticks of one page that holds the previous answer, as the Train tab sends them now."""
+    samples, records, phases = history(args.hours, args.hz, args.step_s)
+    pages, seen, times, sizes = live_charts.PageCursors(), "", [], []
+    per_tick = (round(2.0 * args.hz), max(1, round(2.0 / args.step_s)))
+    for i in range(args.repeats + 1):
+        if i:
+            samples.extend(sample(len(samples) + k, args.hz) for k in range(per_tick[0]))
+            records.extend(record(len(records) + k, len(records)) for k in range(per_tick[1]))
+        start = time.perf_counter()
+        answer = live_tick(i, samples, records, phases, pages, seen)
+        seconds = time.perf_counter() - start
+        if answer:
+            seen = f"seen {json.loads(answer)['seq']}"
+        if i:
+            times.append(seconds)
+            sizes.append(len(answer))
+        else:
+            first = (seconds, len(answer))
+    print(f"{'in place (now)':>16}: median {statistics.median(times) * 1000:7.1f} ms a tick (max "
+          f"{max(times) * 1000:.1f}), answer {statistics.median(sizes):,.0f} bytes (max {max(sizes):,}); "
+          f"a page opened on the run: {first[0] * 1000:.1f} ms, {first[1]:,} bytes once")
 
 
 def old_charts(rev: str) -> types.ModuleType:
@@ -131,6 +173,7 @@ def main() -> None:
     old, new = (statistics.median(times[name]) for name in (f"as of {args.old_rev}", "now"))
     verdict = "met" if new < 0.2 else "MISSED"
     print(f"old / now: {old / new:.1f}x; target under 200 ms a tick: {verdict}")
+    in_place(args)
     sys.stdout.flush()
 
 

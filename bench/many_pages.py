@@ -9,16 +9,17 @@ to outlast the measurement. Then, in rounds whose order alternates (0 pages then
 ``--pages`` Playwright pages open (Debian's Chromium, one browser context each, as N users).
 
 Tick latency per page, timed inside each page: from the Train tab's timer sending its tick
-(gradio's ``queue/join`` request of the ``poll`` event) to the end of the loss chart's drawing of
-the answer (its ``Plotly.react`` call after the SSE message that carries the result), split into
+(gradio's ``queue/join`` request of the ``poll`` event) to the end of the in-place drawing of the
+answer (the last ``Plotly.react`` call on a live chart's div after the SSE message that carries the
+result and before the next tick: the page draws every chart with new points at once), split into
 the answer's arrival and the page's own drawing; and the age of what it then shows (the newest step
-on the chart, from its record's time in the run folder to drawn). A tick the server answered with
-nothing new (no step since the page's last tick) is not timed. (gradio marks each output pending
-when a tick is sent, which changes the chart's DOM at once: a change of the chart is not a sign of
-new data.) Each chart's ``Plotly.react`` time and calls per tick are reported too. Reports the
-median over pages of each page's median, the worst page's median and the 90th percentile of every
-tick. Targets: median <= 200 ms, steps/s with N pages within 10% of no page. Prints a Markdown
-table and writes the figures as JSON (``--json``).
+on the loss chart, from its record's time in the run folder to drawn). A tick the server answered
+with nothing new (no step or memory sample since the page's last tick) is not timed. (gradio marks
+each output pending when a tick is sent, which changes the page's DOM at once: a change of the page
+is not a sign of new data.) Each chart's ``Plotly.react`` time and calls per tick are reported
+too. Reports the median over pages of each page's median, the worst page's median and the 90th
+percentile of every tick. Targets: median <= 200 ms, steps/s with N pages within 10% of no
+page. Prints a Markdown table and writes the figures as JSON (``--json``).
 
 On a machine with few cores the N Chromium pages themselves take most of a core, which in use sit
 on the users' own machines: ``--pin`` keeps the dashboard and its run on the last CPU and the browsers
@@ -82,12 +83,20 @@ PAGE_PROBE = """
   }, 100);
   const send = window.fetch;
   window.fetch = function (input, init) {
+    let direct = false;
     try {
       const url = typeof input === 'string' ? input : input.url;
-      if (url.includes('/queue/join') && init && init.body &&
-          JSON.parse(init.body).fn_index === pollId) window.__ticks.joins.push(performance.now());
+      if ((url.includes('/queue/join') || url.includes('/run/')) && init && init.body &&
+          JSON.parse(init.body).fn_index === pollId) {
+        window.__ticks.joins.push(performance.now());
+        direct = url.includes('/run/');  // outside the queue: the answer is this response's body
+      }
     } catch (e) {}
-    return send.apply(this, arguments);
+    const out = send.apply(this, arguments);
+    if (!direct) return out;
+    // the response's arrival (a body of a few kB comes with it; timing its read instead would
+    // come after gradio has read and drawn it)
+    return out.then((r) => { window.__ticks.answers.push(performance.now()); return r; });
   };
 }
 """
@@ -145,9 +154,11 @@ def start_run(url: str, name: str, steps: int, seq_len: int) -> str:
     return str(message)
 
 
-def poll_fn_index(url: str) -> int:
+def poll_fn_index(url: str) -> tuple[int, bool]:
+    """The Train tab's tick event: (its id, whether it goes through gradio's queue)."""
     config = httpx.get(f"{url}/config", timeout=60).json()
-    return next(d["id"] for d in config["dependencies"] if d["api_name"] == "poll")
+    tick = next(d for d in config["dependencies"] if d["api_name"] == "poll")
+    return tick["id"], tick.get("queue") is not False
 
 
 def records(run: Path) -> list[dict[str, Any]]:
@@ -163,29 +174,31 @@ def steps_per_s(run: Path, t0: float, t1: float) -> float:
     return sum(1 for r in records(run) if t0 <= r["time"] < t1) / (t1 - t0)
 
 
+LIVE_CHARTS = ("memory-plot", "loss-plot", "throughput-plot", "step-peak-plot")
+
+
 def tick_times(ticks: dict[str, list], origin_s: float, written: dict[int, float]) -> list[dict[str, float]]:
     """One page's timed ticks: each tick sent whose answer was followed, before the next tick,
-    by a new drawing of the loss chart. ``latency``: tick sent to the end of the last such
-    drawing (ms);
-    ``answer``: tick sent to the server's answer arriving; ``draw``: answer to the loss chart
-    drawn (the page's own work, charts drawn before it included); ``age``: the newest step on the
-    chart, from its record written to the run folder to drawn (``written``: step -> epoch s;
-    ``origin_s``: the page's performance.timeOrigin in epoch s). A tick the server answered with
-    no new step (nothing sent) is not timed."""
+    by drawings of the live charts. ``latency``: tick sent to the end of the last such drawing
+    (ms): the answer's new points drawn in place on every chart that got some; ``answer``: tick
+    sent to the server's answer arriving; ``draw``: answer to its last chart drawn (the page's
+    own work); ``age``: the newest step on the loss chart, from its record written to the run
+    folder to drawn (``written``: step -> epoch s; ``origin_s``: the page's
+    performance.timeOrigin in epoch s). A tick the server answered with nothing new (nothing
+    sent) is not timed."""
     joins, answers = sorted(ticks["joins"]), sorted(ticks["answers"])
-    loss = sorted((d for d in ticks["draws"] if d[0] == "loss-plot"), key=lambda d: d[1])
+    live = sorted((d for d in ticks["draws"] if d[0] in LIVE_CHARTS), key=lambda d: d[1])
     out = []
     for sent, following in zip(joins, [*joins[1:], float("inf")]):
         got = next((a for a in answers if sent < a < following), None)
-        # gradio draws each new figure twice, into a chart it drops at once and into the one it
-        # keeps: the last drawing before the next tick is the one shown
-        drawn = [d for d in loss if got is not None and got <= d[1] < following]
+        drawn = [d for d in live if got is not None and got <= d[1] < following]
         if not drawn:
             continue
-        drawn = drawn[-1]
-        step = drawn[3]
-        age = (origin_s + drawn[2] / 1000 - written[int(step)]) * 1000 if step in written else None
-        out.append({"latency": drawn[2] - sent, "answer": got - sent, "draw": drawn[2] - got, "age": age})
+        end = max(d[2] for d in drawn)
+        loss = [d for d in drawn if d[0] == "loss-plot"]
+        step = loss[-1][3] if loss else None
+        age = (origin_s + loss[-1][2] / 1000 - written[int(step)]) * 1000 if step in written else None
+        out.append({"latency": end - sent, "answer": got - sent, "draw": end - got, "age": age})
     return out
 
 
@@ -259,20 +272,42 @@ def cpu_use(groups: dict[str, set[int]], window: float) -> Callable[[], dict[str
 
 
 class ApiPage(threading.Thread):
-    """A page without a browser: the Train tab's tick as gradio's client sends it (queue/join
-    of the ``poll`` event with a session of its own, its answer read from the SSE stream), once a
-    second after the previous answer, as the page's timer does. The server does for it what it
-    does for a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
+    """A page without a browser: the Train tab's tick as gradio's client sends it (a plain
+    request to ``run/poll``, or for a queued event queue/join and its answer read from the SSE
+    stream) with a session of its own and the number of the last answer it holds, once a second
+    after the previous answer, as the page's timer does. The server does for it what it does for
+    a page; nothing is drawn. Notes each tick's answer time (ms) and size (bytes)."""
 
-    def __init__(self, url: str, poll_id: int, stop: threading.Event) -> None:
+    def __init__(self, url: str, poll_id: int, stop: threading.Event, queued: bool = True) -> None:
         super().__init__(daemon=True)
         self.url, self.poll_id, self.stop, self.answers, self.sizes = url, poll_id, stop, [], []
+        self.queued = queued  # False: the tick is one plain request (the event is not queued)
         self.session = uuid.uuid4().hex[:11]
+        self.seen = ""  # the charts' answer this page holds ("seen N"), as the page's script says
+
+    def _held(self, line: str) -> None:
+        """Notes the answer's number, as the page's script does once it has drawn it."""
+        try:
+            answer = json.loads(line.removeprefix("data:"))
+            charts = (answer["output"] if self.queued else answer)["data"][0]
+            if isinstance(charts, str) and charts.startswith("{"):
+                self.seen = f"seen {json.loads(charts)['seq']}"
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.seen = ""
 
     def tick(self, client: httpx.Client) -> None:
         sent = time.perf_counter()
+        if not self.queued:
+            answer = client.post(f"{self.url}/gradio_api/run/poll", json={
+                "data": [0.6, self.seen], "fn_index": self.poll_id, "session_hash": self.session,
+                "event_data": None})
+            self.answers.append((time.perf_counter() - sent) * 1000)
+            self.sizes.append(len(answer.content))
+            self._held(answer.text)
+            return
         joined = client.post(f"{self.url}/gradio_api/queue/join", json={
-            "data": [0.6], "fn_index": self.poll_id, "session_hash": self.session, "event_data": None})
+            "data": [0.6, self.seen], "fn_index": self.poll_id, "session_hash": self.session,
+            "event_data": None})
         event = joined.json()["event_id"]
         with client.stream("GET", f"{self.url}/gradio_api/queue/data",
                            params={"session_hash": self.session}) as stream:
@@ -280,6 +315,7 @@ class ApiPage(threading.Thread):
                 if line.startswith("data:") and event in line and "process_completed" in line:
                     self.answers.append((time.perf_counter() - sent) * 1000)
                     self.sizes.append(len(line.encode()))
+                    self._held(line)
                     return
 
     def run(self) -> None:
@@ -289,14 +325,15 @@ class ApiPage(threading.Thread):
                 self.stop.wait(1.0)
 
 
-def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: int,
+def measure(browser, url: str, run: Path, pages_n: int, window: float, poll: tuple[int, bool],
             settle: float, server_pid: int, api_pages: int = 0) -> dict[str, Any]:
     from lora_gui.engine.core.lock import read_lock
 
+    poll_id, queued = poll
     api_n = min(api_pages, pages_n)
     pages = open_pages(browser, url, pages_n - api_n, poll_id) if pages_n > api_n else []
     stop = threading.Event()
-    api = [ApiPage(url, poll_id, stop) for _ in range(api_n)]
+    api = [ApiPage(url, poll_id, stop, queued) for _ in range(api_n)]
     for page in api:
         page.start()
     time.sleep(settle)
@@ -322,7 +359,8 @@ def measure(browser, url: str, run: Path, pages_n: int, window: float, poll_id: 
         page.context.close()
     result: dict[str, Any] = {"pages": pages_n, "steps_per_s": steps_per_s(run, t0, t1), "window_s": t1 - t0,
                               **cores, "browser_pages": len(pages), "api_pages": api_n,
-                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid)}
+                              "run_cpus": run_cpus, "server_cpus": allowed_cpus(server_pid),
+                              "tick_queued": queued}
     if api_answers:
         result.update({"api_answer_ms_median": statistics.median(api_answers), "api_ticks": len(api_answers),
                        "api_answer_bytes_median": statistics.median(api_bytes),
@@ -387,13 +425,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
         if args.pin:
             print(f"the run's process may use CPU {pin_run(run, server.pid)}", file=sys.stderr, flush=True)
-        poll_id = poll_fn_index(url)
+        poll = poll_fn_index(url)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             for r in range(args.rounds):
                 order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
                 for n in order:
-                    row = measure(browser, url, run, n, args.window, poll_id, args.settle, server.pid,
+                    row = measure(browser, url, run, n, args.window, poll, args.settle, server.pid,
                                   args.api_pages)
                     row["round"] = r + 1
                     rows.append(row)

@@ -57,11 +57,18 @@ def _single(value: Any) -> Any:
     return value
 
 
-def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+Spec = tuple[list[dict[str, Any]], dict[str, Any]]  # (traces, layout) as plain dicts
+# A trace's "stable" entry (not Plotly's): (generation, k) of its curve (lora_gui.ui.history): its
+# first k points stay as they are while the generation lasts; the live charts send a page only
+# the points after those it holds. A trace without one is sent whole whenever it changes.
+STABLE = "stable"
+
+
+def figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     """A figure from plain trace and layout dicts, built without plotly's per-property validation
     (the builders below are unit-tested; validation cost ~3 ms a figure on every timer tick)."""
-    traces = [{key: _single(value) if key in ("x", "y") else value for key, value in trace.items()}
-              for trace in traces]
+    traces = [{key: _single(value) if key in ("x", "y") else value for key, value in trace.items()
+               if key != STABLE} for trace in traces]
     return _Figure({"data": traces, "layout": layout}, _validate=False)
 
 
@@ -83,8 +90,11 @@ def _steps(records: list[dict[str, Any]]) -> np.ndarray:
 
 
 def _coverage(records: list[dict[str, Any]]) -> str:
-    """', measured steps only' when some steps carry no measured peak."""
-    return ", measured steps only" if any(r.get("peak_bytes") is None for r in records) else ""
+    """', measured steps only' when some steps carry no measured peak (followed incrementally, so
+    a tick's cost does not grow with the run's length)."""
+    unmeasured, _, _, _ = HISTORY.curve("unmeasured steps", records, lambda new: (
+        _steps(u := [r for r in new if r.get("peak_bytes") is None]), np.zeros(len(u))))
+    return ", measured steps only" if len(unmeasured) else ""
 
 
 def _measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -96,11 +106,18 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
     """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines; only
     measured steps are drawn (a CPU run measures the first steps of each step shape)."""
-    steps, peaks, _ = HISTORY.points("step peak", records, lambda new: (
+    return figure(*memory_spec(records, budget_bytes, predicted_bytes, simulated_budget))
+
+
+def memory_spec(records: list[dict[str, Any]], budget_bytes: int | None = None,
+                predicted_bytes: int | None = None, simulated_budget: bool = True) -> Spec:
+    """:func:`memory_figure` as plain dicts."""
+    steps, peaks, _, stable = HISTORY.curve("step peak", records, lambda new: (
         _steps(m := _measured(new)), column(m, "peak_bytes", MIB)))
     source = records[-1]["memory_source"] if records else "no data yet"
     traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": _marked(len(steps)),
-               "name": f"step peak ({source}{_coverage(records)})"}, *_ranked_lines(records, source)]
+               "name": f"step peak ({source}{_coverage(records)})", STABLE: stable},
+              *_ranked_lines(records, source)]
     shapes = []  # layout shapes draw across the whole axis; a one-point trace names each in the legend
     first = [steps[0] if len(steps) else 0]
     for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget
@@ -110,7 +127,7 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
             shapes.append(_hline(value / MIB, color, dash))
             traces.append({"type": "scatter", "x": first, "y": [value / MIB], "mode": "lines",
                            "line": {"color": color, "dash": dash}, "name": label})
-    return _figure(traces, {"shapes": shapes, "title": {"text": "Memory per step"},
+    return traces, ({"shapes": shapes, "title": {"text": "Memory per step"},
                             "xaxis": {"title": {"text": "step"}},
                             "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
                             "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
@@ -119,17 +136,22 @@ def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None
 def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Figure:
     """Train loss per step: the raw curve faint and its EMA (``smoothing`` weight, 0 = off) on
     top; long histories downsampled (the EMA is computed on every step first)."""
+    return figure(*loss_spec(records, smoothing))
+
+
+def loss_spec(records: list[dict[str, Any]], smoothing: float = 0.0) -> Spec:
+    """:func:`loss_figure` as plain dicts."""
     def losses(new: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
         return _steps(new), column(new, "loss")
 
-    xs, raw, _ = HISTORY.points("loss", records, losses)
+    xs, raw, _, stable = HISTORY.curve("loss", records, losses)
     traces = [{"type": "scatter", "x": xs, "y": raw, "mode": "lines", "name": "train loss",
-               "opacity": 0.3 if smoothing else 1.0}]
+               "opacity": 0.3 if smoothing else 1.0, STABLE: stable}]
     if smoothing and records:
-        xs, smooth, _ = HISTORY.points(f"loss ema {smoothing}", records, losses,
-                                       lambda: SmoothedSeries(smoothing))
+        xs, smooth, _, stable = HISTORY.curve(f"loss ema {smoothing}", records, losses,
+                                              lambda: SmoothedSeries(smoothing))
         traces.append({"type": "scatter", "x": xs, "y": smooth, "mode": "lines",
-                       "name": f"EMA {smoothing:g}"})
+                       "name": f"EMA {smoothing:g}", STABLE: stable})
     layout = {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
               "yaxis": {"title": {"text": "loss"}}, "height": 320,
               "margin": {"l": 50, "r": 20, "t": 40, "b": 40}}
@@ -137,7 +159,7 @@ def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Fig
         traces += _reward_traces(records)
         layout |= {"title": {"text": "Loss and rewards"}, "margin": {"l": 50, "r": 50, "t": 40, "b": 40},
                    "yaxis2": {"title": {"text": "reward"}, "overlaying": "y", "side": "right"}}
-    return _figure(traces, layout)
+    return traces, layout
 
 
 REWARD_SERIES = (("rewards_chosen", "reward chosen"), ("rewards_rejected", "reward rejected"),
@@ -149,9 +171,9 @@ def _reward_traces(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     loss chart's right axis."""
     traces = []
     for key, name in REWARD_SERIES:
-        xs, ys, _ = HISTORY.points(name, records, lambda new, k=key: (
+        xs, ys, _, stable = HISTORY.curve(name, records, lambda new, k=key: (
             _steps(new), np.array([r.get(k, np.nan) for r in new], dtype=float)))
-        traces.append({"type": "scatter", "x": xs, "y": ys, "mode": "lines", "name": name,
+        traces.append({"type": "scatter", "x": xs, "y": ys, "mode": "lines", "name": name, STABLE: stable,
                        "yaxis": "y2", "line": {"dash": "dot"} if key == "reward_accuracy" else {}})
     return traces
 
@@ -164,20 +186,27 @@ def mfu_label(records: list[dict[str, Any]]) -> str:
 
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
     """Real (non-padding) tokens/s and padding efficiency per step (image runs: images/s)."""
+    return figure(*throughput_spec(records))
+
+
+def throughput_spec(records: list[dict[str, Any]]) -> Spec:
+    """:func:`throughput_figure` as plain dicts."""
     margin = {"l": 50, "r": 50, "t": 40, "b": 40}
     if records and "images_per_s" in records[0]:
-        xs, ys, _ = HISTORY.points("images/s", records,
-                                   lambda new: (_steps(new), column(new, "images_per_s")))
-        return _figure([{"type": "scatter", "x": xs, "y": ys, "name": "images/s"}],
+        xs, ys, _, stable = HISTORY.curve("images/s", records,
+                                          lambda new: (_steps(new), column(new, "images_per_s")))
+        return ([{"type": "scatter", "x": xs, "y": ys, "name": "images/s", STABLE: stable}],
                        {"title": {"text": "Throughput" + mfu_label(records)},
                         "xaxis": {"title": {"text": "step"}},
                         "yaxis": {"title": {"text": "images/s"}}, "height": 320, "margin": margin})
-    xs, ys, _ = HISTORY.points("tokens/s", records, lambda new: (_steps(new), column(new, "tokens_per_s")))
-    ex, ey, _ = HISTORY.points("padding efficiency", records, lambda new: (
+    xs, ys, _, stable = HISTORY.curve("tokens/s", records,
+                                      lambda new: (_steps(new), column(new, "tokens_per_s")))
+    ex, ey, _, e_stable = HISTORY.curve("padding efficiency", records, lambda new: (
         _steps(new), column(new, "real_tokens") / np.maximum(column(new, "padded_tokens"), 1)))
-    traces = [{"type": "scatter", "x": xs, "y": ys, "name": "real tokens/s"},
-              {"type": "scatter", "x": ex, "y": ey, "name": "padding efficiency", "yaxis": "y2"}]
-    return _figure(traces, {"title": {"text": "Throughput" + mfu_label(records)},
+    traces = [{"type": "scatter", "x": xs, "y": ys, "name": "real tokens/s", STABLE: stable},
+              {"type": "scatter", "x": ex, "y": ey, "name": "padding efficiency", "yaxis": "y2",
+               STABLE: e_stable}]
+    return (traces, {"title": {"text": "Throughput" + mfu_label(records)},
                             "xaxis": {"title": {"text": "step"}},
                             "yaxis": {"title": {"text": "real tokens/s"}},
                             "yaxis2": {"title": {"text": "real / padded"}, "overlaying": "y",
@@ -244,9 +273,11 @@ def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start:
                 "name": f"{label}live memory ({source})"}
 
     if not (samples and any("rank" in s for s in (samples[0], samples[-1]))):
-        xs, ys, last = HISTORY.points(f"timeline {key}", samples,
-                                      lambda new: (column(new, "time"), column(new, key, MIB)))
-        return [line(xs - start, ys, "")], (last - start if last is not None else 1.0)
+        xs, ys, last, (gen, k) = HISTORY.curve(f"timeline {key}", samples,
+                                               lambda new: (column(new, "time"), column(new, key, MIB)))
+        # the axis starts at the run's first phase: a new start is a new generation of the line
+        return [{**line(xs - start, ys, ""), STABLE: ((*gen, start), k)}], \
+            (last - start if last is not None else 1.0)
     xs, ys = column(samples, "time") - start, column(samples, key, MIB)  # a launched run: per GPU
     ranks = column(samples, "rank", default=-1).astype(int)
     lines = [line(*downsample(xs[ranks == r], ys[ranks == r]), f"{_device_name(source)} {r} ")
@@ -259,6 +290,13 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
                     simulated_budget: bool = True) -> go.Figure:
     """Memory over time (MiB, its source named) with budget and predicted-peak lines and the
     run's phases shaded. Uses the best source the samples have (CUDA allocator, tracker, RSS)."""
+    return figure(*timeline_spec(samples, phases, budget_bytes, predicted_bytes, simulated_budget))
+
+
+def timeline_spec(samples: list[dict[str, Any]], phases: list[tuple[str, float]],
+                  budget_bytes: int | None = None, predicted_bytes: int | None = None,
+                  simulated_budget: bool = True) -> Spec:
+    """:func:`memory_timeline` as plain dicts."""
     key, source = next(((k, s) for k, s in SAMPLE_SOURCES if samples and k in samples[0]),
                        ("tracker_live_bytes", "no data yet"))
     start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
@@ -270,7 +308,7 @@ def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float
         if value:
             traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / MIB] * 2,
                            "mode": "lines", "name": label, "line": {"color": color, "dash": dash}})
-    return _figure(traces, {"shapes": shapes, "annotations": notes, "title": {"text": "Memory over time"},
+    return traces, ({"shapes": shapes, "annotations": notes, "title": {"text": "Memory over time"},
                             "xaxis": {"title": {"text": "seconds"}},
                             "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
                             "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})

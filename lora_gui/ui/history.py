@@ -10,6 +10,7 @@ No plotting here.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ import numpy as np
 from lora_gui.ui.series import MAX_POINTS, bucket_size
 
 Extract = Callable[[Sequence[Any]], tuple[np.ndarray, np.ndarray]]
+Stable = tuple[tuple, int]  # (generation, points that stay as they are while it lasts)
+_SERIALS = itertools.count()  # each series' own number: a new series is a new generation
 
 
 class Series:
@@ -33,6 +36,8 @@ class Series:
         self.lo = np.empty(0, dtype=np.int64)  # per finished bucket: index of its lowest value
         self.hi = np.empty(0, dtype=np.int64)  # ... and of its highest value
         self.covered = 0  # samples inside finished buckets
+        self.serial = next(_SERIALS)
+        self.stable: Stable = ((self.serial, 0), 0)  # as of the last points(): see there
 
     def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
         """Appends points (amortised doubling of the buffers)."""
@@ -55,9 +60,16 @@ class Series:
         self.covered = pairs * self.size
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
-        """At most ``max_points`` points in time order keeping each bucket's lowest and highest."""
+        """At most ``max_points`` points in time order keeping each bucket's lowest and highest.
+
+        Sets ``stable``: (generation, k): the first k points returned stay the same in every later
+        call of the same generation (later calls only add points after them), so a page that
+        holds them is sent the points after the k-th only. Up to ``max_points`` samples every
+        point is stable; past it, the points of the finished buckets are, and a doubling of the
+        bucket size starts a new generation."""
         n, x, y = self.n, self.x, self.y
         if n <= self.max_points:
+            self.stable = ((self.serial, 0), n)
             return x[:n].copy(), y[:n].copy()
         while self.size < bucket_size(n, self.max_points):
             self._merge_pairs()
@@ -72,6 +84,7 @@ class Series:
         tail = y[self.covered:n]
         extra = [self.covered + tail.argmin(), self.covered + tail.argmax()] if len(tail) else []
         keep = np.unique(np.concatenate([self.lo, self.hi, np.asarray(extra, dtype=np.int64)]))
+        self.stable = ((self.serial, self.size), int(np.searchsorted(keep, self.covered)))
         return x[keep], y[keep]
 
     @property
@@ -123,8 +136,13 @@ class HistoryCache:
     def points(self, name: str, items: Sequence[Any], extract: Extract,
                make: Callable[[], Series] = Series) -> tuple[np.ndarray, np.ndarray, float | None]:
         """(x, y) downsampled, and the last x, of the curve ``extract`` draws from ``items``."""
+        return self.curve(name, items, extract, make)[:3]
+
+    def curve(self, name: str, items: Sequence[Any], extract: Extract, make: Callable[[], Series] = Series,
+              ) -> tuple[np.ndarray, np.ndarray, float | None, Stable]:
+        """:meth:`points` and the curve's ``stable`` (see :meth:`Series.points`)."""
         if not items:
-            return np.empty(0), np.empty(0), None
+            return np.empty(0), np.empty(0), None, ((-1, 0), 0)
         key = (name, id(items[0]))
         with self._lock:  # timer ticks of several pages may run at once
             curve = self._curves.get(key)
@@ -139,7 +157,7 @@ class HistoryCache:
                 curve.series.extend(*extract(items[curve.count:]))
                 curve.count, curve.last = len(items), items[-1]
             xs, ys = curve.series.points()
-            return xs, ys, curve.series.last_x
+            return xs, ys, curve.series.last_x, curve.series.stable
 
 
 HISTORY = HistoryCache()

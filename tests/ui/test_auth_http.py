@@ -123,7 +123,7 @@ def test_every_run_route_refuses_without_the_login_and_works_with_it(served, con
     assert {"keep", "gone"} <= {row[0] for row in table["data"]}
     message = _result(client, url, start, _defaults(config, start, **{"run-name": "../x"}))[0]
     assert message.startswith("Error:") and "run name" in message.lower()
-    pictures = _result(client, url, tick, [0.6])[-1]  # charts, status, events, sample pictures
+    pictures = _result(client, url, tick, [0.6, ""])[-1]  # charts, status, events, sample pictures
     file_url = pictures[0]["image"]["url"]
     assert client.get(file_url).content == (work / "runs" / "live" / "samples" / "step-1.png").read_bytes()
     assert _result(client, url, delete, ["gone"])[0].startswith("Deleted")
@@ -141,12 +141,15 @@ def test_every_run_route_refuses_without_the_login_and_works_with_it(served, con
             assert client.get(f"{url}{path}").status_code in DENIED, path
         for dep, data in ((reload, []), (start, _defaults(config, start, **{"run-name": "new"})),
                           (stop, []), (delete, ["keep"]), (opened, ["keep", 0.0]),
-                          (export, _defaults(config, export)), (tick, [0.6])):
+                          (export, _defaults(config, export)), (tick, [0.6, ""])):
             assert _call(client, url, dep, data).status_code in DENIED, dep["api_name"]
         joined = client.post(f"{url}/gradio_api/queue/join", json={
             "data": ["keep"], "fn_index": delete["id"], "session_hash": "intruder", "trigger_id": None,
             "event_data": None})
         assert joined.status_code in DENIED
+        direct = client.post(f"{url}/gradio_api/run/poll", json={  # the tick: a plain request
+            "data": [0.6, ""], "fn_index": tick["id"], "session_hash": "intruder", "event_data": None})
+        assert direct.status_code in DENIED
         assert client.post(f"{url}/gradio_api/upload", files={"files": ("a.txt", b"x")}).status_code in DENIED
     assert (work / "runs" / "keep").is_dir() and not (work / "runs" / "new").exists()
     assert not common.MANAGER.job.control.stop.is_set()

@@ -24,6 +24,29 @@ def test_series_grown_in_pieces_equals_downsampling_the_whole_history():
     assert done == len(ys) and 40.0 in got_y
 
 
+def test_stable_points_stay_as_they_are_while_their_generation_lasts():
+    """What a page holds of a curve (its first ``stable`` points) is never changed by later points
+    of the same generation; a new bucket size is a new generation."""
+    rng = np.random.default_rng(1)
+    ys = rng.normal(size=6_000)
+    xs = np.arange(len(ys), dtype=float)
+    series, done, held = Series(max_points=500), 0, None
+    generations = set()
+    for piece in (10, 300, 190, 1, 700, 33, 2_000, 5, 2_766):
+        series.extend(xs[done:done + piece], ys[done:done + piece])
+        done += piece
+        got_x, got_y = series.points()
+        gen, k = series.stable
+        assert 0 <= k <= len(got_x)
+        if done <= 500:
+            assert k == done  # every point kept as it is
+        if held is not None and held[0] == gen:
+            assert np.array_equal(got_x[:held[1]], held[2]) and np.array_equal(got_y[:held[1]], held[3])
+        held = (gen, k, got_x[:k].copy(), got_y[:k].copy())
+        generations.add(gen)
+    assert len(generations) >= 3  # all points, then bucket sizes that doubled
+
+
 def test_smoothed_series_continues_the_ema():
     values = [3.0, 2.5, 2.7, 1.0, 1.2, 0.9]
     series = SmoothedSeries(0.8)

@@ -7,14 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import gradio as gr
-from gradio.components.plot import PlotData
 
-from lora_gui.ui import common, forms, live
+from lora_gui.ui import charts, common, forms, live, live_charts, live_panel
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
 
-CHART_HEIGHT = 250  # px: the run panel shows memory, loss and throughput beside the settings
 SIDE_MIN_WIDTH = 420  # px: below two of these the columns stack (one column on narrow screens)
 
 
@@ -28,70 +26,55 @@ def _plan_details() -> dict[str, Any]:
 
 
 def _run_panel() -> dict[str, Any]:
-    """The run's status with progress and ETA, its charts and events (the finished run's
-    summary shows in the status when it ends)."""
+    """The run's status with progress and ETA, its charts (updated in place on the page) and
+    events (the finished run's summary shows in the status when it ends)."""
     status = gr.Markdown(elem_id="status")
-    memory = gr.Plot(label="Memory over time", elem_id="memory-plot")
-    with gr.Row():
-        loss = gr.Plot(label="Loss", elem_id="loss-plot", min_width=200)
-        throughput = gr.Plot(label="Throughput", elem_id="throughput-plot", min_width=200)
+    chart_panel = live_panel.charts_panel()
     events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
     with gr.Accordion("More charts", open=False, elem_id="more-charts") as more:
-        step_peak = gr.Plot(label="Peak per step", elem_id="step-peak-plot")
+        live_panel.step_peak_panel()
         smoothing = gr.Slider(0.0, 0.99, value=0.6, step=0.01, label="Loss smoothing (EMA weight)",
                               elem_id="loss-smoothing")
-    return {"status": status, "memory": memory, "step_peak": step_peak, "loss": loss,
-            "smoothing": smoothing, "throughput": throughput, "events": events, "more": more}
+    return {"status": status, "charts": chart_panel, "smoothing": smoothing, "events": events,
+            "more": more}
 
 
-def _compact(fig: Any) -> Any:
-    """A chart sized for the run panel."""
-    if fig is not None and hasattr(fig, "update_layout"):
-        fig.update_layout(height=CHART_HEIGHT, margin={"l": 50, "r": 10, "t": 40, "b": 40})
-    return fig
+def _sized(chart_id: str, spec: charts.Spec) -> charts.Spec:
+    """A chart sized for the run panel (the peak per step, in its own accordion, keeps its size)."""
+    traces, layout = spec
+    if chart_id == live_panel.STEP_PEAK:
+        return spec
+    return traces, {**layout, "height": live_panel.CHART_HEIGHT,
+                    "margin": {"l": 50, "r": 10, "t": 40, "b": 40}}
 
 
-PAGES = live.PageMemory()  # what each open page was last sent
+def _views(part: str, key: tuple, specs: tuple) -> dict[str, live_charts.ChartView]:
+    """The charts of one state (``key``) of the job as every page's tick answers them (made once)."""
+    ids = (live_panel.CHART_IDS[0],) if part == "timeline" else live_panel.CHART_IDS[1:]
+    return {chart_id: live_charts.ChartView(key, *_sized(chart_id, spec))
+            for chart_id, spec in zip(ids, specs)}
 
 
-def _serialised(part: str, figs: tuple) -> tuple:
-    """Charts as gradio sends them (plotly JSON), made once for every page; the run panel's
-    charts sized for it (the peak per step, first of the "steps" part, keeps its size: it has
-    an accordion of its own)."""
-    sized = [fig if part == "steps" and i == 0 else _compact(fig) for i, fig in enumerate(figs)]
-    return tuple(PlotData(type="plotly", plot=fig.to_json()) for fig in sized)
+PAGES = live_charts.PageCursors()  # what each open page holds of each chart
+TEXTS = live.PageMemory()  # the sample pictures each open page was last sent
 
 
-def poll(smoothing: float = 0.0, request: gr.Request | None = None) -> tuple:
-    """The timer's tick for one page: the charts, status, events and sample pictures of the job
-    every page shows; a chart, log or gallery this page already holds is not sent again."""
+def poll(smoothing: float = 0.0, seen: str | None = None, request: gr.Request | None = None) -> tuple:
+    """The timer's tick for one page, one event: the new points of the run's charts (all of them
+    for a page that holds none), status, events and sample pictures of the job every page shows;
+    what this page already holds is not sent again."""
     page = request.session_hash if request is not None else None
-    (timeline_key, (memory,)), (steps_key, step_charts) = handle.live_charts(smoothing, finish=_serialised)
+    (_, timeline), (_, steps) = handle.live_charts(smoothing, finish=_views)
+    answer = PAGES.answer(page, seen, {**timeline, **steps})
     status, log = handle.live_status()
     pictures = handle.sample_gallery()
-    if not PAGES.changed(page, "timeline", timeline_key):
-        memory = gr.skip()
-    if not PAGES.changed(page, "steps", steps_key):
-        step_charts = (gr.skip(),) * 3
-    log_out = log if PAGES.changed(page, "log", log) else gr.skip()
-    gallery = pictures if PAGES.changed(page, "gallery", tuple(pictures)) else gr.skip()
-    step_peak, loss, throughput = step_charts
-    if page is not None and not PAGES.get(page, "more open", False):
-        step_peak = gr.skip()  # in the closed "More charts": drawn when the page opens it
-    return (memory, step_peak, loss, throughput, status, log_out, gallery)
-
-
-def more_charts(opened: bool):
-    """The "More charts" accordion opened or closed on a page: an open one gets its chart now and
-    on every tick after; a closed one none."""
-    def toggle(smoothing: float, request: gr.Request) -> Any:
-        page = request.session_hash if request is not None else None
-        PAGES.set(page, "more open", opened)
-        if not opened:
-            return gr.skip()
-        _, (_, (step_peak, _, _)) = handle.live_charts(smoothing, finish=_serialised)
-        return step_peak
-    return toggle
+    # gradio rebuilds a component for each gr.skip() it is given (1-4 ms of the server's CPU per
+    # tick and page, the gallery's the most): what is small is sent as it is instead, and charts
+    # with nothing new get back the page's own "seen N" (no change on the page)
+    charts_out = str(seen) if answer is None else answer
+    unchanged = not TEXTS.changed(page, "gallery", tuple(pictures))
+    gallery = (gr.skip() if pictures else []) if unchanged else pictures
+    return (charts_out, status, log, gallery)
 
 
 def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -173,15 +156,17 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 
 
 def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every second, one event per page: the run's charts, status, events and sample pictures
-    (a tick of several pages at once runs in parallel: the charts are built once for all)."""
+    """Every second, one event per page: the run charts' new points, status, events and sample
+    pictures (a tick of several pages at once runs in parallel: the charts are built once for
+    all). The page's charts value says which answer it holds."""
     timer = gr.Timer(1.0)
-    poll_out = [plots["memory"], plots["step_peak"], plots["loss"], plots["throughput"], plots["status"],
-                plots["events"], gallery]
-    timer.tick(poll, plots["smoothing"], poll_out, concurrency_limit=None, show_progress="hidden")
-    plots["smoothing"].release(poll, plots["smoothing"], poll_out)
-    plots["more"].expand(more_charts(True), plots["smoothing"], plots["step_peak"])
-    plots["more"].collapse(more_charts(False), plots["smoothing"], plots["step_peak"])
+    poll_in = [plots["smoothing"], plots["charts"]]
+    poll_out = [plots["charts"], plots["status"], plots["events"], gallery]
+    # one plain HTTP request per tick, outside the queue (no queue entry and event stream per
+    # tick: several times less of the server's CPU for each open page, which shares the run's)
+    timer.tick(poll, poll_in, poll_out, queue=False, show_progress="hidden")
+    plots["smoothing"].release(poll, poll_in, poll_out, queue=False, show_progress="hidden")
+    plots["more"].expand(None, js="() => { if (window.loraLive) setTimeout(window.loraLive.draw, 50); }")
     return timer
 
 

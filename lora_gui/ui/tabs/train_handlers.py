@@ -339,41 +339,45 @@ def chart_keys(job: Any, smoothing: float) -> tuple[tuple, tuple]:
             (id(job), job.started, len(job.records), job.predicted_bytes, smoothing))
 
 
-def _timeline(job: Any) -> tuple[Any]:
+def _timeline(job: Any) -> tuple[charts.Spec]:
+    """(memory over time,) of the job, as (traces, layout)."""
     if job is None or job.kind != "training":
-        return (charts.memory_timeline([], []),)
+        return (charts.timeline_spec([], []),)
     samples, phases = job.memory_snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
     simulated = common.gpu_total_gb() is None
-    return (charts.memory_timeline(samples, phases, budget, job.predicted_bytes, simulated),)
+    return (charts.timeline_spec(samples, phases, budget, job.predicted_bytes, simulated),)
 
 
-def _step_charts(job: Any, smoothing: float) -> tuple[Any, Any, Any]:
-    """(peak per step, loss, throughput) of the job."""
+def _step_charts(job: Any, smoothing: float) -> tuple[charts.Spec, charts.Spec, charts.Spec]:
+    """(peak per step, loss, throughput) of the job, each as (traces, layout)."""
     if job is None or job.kind != "training":
         empty: list[dict] = []
-        return charts.memory_figure(empty), charts.loss_figure(empty), charts.throughput_figure(empty)
+        return charts.memory_spec(empty), charts.loss_spec(empty), charts.throughput_spec(empty)
     records, _ = job.snapshot()
     budget = int(job.cfg.budget_gb * GB) or None
-    return (charts.memory_figure(records, budget, job.predicted_bytes, common.gpu_total_gb() is None),
-            charts.loss_figure(records, smoothing), charts.throughput_figure(records))
+    return (charts.memory_spec(records, budget, job.predicted_bytes, common.gpu_total_gb() is None),
+            charts.loss_spec(records, smoothing), charts.throughput_spec(records))
 
 
-def _as_is(part: str, figs: tuple) -> tuple:
-    return figs
+def _as_figures(part: str, key: tuple, specs: tuple) -> tuple:
+    return tuple(charts.figure(*spec) for spec in specs)
 
 
-def live_charts(smoothing: float = 0.0, finish: Callable[[str, tuple], Any] = _as_is,
+def live_charts(smoothing: float = 0.0, finish: Callable[[str, tuple, tuple], Any] = _as_figures,
                 ) -> tuple[tuple[tuple, Any], tuple[tuple, Any]]:
-    """((key, ``finish("timeline", (memory over time,))``), (key, ``finish("steps", (peak per
-    step, loss, throughput))``)) of the current job. Each is built once per key for every page (``finish``
-    serialises once too); the curves are extended by the new records only
+    """((key, ``finish("timeline", key, (memory over time,))``), (key, ``finish("steps", key, (peak
+    per step, loss, throughput))``)) of the current job, each chart given to ``finish`` as (traces,
+    layout) (by default made into Plotly figures). Each is built once per key for every page
+    (``finish`` once too); the curves are extended by the new records only
     (lora_gui.ui.history) and downsampled to at most MAX_POINTS."""
     job = common.MANAGER.job
     smoothing = float(smoothing or 0.0)
     timeline_key, steps_key = chart_keys(job, smoothing)
-    timeline = CHARTS.get(("timeline", timeline_key), lambda: finish("timeline", _timeline(job)))
-    steps = CHARTS.get(("steps", steps_key), lambda: finish("steps", _step_charts(job, smoothing)))
+    timeline = CHARTS.get(("timeline", timeline_key, finish),  # by finish too: figures or views
+                          lambda: finish("timeline", timeline_key, _timeline(job)))
+    steps = CHARTS.get(("steps", steps_key, finish),
+                       lambda: finish("steps", steps_key, _step_charts(job, smoothing)))
     return (timeline_key, timeline), (steps_key, steps)
 
 
