@@ -155,11 +155,17 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
     buttons["stop"].click(lambda: (handle.stop(), handle.status_text()), None, [message, status])
 
 
+# Seconds between a page's chart updates: each open page costs the server 1.5-2.7 ms of CPU a
+# tick, taken from the core the run trains on; every 2 s, as LlamaBoard's monitor and the Compare
+# tab refresh, 20 open pages cost the run about half what they did at 1 s (docs/BENCHMARKS.md).
+LIVE_TICK_S = 2.0
+
+
 def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every second, one event per page: the run charts' new points, status, events and sample
-    pictures (a tick of several pages at once runs in parallel: the charts are built once for
-    all). The page's charts value says which answer it holds."""
-    timer = gr.Timer(1.0)
+    """Every :data:`LIVE_TICK_S`, one event per page: the run charts' new points, status, events
+    and sample pictures (a tick of several pages at once runs in parallel: the charts are built
+    once for all). The page's charts value says which answer it holds."""
+    timer = gr.Timer(LIVE_TICK_S)
     poll_in = [plots["smoothing"], plots["charts"]]
     poll_out = [plots["charts"], plots["status"], plots["events"], gallery]
     # one plain HTTP request per tick, outside the queue (no queue entry and event stream per
