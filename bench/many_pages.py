@@ -48,6 +48,8 @@ from typing import Any
 
 import httpx
 
+from lora_gui.ui.tabs.train import LIVE_TICK_S
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
@@ -322,7 +324,7 @@ class ApiPage(threading.Thread):
         with httpx.Client(timeout=120) as client:
             while not self.stop.is_set():
                 self.tick(client)
-                self.stop.wait(1.0)
+                self.stop.wait(LIVE_TICK_S)  # as gradio's timer waits between a page's ticks
 
 
 def measure(browser, url: str, run: Path, pages_n: int, window: float, poll: tuple[int, bool],
