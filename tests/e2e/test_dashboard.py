@@ -177,6 +177,13 @@ def set_field(page, name: str, value: str) -> None:
     box.press("Tab")
 
 
+def start_run(page, name: str) -> None:
+    """Names the run, presses Start and waits for the page to say it started."""
+    page.locator("#run-name input, #run-name textarea").first.fill(name)
+    page.click("#start")
+    wait_text(page, "message", "Started")
+
+
 def pick(page, elem_id: str, value: str) -> None:
     """Chooses a dropdown option (gradio dropdowns filter as you type)."""
     box = page.locator(f"#{elem_id} input").first
@@ -207,9 +214,7 @@ def test_text_train_flow(server, page):
     set_field(page, "lr", "0.005")
     set_field(page, "max_steps", "3")
     set_field(page, "max_seq_len", "128")
-    page.locator("#run-name input, #run-name textarea").first.fill("e2e-text")
-    page.click("#start")
-    wait_text(page, "message", "Started")
+    start_run(page, "e2e-text")
     wait_text(page, "status", "completed", minutes=8)
     assert (cwd / "runs" / "e2e-text" / "adapter" / "adapter_config.json").is_file()
     assert plot_traces(page, "loss-plot") and plot_traces(page, "loss-plot")[0] == 3
@@ -236,9 +241,7 @@ def test_image_train_flow_at_768_with_samples(server, page):
         "b => { const t = document.getElementById('predicted').innerText;"
         " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=8 * MINUTE)
     settled_text(page, "predicted")  # start once the form's plans have gone quiet
-    page.locator("#run-name input, #run-name textarea").first.fill("e2e-image")
-    page.click("#start")
-    wait_text(page, "message", "Started")
+    start_run(page, "e2e-image")
     # this job's line (until the poll picks up the new job, the status shows the previous run's)
     line = wait_match(page, "status", r"(e2e-image[^\n]*(?:planned peak [\d,]+ MiB|failed[^\n]*))",
                       minutes=10)

@@ -5,7 +5,8 @@ history at once, then keeps taking new points."""
 from __future__ import annotations
 
 from tests.e2e import test_dashboard as dash
-from tests.e2e.test_dashboard import CHROMIUM, MINUTE, set_field, wait_text
+from tests.e2e.test_dashboard import MINUTE, plot_traces, set_field, start_run, wait_text
+from tests.e2e.test_train_layout import open_page
 
 server = dash.server  # this module's own app server (module scope)
 browser_present = dash.browser_present  # under CI a missing browser fails (autouse)
@@ -14,13 +15,13 @@ pytestmark = dash.pytestmark  # slow, integration; skipped without chromium exce
 
 POINTS = """id => { const el = document.querySelector('#' + id + ' .js-plotly-plot');
                     const d = el && el._fullData;
-                    return d && d.length ? (d[0].x || []).length : 0; }"""
+                    return d && d.length ? (d[0].x || []).length : 0; }"""  # in the browser, to wait on
 COUNTS = "() => [window.loraLive.whole, window.loraLive.parts]"  # charts the page got whole / in part
 MARK = "() => { document.querySelector('#loss-plot .js-plotly-plot').dataset.mark = 'kept'; }"
 
 
 def _points(page, chart: str = "loss-plot") -> int:
-    return page.evaluate(POINTS, chart)
+    return (plot_traces(page, chart) or [0])[0]
 
 
 def _wait_points(page, at_least: int, chart: str = "loss-plot", minutes: float = 5) -> int:
@@ -32,20 +33,12 @@ def test_ticks_extend_the_same_chart_and_a_reload_gets_the_history(server):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(2 * MINUTE)
+        browser, page = open_page(pw, server[0], 1400)
         try:
-            page.goto(server[0])
-            page.wait_for_selector("#start", timeout=5 * MINUTE)
-            wait_text(page, "predicted", "Predicted peak")
             set_field(page, "max_seq_len", "64")
             set_field(page, "max_steps", "400")
             wait_text(page, "differs", "max_steps = 400")
-            page.locator("#run-name input, #run-name textarea").first.fill("live-charts")
-            page.click("#start")
-            wait_text(page, "message", "Started")
+            start_run(page, "live-charts")
             first = _wait_points(page, 2)
             for chart in ("memory-plot", "throughput-plot"):
                 assert _points(page, chart) >= 1, f"{chart} shows nothing"

@@ -26,6 +26,7 @@ from tests.e2e.test_dashboard import (  # noqa: F401  (browser_present: the CI c
     end_live_runs,
     free_port,
     set_field,
+    start_run,
     text_of,
     wait_text,
 )
@@ -88,9 +89,7 @@ def test_a_run_outlives_a_killed_dashboard_and_a_new_one_shows_it_live(tmp_path)
             wait_text(page, "predicted", "the run's own plan,")
             set_field(page, "max_steps", "100000")  # longer than the test: it is stopped below
             set_field(page, "max_seq_len", "64")
-            page.locator("#run-name input, #run-name textarea").first.fill("outlive")
-            page.click("#start")
-            wait_text(page, "message", "Started")
+            start_run(page, "outlive")
             _wait(lambda: len(_steps(run)) >= 2, 300, "the run's first steps")
             browser.close()
         first.send_signal(signal.SIGKILL)  # the dashboard dies mid-run

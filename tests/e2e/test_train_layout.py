@@ -17,6 +17,7 @@ from tests.e2e.test_dashboard import (
     plot_traces,
     set_field,
     settled_plan,
+    start_run,
     text_of,
     wait_text,
 )
@@ -81,9 +82,7 @@ def test_charts_beside_the_settings_while_a_run_trains(server):
             set_field(page, "max_seq_len", "128")
             set_field(page, "max_steps", "200")
             wait_text(page, "differs", "max_steps = 200")
-            page.locator("#run-name input, #run-name textarea").first.fill("layout-run")
-            page.click("#start")
-            wait_text(page, "message", "Started")
+            start_run(page, "layout-run")
             assert "No training yet" not in text_of(page, "status")  # one status, in the same update
             wait_text(page, "status", "layout-run", minutes=0.1)
             page.wait_for_function(  # two steps drawn: the run is training
