@@ -43,7 +43,8 @@ MEM_EFF_BLOCK_J = 128  # kernel_backward.h: key block (kBlockSizeJ), upper bound
 # The plan takes 32 MiB (the Hopper size) on every card: a card of unknown kind never gets less.
 # cuBLASLt: 1 MiB of its own (getCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE 1024 KiB),
 # kept although recent builds share the cuBLAS workspace (erring by 1 MiB high, never low).
-CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # one (handle, stream) pair
+# (the step's total, both handles and cuBLASLt: trace_result.CUBLAS_WORKSPACE_BYTES)
+CUBLAS_WORKSPACE_PER_HANDLE = 32 * 2**20  # one (handle, stream) pair
 CUBLAS_HANDLES = 2  # forward thread + autograd's device thread
 CUBLASLT_WORKSPACE_BYTES = 1 * 2**20
 # aten/src/ATen/native/transformers/cuda/attention.cu _flash_attention_forward: the forward
@@ -205,8 +206,8 @@ def kernel_table(*, kernel: str, batch: int, seq: int, heads: int, kv_heads: int
                   "torch/optim/adamw.py (adam.py) _multi_tensor_adam: torch._foreach_sqrt; "
                   "foreach is the default on CUDA, traced with foreach=True"),
         KernelRow("cublas", "cuBLAS workspaces (forward thread + autograd's backward thread)", "step",
-                  CUBLAS_HANDLES * CUBLAS_WORKSPACE_BYTES, "from the first matmul to the end of the process",
-                  False,
+                  CUBLAS_HANDLES * CUBLAS_WORKSPACE_PER_HANDLE,
+                  "from the first matmul to the end of the process", False,
                   "aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize"),
         KernelRow("cublaslt", "cuBLASLt workspace", "step", CUBLASLT_WORKSPACE_BYTES,
                   "from the first Lt matmul to the end of the process", False,

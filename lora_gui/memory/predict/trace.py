@@ -264,7 +264,7 @@ def _replay(tracker: _PhaseTracker):
     """The caching allocator's replay of the run's first two steps (:mod:`allocator`)."""
     from lora_gui.memory.predict.allocator import replay_records, two_steps
     from lora_gui.memory.predict.cuda_kernels import CUBLAS_HANDLES as handles
-    from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as cublas
+    from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_PER_HANDLE as cublas
     from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as cublaslt
     from lora_gui.memory.runtime.alloc_conf import expandable_segments_planned
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from lora_gui.memory.predict.cuda_kernels import CUBLAS_HANDLES as _HANDLES
-from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_BYTES as _CUBLAS
+from lora_gui.memory.predict.cuda_kernels import CUBLAS_WORKSPACE_PER_HANDLE as _CUBLAS
 from lora_gui.memory.predict.cuda_kernels import CUBLASLT_WORKSPACE_BYTES as _CUBLASLT
 from lora_gui.memory.runtime.tracker import StorageTracker, track_op
 
