@@ -68,12 +68,16 @@ def lora_targets(kind: str, lora_targets_setting: str) -> list[str]:
     return [t.strip() for t in lora_targets_setting.split(",") if t.strip()]
 
 
+def vae_factor(vae_block_out_channels: Any) -> int:
+    """A VAE's downsampling factor (pixels per latent side): 2^(levels - 1); 8 for SD3 / Flux."""
+    return 2 ** (len(vae_block_out_channels) - 1)
+
+
 def patch_factor(kind: str, transformer_config: dict[str, Any], vae_block_out_channels: Any) -> int:
     """Pixels per image token side: the transformer's patch size (Flux: 2, its 2 x 2 packing)
     times the VAE's downsampling factor 2^(levels - 1)."""
-    vae_factor = 2 ** (len(vae_block_out_channels) - 1)
     patch = 2 if kind == "flux" else int(transformer_config.get("patch_size", 2))
-    return patch * vae_factor
+    return patch * vae_factor(vae_block_out_channels)
 
 
 def check_resolution(kind: str, factor: int, sizes: list[tuple[int, int]]) -> None:
@@ -255,7 +259,7 @@ def load_dit_parts(source: str, class_name: str, weights_dtype: torch.dtype, cfg
     objective = FlowMatching(
         kind, copy.deepcopy(pipe.scheduler), scheme, float(getattr(cfg, "logit_mean", 0.0)),
         float(getattr(cfg, "logit_std", 1.0)), float(getattr(cfg, "mode_scale", 1.29)), guidance,
-        2 ** (len(pipe.vae.config.block_out_channels) - 1), precondition_outputs=kind == "sd3")
+        vae_factor(pipe.vae.config.block_out_channels), precondition_outputs=kind == "sd3")
     t5_length = text_length_for(kind, int(getattr(cfg, "text_max_length", 0)))
     clip_length = pipe.tokenizer.model_max_length
     # prompt-embedding tokens: SD3 = CLIP's + T5's (zeros of CLIP's length without T5); Flux = T5's

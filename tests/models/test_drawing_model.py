@@ -2,6 +2,7 @@
 preset that teaches it a new shape is valid and trains through the engine's DiT path."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,9 +68,31 @@ def test_image_demo_trains_a_step_and_samples_through_the_engine(tmp_path):
     summary = train_image(cfg, tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["steps"] == 2
     assert summary["eval_loss"] is not None and summary["base_eval_loss"] is not None
+    # the run's own prediction against its tracker peak: the drawing model's VAE downsamples 4x
+    # (SD3's 8x), so a step has 4x the image tokens a trace at 8x would count (it read -45%)
+    report = summary["memory_report"]
+    assert report["source"] == "tracker" and -0.01 <= report["predicted_vs_measured"] <= 0.03, report
     samples = sorted((tmp_path / "run" / "samples").glob("*.png"))
     assert len(samples) == 1 and "star" in samples[0].name
     from lora_gui.engine.generate import ImageTrial, open_run
 
     base, tuned = ImageTrial(open_run(tmp_path / "run")).pictures("a red star on a white background", steps=2)
     assert base.size == tuned.size == (64, 64)  # the Try tab: LoRA off, then on at its scale
+
+
+def test_image_demo_plans_under_a_budget_at_the_sizes_the_model_covers(capsys):
+    """``plan`` under a budget fits a pixel line to two traced resolutions: the drawing model's
+    position embedding covers 64 px at most (8 patches of 2 latents of 4 px), so it is
+    calibrated at 32 and 64 px, not at 512 and 1024, which its transformer refuses."""
+    from lora_gui.__main__ import main
+    from lora_gui.memory.predict.dit_plan import pipeline_vae_factor
+    from lora_gui.memory.predict.dit_trace import calibration_sizes, largest_side
+
+    cfg = load_config("image-demo")
+    folder = Path(dm.resolve_pipeline_source(cfg.model))
+    config = json.loads((folder / "transformer" / "config.json").read_text(encoding="utf-8"))
+    assert pipeline_vae_factor(cfg) == 4
+    assert largest_side(config, vae_factor=4) == 64 and calibration_sizes(config, vae_factor=4) == (32, 64)
+    assert main(["plan", "--preset", "image-demo", "--budget-gb", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["batch_by_bucket"] == {"(64, 64)": cfg.batch_size}, plan["message"]

@@ -22,7 +22,13 @@ import torch
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.predict import planner
-from lora_gui.memory.predict.dit_trace import dit_kind, estimate_dit_step, text_encoder_bytes, trace_dit_step
+from lora_gui.memory.predict.dit_trace import (
+    VAE_FACTOR,
+    dit_kind,
+    estimate_dit_step,
+    text_encoder_bytes,
+    trace_dit_step,
+)
 from lora_gui.memory.predict.model_configs import bundled_models, is_dit_config, load_model_config
 from lora_gui.memory.predict.trace import TraceResult
 from lora_gui.models.precision import planned_weights_dtype
@@ -166,7 +172,7 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
     kind = dit_kind(config)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype,
             "device": device, "text_seq_len": default_text_tokens(kind, cfg.text_max_length),
-            "image_window": cfg.image_window}
+            "image_window": cfg.image_window, "vae_factor": pipeline_vae_factor(cfg)}
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
         else [(cfg.resolution, cfg.resolution)]
     shapes = sorted({(h, w) for w, h in buckets if w <= h})
@@ -201,6 +207,21 @@ def encoding_pass_bytes(cfg: RunConfig, kind: str, step: TraceResult, largest_hw
 
     vae_config, encoders = pipeline_encoders(cfg, kind, dtype)
     return planned_encoding_pass(cfg.resolved_cache_latents(), step, encoders, vae_config, *largest_hw)
+
+
+def pipeline_vae_factor(cfg: RunConfig) -> int:
+    """The downsampling of the run's pipeline VAE (8 for SD3 / Flux and a bundled transformer name;
+    the built-in drawing model's VAE: 4), read from its folder's config (nothing loaded)."""
+    if cfg.model in bundled_models():
+        return VAE_FACTOR
+    from diffusers import AutoencoderKL
+
+    from lora_gui.memory.predict.pipeline_shapes import config_folder
+    from lora_gui.models.diffusion import resolve_pipeline_source
+    from lora_gui.models.dit import vae_factor
+
+    root = config_folder(resolve_pipeline_source(cfg.model))
+    return vae_factor(AutoencoderKL.load_config(root / "vae")["block_out_channels"])
 
 
 def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[dict[str, Any], int]:

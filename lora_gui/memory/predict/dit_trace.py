@@ -8,7 +8,8 @@ the weighted flow-matching MSE), then backward, AdamW step and ``zero_grad`` thr
 and text encoders are not part of the step; see :func:`text_encoder_bytes` for their weights).
 
 A DiT's sequence is ``text tokens + (H / f) * (W / f)`` image tokens, ``f`` = patch size x VAE
-factor (16 for SD3 and Flux). With SDPA every activation is linear in that length, so the
+factor (16 for SD3 and Flux; the VAE factor is the pipeline's own, ``vae_factor``: the built-in
+drawing model's VAE downsamples 4x). With SDPA every activation is linear in that length, so the
 estimate (two traces at batch 1, cached per config) is fixed bytes + batch x (a + b x pixels).
 """
 
@@ -32,7 +33,8 @@ from lora_gui.memory.predict.trace import (
     attach_lora,
 )
 
-VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling
+VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling (a pipeline's own: models.dit.vae_factor)
+CALIBRATION_PX = (512, 1024)  # the estimate's two traced resolutions, where the model reaches them
 # T5-XXL encoder, CLIP ViT-L/14 and OpenCLIP bigG/14 text towers (their published configs): the
 # text encoders an SD3.5 / Flux.1 run keeps resident when the embeddings are not cached.
 TEXT_ENCODER_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -66,6 +68,27 @@ def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lor
     return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
 
 
+def largest_side(config: dict[str, Any], vae_factor: int = VAE_FACTOR) -> int | None:
+    """The largest image side (px) an SD3 transformer's position embedding covers
+    (``pos_embed_max_size`` patches); None for Flux (rotary positions: no limit)."""
+    if dit_kind(config) == "flux" or not config.get("pos_embed_max_size"):
+        return None
+    return int(config["pos_embed_max_size"]) * int(config.get("patch_size", 2)) * vae_factor
+
+
+def calibration_sizes(config: dict[str, Any], vae_factor: int = VAE_FACTOR) -> tuple[int, int]:
+    """The two square resolutions the estimate traces: 512 and 1024 px, or for a model whose
+    position embedding stops below 1024 px, half its largest side and that side."""
+    top = largest_side(config, vae_factor)
+    if top is None or top >= CALIBRATION_PX[1]:
+        return CALIBRATION_PX
+    factor = int(config.get("patch_size", 2)) * vae_factor
+    low = max(factor, top // 2 // factor * factor)
+    if low >= top:
+        raise ValueError(f"this transformer covers at most {top} px: too small to estimate its steps")
+    return low, top
+
+
 def default_text_tokens(kind: str, text_max_length: int = 0) -> int:
     """Tokens of the prompt embeddings: SD3 = 77 CLIP + T5 tokens; Flux = T5 tokens."""
     from lora_gui.models.dit import text_length_for
@@ -79,7 +102,8 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                    gradient_checkpointing: bool = False, dtype: torch.dtype | str = torch.bfloat16,
                    device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
                    fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
-                   weighting_scheme: str = "none", image_window: int = 0, adapter: Any = None) -> TraceResult:
+                   weighting_scheme: str = "none", image_window: int = 0, adapter: Any = None,
+                   vae_factor: int = VAE_FACTOR) -> TraceResult:
     """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
 
     Args:
@@ -96,6 +120,8 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         weighting_scheme: the loss weighting (changes a few temporaries only).
         image_window: windowed attention over image tokens (radius in tokens; 0 = full).
         adapter: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
+        vae_factor: the pipeline VAE's downsampling (:func:`lora_gui.models.dit.vae_factor`; 8 for
+            SD3 / Flux).
 
     Returns:
         A :class:`~lora_gui.memory.predict.trace.TraceResult`.
@@ -110,7 +136,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
     if not is_dit_config(cfg):
         raise ValueError("not an SD3Transformer2DModel / FluxTransformer2DModel config")
     kind = dit_kind(cfg)
-    factor = VAE_FACTOR * (2 if kind == "flux" else int(cfg.get("patch_size", 2)))
+    factor = vae_factor * (2 if kind == "flux" else int(cfg.get("patch_size", 2)))
     if h < factor or w < factor or h % factor or w % factor:
         raise ValueError(f"resolution must be a positive multiple of {factor}, got {resolution}")
     dt = as_dtype(dtype)
@@ -124,11 +150,11 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
     channels = cfg.get("in_channels", 64) // 4 if kind == "flux" else cfg.get("in_channels", 16)
     objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
                              guidance=3.5 if cfg.get("guidance_embeds") else None,
-                             vae_scale_factor=VAE_FACTOR, precondition_outputs=kind == "sd3")
+                             vae_scale_factor=vae_factor, precondition_outputs=kind == "sd3")
     pooled_dim = cfg.get("pooled_projection_dim", 768)
 
     def make_inputs() -> dict:
-        lat = (batch_size, channels, h // VAE_FACTOR, w // VAE_FACTOR)
+        lat = (batch_size, channels, h // vae_factor, w // vae_factor)
         width = cfg.get("joint_attention_dim", 4096)
         enc = types.SimpleNamespace(latents=torch.randn(lat),
                                     hidden=torch.randn(batch_size, tokens, width, dtype=dt),
@@ -154,20 +180,23 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 @functools.lru_cache(maxsize=16)
 def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
                  text_seq_len: int | None, image_window: int = 0,
-                 device: str = "cpu", adapter: Any = None) -> tuple[dict[str, int], float, float]:
-    """Two fake traces (batch 1 at 512 and 1024 px) -> fixed bytes and per-image a + b * pixels
-    (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
+                 device: str = "cpu", adapter: Any = None,
+                 vae_factor: int = VAE_FACTOR) -> tuple[dict[str, int], float, float]:
+    """Two fake traces (batch 1 at :func:`calibration_sizes`: 512 and 1024 px) -> fixed bytes and
+    per-image a + b * pixels (traced for ``device``: on CUDA the attention kernels' backward
+    workspaces are in them)."""
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
           "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "image_window": image_window,
-          "adapter": adapter}
-    return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw), 512, 1024)
+          "adapter": adapter, "vae_factor": vae_factor}
+    return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw),
+                          *calibration_sizes(cfg, vae_factor))
 
 
 def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int], lora_rank: int = 16,
                       gradient_checkpointing: bool = False, dtype: Any = "bfloat16", device: str = "cuda",
                       text_seq_len: int | None = None, image_window: int = 0,
-                      adapter: Any = None) -> TraceResult:
+                      adapter: Any = None, vae_factor: int = VAE_FACTOR) -> TraceResult:
     """Trace-calibrated estimate of a DiT step with SDPA (linear in pixels and batch, see the
     module docstring; windowed image attention is linear too); default LoRA targets.
     ``info["source"] = "predicted (trace-calibrated)"``."""
@@ -176,7 +205,7 @@ def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[i
     cfg = dict(load_model_config(config))
     key = json.dumps(cfg, sort_keys=True, default=str)
     fit = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""), text_seq_len,
-                       image_window, "cuda" if device == "cuda" else "cpu", adapter)
+                       image_window, "cuda" if device == "cuda" else "cpu", adapter, vae_factor)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
 
 

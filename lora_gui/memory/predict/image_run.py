@@ -242,7 +242,8 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
         p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens,
-            "image_window": cfg.image_window, "adapter": adapter_spec(cfg)}
+            "image_window": cfg.image_window, "adapter": adapter_spec(cfg),
+            "vae_factor": dit.vae_factor(model.vae.config.block_out_channels)}
     out = ImagePrediction(BatchCaps())
     caps = out.caps
     if cfg.resolved_image_batch() == "adaptive":

@@ -125,7 +125,7 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
 def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dtype,
                         device: str) -> TraceResult:
     """The DiT counterpart of :func:`estimated_image_step` (plus VAE / text encoders when resident)."""
-    from lora_gui.memory.predict.dit_plan import resident_bytes
+    from lora_gui.memory.predict.dit_plan import pipeline_vae_factor, resident_bytes
     from lora_gui.memory.predict.dit_trace import (
         default_text_tokens,
         dit_kind,
@@ -136,7 +136,8 @@ def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dty
     kind = dit_kind(config)
     step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
-            "text_seq_len": default_text_tokens(kind, cfg.text_max_length), "image_window": cfg.image_window}
+            "text_seq_len": default_text_tokens(kind, cfg.text_max_length), "image_window": cfg.image_window,
+            "vae_factor": pipeline_vae_factor(cfg)}
     if cfg.resolved_attn_backend() == "sdpa":
         result = estimate_dit_step(config, **step)
     else:
