@@ -86,11 +86,37 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
             cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
             device.type, weights_dtype, world_size, resolve_pipeline_source(cfg.model))
         encoders = training_bytes(model, cfg, traced.info.get("batch_size") or 1, weights_dtype, device.type)
-        out.peak_bytes, out.step = predicted + encoders, traced
-        out.train_peak_bytes = traced.info["train_peak_bytes"] + encoders
+        held = unet_held_bytes(cfg, model, data, device)  # beside the step and the caching pass alike
+        traced.info["encoding_pass_bytes"] = traced.info.get("encoding_pass_bytes", 0) + held
+        out.peak_bytes, out.step = predicted + held + encoders, traced
+        out.train_peak_bytes = traced.info["train_peak_bytes"] + held + encoders
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
     return out
+
+
+def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.device) -> int:
+    """What an SD 1.x / SDXL run on a CPU keeps between steps (source: predicted), where the host
+    is the device: the cached latents and prompt embeddings of every training image and the
+    encoded held-out set (SDXL: with the pooled embedding and the 6 micro-conditioning ids).
+    0 on a GPU, whose cache is in host RAM."""
+    if device.type == "cuda":
+        return 0
+    from lora_gui.memory.predict.encode_trace import held_bytes
+
+    conf = model.unet.config
+    width = conf.cross_attention_dim
+    pooled = 0
+    if model.kind == "sdxl":
+        pooled = int(model.text_encoders[-1].config.projection_dim) + 6  # text_embeds + time ids
+    embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
+    return held_bytes(
+        train_buckets=[data.buckets[i] for i in range(len(data.train))], eval_images=len(data.held_out),
+        resolution=cfg.resolution, latent_channels=int(model.vae.config.latent_channels),
+        vae_factor=dit.vae_factor(model.vae.config.block_out_channels),
+        text_tokens=int(model.tokenizers[0].model_max_length),
+        text_width=int(max(width) if isinstance(width, (list, tuple)) else width), pooled=pooled,
+        embed_dtype=embed_dtype, cache_mode=cfg.resolved_cache_latents())
 
 
 def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list[tuple[int, int]],
