@@ -7,8 +7,9 @@
     python -m bench.gpu_check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
 Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex by
-default); both output files are rewritten after each, and a section that fails leaves its
-traceback under ``errors`` without losing the others. After each section on a GPU,
+default; ``peers``, TRL against lora_gui on the card, only when named: bench/gpu_peers.py);
+both output files are rewritten after each, and a section that fails leaves its traceback
+under ``errors`` without losing the others. After each section on a GPU,
 ``context_bytes`` records what NVML shows beyond the allocator's reserve and
 ``outside_allocator_bytes`` what cudaMemGetInfo does (the CUDA context the plans count); the
 ``context`` section (bench/gpu_context.py) reads them stage by stage. Every measured step starts
@@ -64,7 +65,7 @@ from typing import Any
 
 import torch
 
-from bench import gpu_context, gpu_plans
+from bench import gpu_context, gpu_peers, gpu_plans
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -581,6 +582,8 @@ def _markdown(result: dict[str, Any]) -> str:
     for r in result.get("flex", []):
         peak = f"{r['peak_bytes'] / mib:,.0f}" if r["peak_bytes"] else "-"
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
+    if result.get("peers"):
+        out += ["", *gpu_peers.markdown(result["peers"])]
     out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
             "| model | card | seq | longest? | head groups | planned to fit | kernel | workspace MiB | "
             "measured alloc / reserved MiB | planned alloc / reserved MiB | reserved error |",
@@ -601,6 +604,8 @@ def _markdown(result: dict[str, Any]) -> str:
 
 
 SECTIONS = ("context", "text", "card", "nf4", "dit", "unet", "flex")  # the order a lent card runs them in
+# asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu_peers.py)
+OPTIONAL_SECTIONS = ("peers",)
 
 
 def _sections(smoke: bool, device: str) -> dict[str, Any]:
@@ -615,7 +620,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "dit": lambda: check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
                     TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16),
                 "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
-                "flex": lambda: check_flex([512], device, repeats=2)}
+                "flex": lambda: check_flex([512], device, repeats=2),
+                "peers": lambda: gpu_peers.check_peers(smoke=True)}
     # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
     # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
     return {"context": gpu_context.check_context,
@@ -627,7 +633,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
             "dit": lambda: check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
             "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
-            "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device)}
+            "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
+            "peers": gpu_peers.check_peers}
 
 
 def _context_bytes() -> int | None:
@@ -683,7 +690,8 @@ def main() -> None:
     wanted = [name.strip() for name in args.sections.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in sections]
     if unknown:
-        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from "
+                     f"{', '.join(SECTIONS + OPTIONAL_SECTIONS)}")
     result: dict[str, Any] = {
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke
         else "cpu (smoke)" if args.smoke else "cpu (plans only)",

@@ -73,6 +73,7 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     "lora-gc-unfused": {"gradient_checkpointing": True, "lora_fused": False},
 }
 BENCH_EVAL_FRACTION = 0.0  # lora_gui still holds out one document (its eval loss); TRL skips it too
+BARE_SUFFIX = "-no-cpu-tracker"  # --diagnose: the lora_gui peer without its CPU tracker
 TARGET_PEAK, TARGET_SPEED = 0.7, 1.5  # lora_gui at most 0.7x TRL's peak, at least 1.5x its tokens/s
 
 
@@ -120,14 +121,21 @@ class LoopClock:
         self.tokens = 0
 
 
-def tracked_train(trainer: Any, tracked: bool) -> tuple[Any, int | None]:
-    """``trainer.train()`` under one StorageTracker (the model's weights and buffers counted
-    first) and its peak bytes; or untracked, as TRL's users run it (peak None)."""
+def tracked_train(trainer: Any, tracked: bool) -> tuple[Any, int | None, str]:
+    """``trainer.train()`` and its peak bytes with their source. On a CPU: under one StorageTracker
+    (the model's weights and buffers counted first), or untracked, as TRL's users run it (peak
+    None). On a GPU: the allocator's peak (it costs nothing, so every run has one)."""
+    device = next(trainer.model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = trainer.train()
+        return result, torch.cuda.max_memory_allocated(device), "cuda_allocator"
     tracker = StorageTracker()
     tracker.track(list(trainer.model.parameters()) + list(trainer.model.buffers()))
     with tracker if tracked else contextlib.nullcontext():
         result = trainer.train()
-    return result, tracker.peak_bytes if tracked else None
+    return result, tracker.peak_bytes if tracked else None, MEMORY_SOURCE
 
 
 def speed_rounds(rows: list[dict[str, Any]]) -> set[int]:
@@ -145,38 +153,64 @@ def pair_order(round_index: int, names: list[str]) -> list[tuple[str, bool]]:
 
 
 def run_trl(name: str, ids: list[list[int]], cfg: RunConfig, folder: Path,
-            bf16: bool = False, tracked: bool = True) -> dict[str, Any]:
+            bf16: bool = False, tracked: bool = True,
+            model_dir: str | Path = BUILTIN_MODEL_DIR) -> dict[str, Any]:
     """One TRL SFTTrainer epoch; peak by the tracker around trainer.train() (none when
-    ``tracked`` is False: the speed TRL's users get, who run no tracker)."""
+    ``tracked`` is False: the speed TRL's users get, who run no tracker). On a GPU (when one is
+    present, as lora_gui picks it) TRL trains there; with ``bf16`` its model is loaded in bf16 as
+    well as autocast, as lora_gui's bf16 runs hold their frozen weights."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(BUILTIN_MODEL_DIR, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    cuda = torch.cuda.is_available()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.bfloat16 if bf16 and cuda else torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules="all-linear", task_type="CAUSAL_LM")
-    args = SFTConfig(output_dir=str(folder / name), use_cpu=True, num_train_epochs=1,
+    args = SFTConfig(output_dir=str(folder / name), use_cpu=not cuda, num_train_epochs=1,
                      max_length=cfg.max_seq_len, learning_rate=cfg.lr, report_to=[],
                      save_strategy="no", seed=cfg.seed, disable_tqdm=True, bf16=bf16,
                      **TRL_CONFIGS[name]["overrides"])
     clock = LoopClock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids}),
                          processing_class=tokenizer, peft_config=lora, callbacks=[clock.callback])
-    result, peak = tracked_train(trainer, tracked)
+    result, peak, source = tracked_train(trainer, tracked)
     seconds = clock.end - clock.start
     real = clock.tokens
     return {"run": name, "trainer": "trl", "steps": trainer.state.global_step, "tracked": tracked,
             "precision": "bf16" if args.bf16 else "fp32", "peak_bytes": peak,
             "real_tokens": real, "seconds": seconds, "real_tokens_per_s": real / seconds,
-            "train_loss": result.training_loss, "memory_source": MEMORY_SOURCE}
+            "train_loss": result.training_loss, "memory_source": source}
 
 
-def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None) -> dict[str, Any]:
+@contextlib.contextmanager
+def without_cpu_tracker() -> Any:
+    """lora_gui's engine with its CPU step-peak tracker never pushed (a diagnosis of what the
+    tracker costs, not how users run it: the run's step peaks are then not measured)."""
+    from lora_gui.memory.runtime.meter import PeakMeter
+
+    enter, exit_ = PeakMeter.__enter__, PeakMeter.__exit__
+    PeakMeter.__enter__ = lambda self: self  # ``_inside`` stays False: start_step never pushes
+    PeakMeter.__exit__ = lambda self, *exc: None
+    try:
+        yield
+    finally:
+        PeakMeter.__enter__, PeakMeter.__exit__ = enter, exit_
+
+
+def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None,
+             bare: bool = False) -> dict[str, Any]:
     """One lora_gui epoch through its real engine; its own tracker peak. ``profile``: a
-    :class:`bench.step_profile.StepProfile` started and stopped with the training loop."""
+    :class:`bench.step_profile.StepProfile` started and stopped with the training loop.
+    ``bare``: without the CPU tracker (:func:`without_cpu_tracker`; no peak)."""
+    if bare:
+        with without_cpu_tracker():
+            row = run_lora(name, cfg, folder, profile)
+        return {**row, "run": f"{name}{BARE_SUFFIX}", "trainer": "lora_gui-bare", "peak_bytes": None}
     phases: dict[str, float] = {}
 
     def on_event(event: dict[str, Any]) -> None:
@@ -199,22 +233,24 @@ def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None) -> di
             "memory_source": s["memory_source"]}
 
 
-def _medians(rows: list[dict[str, Any]], trl_name: str) -> tuple[dict, dict, list[float]] | None:
-    """(TRL median row, its lora_gui peer's median row, the pair's speed ratio per timed round)."""
+def _medians(rows: list[dict[str, Any]], trl_name: str,
+             trainer: str = "lora_gui") -> tuple[dict, dict, list[float]] | None:
+    """(TRL median row, its lora_gui peer's median row, the pair's speed ratio per timed round);
+    ``trainer`` 'lora_gui-bare': the peer run without its CPU tracker (--diagnose)."""
     counted = speed_rounds(rows)
     pair = [r for r in rows if r["pair"] == trl_name]
     t_rows = [r for r in pair if r["trainer"] == "trl"]
-    g_rows = [r for r in pair if r["trainer"] == "lora_gui"]
+    g_rows = [r for r in pair if r["trainer"] == trainer]
     if not t_rows or not g_rows:
         return None
     speed = {(r["trainer"], r["round"]): r["real_tokens_per_s"] for r in pair if r["round"] in counted}
-    ratios = [speed["lora_gui", k] / speed["trl", k] for k in sorted(counted)
-              if ("lora_gui", k) in speed and ("trl", k) in speed]
+    ratios = [speed[trainer, k] / speed["trl", k] for k in sorted(counted)
+              if (trainer, k) in speed and ("trl", k) in speed]
 
     def med(runs: list[dict[str, Any]]) -> dict[str, Any]:
         timed = [r for r in runs if r["round"] in counted]
         return {**runs[0], "rounds": len(timed),
-                "peak_bytes": statistics.median(r["peak_bytes"] for r in runs if r["peak_bytes"]),
+                "peak_bytes": statistics.median([r["peak_bytes"] for r in runs if r["peak_bytes"]] or [0]),
                 "real_tokens_per_s": statistics.median(r["real_tokens_per_s"] for r in timed),
                 "speeds": [round(r["real_tokens_per_s"]) for r in timed]}
     return med(t_rows), med(g_rows), ratios
@@ -224,9 +260,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     """The side-by-side table: each TRL configuration next to lora_gui with the same switches,
     every timed round's ratio (that round's pair) and their median."""
     untracked = any(r.get("tracked") is False for r in rows)
+    source = rows[0]["memory_source"] if rows else MEMORY_SOURCE
     print(f"\nTRL speeds: {'untracked (rounds 2+; peak from round 1)' if untracked else 'under the tracker'}"
-          "\n| TRL configuration | steps | real tokens | peak MiB (tracker) | real tok/s per round "
-          "| lora_gui, same switches | steps | peak MiB (tracker) | real tok/s per round "
+          f"\n| TRL configuration | steps | real tokens | peak MiB ({source}) | real tok/s per round "
+          f"| lora_gui, same switches | steps | peak MiB ({source}) | real tok/s per round "
           f"| peak ratio (<= {TARGET_PEAK}) | speed ratio per round | speed ratio, median "
           f"| >= {TARGET_SPEED}x every round? |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -243,6 +280,14 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{peak:.2f}x {'met' if peak <= TARGET_PEAK else 'MISSED'} | "
               f"{', '.join(f'{x:.2f}x' for x in ratios)} | {statistics.median(ratios):.2f}x | "
               f"{'met' if every else 'MISSED'} |")
+    bare = [(name, got) for name in TRL_CONFIGS if (got := _medians(rows, name, "lora_gui-bare"))]
+    if bare:
+        print("\nDiagnosis: the lora_gui peer without its CPU tracker (its step peaks not measured; "
+              "not how users run it)\n| TRL configuration | lora_gui run | real tok/s per round "
+              "| speed ratio per round | speed ratio, median |\n|---|---|---|---|---|")
+        for name, (_, g, ratios) in bare:
+            print(f"| {name} | {g['run']} | {', '.join(map(str, g['speeds']))} | "
+                  f"{', '.join(f'{x:.2f}x' for x in ratios)} | {statistics.median(ratios):.2f}x |")
 
 
 def profile_lora(names: list[str], cfg: RunConfig, folder: Path) -> None:
@@ -279,6 +324,9 @@ def main() -> None:
                         "(default: the TRL ones' peers)")
     parser.add_argument("--peer", default=None, help="trl-name=lora-name,...: another lora_gui "
                         "configuration beside a TRL one (a speed switch's on / off)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="with --untracked-trl: the timed rounds also run each lora_gui peer without "
+                             "its CPU tracker (what the tracker costs; not how users run it)")
     parser.add_argument("--untracked-trl", action="store_true",
                         help="TRL runs without the tracker after the first round (its peak comes "
                              "from the first round); speeds and ratios from those rounds only")
@@ -311,6 +359,8 @@ def main() -> None:
             peer = lora_peers.get(name, TRL_CONFIGS[name]["peer"])
             pair = [lambda n=name, t=tracked: run_trl(n, ids, cfg, folder, args.trl_bf16, t),
                     lambda p=peer: run_lora(p, cfg, folder)]
+            if args.diagnose and not tracked:
+                pair.append(lambda p=peer: run_lora(p, cfg, folder, bare=True))
             for run in pair if trl_first else pair[::-1]:
                 rows.append({**run(), "round": round_index, "pair": name})
                 print(json.dumps(rows[-1]), flush=True)

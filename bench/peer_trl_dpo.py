@@ -122,7 +122,7 @@ def run_trl(name: str, rows: list[dict[str, Any]], held_out, cfg: RunConfig, fol
     clock = LoopClock()
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=tokenizer, peft_config=lora, callbacks=[clock.callback])
-    _, peak = tracked_train(trainer, tracked)
+    _, peak, _source = tracked_train(trainer, tracked)
     seconds = clock.end - clock.start
     pairs = trainer.state.global_step * cfg.batch_size
     return {"run": name, "trainer": "trl", "steps": trainer.state.global_step, "tracked": tracked,
