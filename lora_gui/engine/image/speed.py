@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from lora_gui.engine.image.inputs import InputSource, denoise_loss, noised, unet_loss
+from lora_gui.engine.image.inputs import InputSource
 from lora_gui.engine.image.ranks import image_noise
+from lora_gui.models.denoise import denoise_loss, noised, unet_loss
 from lora_gui.models.diffusion import Encoded
 from lora_gui.models.dit import FlowMatching
 from lora_gui.models.flops import counted_step_flops

@@ -69,7 +69,7 @@ from lora_gui.engine.core.setup import (
 from lora_gui.engine.core.speed import headroom, run_peak, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.trackers import check_trackers, closing_values
-from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss, unet_loss
+from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
     image_sampler_state,
@@ -88,6 +88,7 @@ from lora_gui.memory.runtime.guard import MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
 from lora_gui.models import text_encoder_lora
+from lora_gui.models.denoise import unet_loss
 from lora_gui.models.precision import choose_precision, weights_dtype
 
 log = logging.getLogger(__name__)

@@ -468,26 +468,39 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
     ctx_dim = c.get("cross_attention_dim", 768)
     ctx_dim = ctx_dim[0] if isinstance(ctx_dim, (list, tuple)) else ctx_dim
 
+    from diffusers import DDPMScheduler
+
+    from lora_gui.models.denoise import unet_loss
+    from lora_gui.models.diffusion import Encoded
+
     def make_inputs() -> dict:
-        batch = {
-            "sample": torch.randn(batch_size, c.get("in_channels", 4), h // 8, w // 8, dtype=dt),
-            "timestep": torch.randint(0, 1000, (batch_size,)),
-            "encoder_hidden_states": torch.randn(batch_size, text_seq_len, ctx_dim, dtype=dt),
-            "target": torch.randn(batch_size, c.get("out_channels", 4), h // 8, w // 8, dtype=dt),
-        }
+        # as the image loop holds them (engine/image/train.py): float32 latents (cached), the
+        # prompt embeddings (and SDXL's pooled embedding and time ids) in the weights' dtype,
+        # float32 noise and int64 timesteps
+        latents = (batch_size, c.get("in_channels", 4), h // 8, w // 8)
+        pooled = time_ids = None
         if c.get("addition_embed_type") == "text_time":
             # pooled text embedding width = projection input - 6 time ids x time-embedding width
             proj_in = c.get("projection_class_embeddings_input_dim", 2816)
-            pooled = proj_in - 6 * c.get("addition_time_embed_dim", 256)
-            batch["added_cond_kwargs"] = {"text_embeds": torch.randn(batch_size, pooled, dtype=dt),
-                                          "time_ids": torch.randn(batch_size, 6, dtype=dt)}
-        return batch
+            pooled = torch.randn(batch_size, proj_in - 6 * c.get("addition_time_embed_dim", 256), dtype=dt)
+            time_ids = torch.randn(batch_size, 6, dtype=dt)
+        enc = Encoded(torch.randn(latents), torch.randn(batch_size, text_seq_len, ctx_dim, dtype=dt),
+                      pooled, time_ids)
+        # epsilon prediction, as SD 1.x / SDXL train; built here so that its noise schedule is a
+        # tensor of the trace's own mode (a fake one indexes it with fake timesteps)
+        return {"enc": enc, "noise": torch.randn(latents), "timesteps": torch.randint(0, 1000, (batch_size,)),
+                "scheduler": DDPMScheduler()}
 
     def loss_fn(m: nn.Module, batch: dict, tracker: _PhaseTracker) -> torch.Tensor:
-        target = batch.pop("target")
-        pred = m(**batch).sample
-        tracker.enter_head(pred)  # the MSE loss and its gradient are the temporaries
-        return torch.nn.functional.mse_loss(pred.float(), target.float())
+        # the MSE loss and its gradient are the temporaries: the phase turns at the UNet's output
+        hook = m.register_forward_hook(lambda _mod, _args, out: tracker.enter_head(out.sample))
+        try:
+            loss = unet_loss(m, batch["scheduler"], batch["enc"], batch["noise"], batch["timesteps"],
+                             reduction="sum")
+        finally:
+            hook.remove()
+        loss.held_inputs = batch  # the loop holds its batch until the backward is done
+        return loss
 
     res = _trace(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
