@@ -37,10 +37,15 @@ def planner_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+# the source this process runs (taken when it starts): a plan saved after the files changed must
+# not carry the new files' fingerprint
+_RUNNING = planner_fingerprint()
+
+
 def load(path: Path) -> None:
     """Reads precomputed plans (``--plans``); keys not in the file are traced when asked."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("meta", {}).get("planner") != planner_fingerprint():
+    if data.get("meta", {}).get("planner") != _RUNNING:
         log.warning("%s was written by another version of the planner: every plan is traced again", path)
         print(f"[gpu_plans] {path}: stale (planner changed since), tracing every plan again", flush=True)
         return
@@ -53,7 +58,7 @@ def save(path: Path) -> None:
     """Writes every plan computed or read so far, with the torch version that traced them."""
     plans = {key: ({"trace": dataclasses.asdict(v)} if isinstance(v, TraceResult) else {"value": v})
              for key, v in _PLANS.items()}
-    meta = {"torch": _META.get("torch", torch.__version__), "planner": planner_fingerprint()}
+    meta = {"torch": _META.get("torch", torch.__version__), "planner": _RUNNING}
     path.write_text(json.dumps({"meta": meta, "plans": plans}, indent=1, default=str), encoding="utf-8")
 
 
