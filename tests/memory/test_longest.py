@@ -184,3 +184,14 @@ def test_confirm_answers_a_traced_fit_within_two_percent_of_the_limit_in_few_tra
     assert n in search.traced and search.peak(n) <= search.budget  # only a length the trace fit
     assert traces == len(search.traced) <= 3
     assert limit * 0.98 <= n <= limit, (n, search.traced)
+
+
+def test_image_longest_stops_at_the_largest_side_the_model_covers():
+    """The built-in drawing model's position embedding covers 64 px (8 patches of 2 latents of
+    4 px): its largest resolution is 64 px whatever the budget, not the 1536 px a DiT without the
+    limit would get (a run at 1536 px would be refused by its transformer)."""
+    from lora_gui.presets import load_config
+
+    result = longest_image(load_config("image-demo"), 24e9, "cuda")
+    assert result["largest_resolution"] == 64 and "covers at most 64 px" in result["note"]
+    assert result["peak_bytes_at_largest"] <= 24e9 and result["batch_at_resolution"] >= 1

@@ -224,6 +224,16 @@ def pipeline_vae_factor(cfg: RunConfig) -> int:
     return vae_factor(AutoencoderKL.load_config(root / "vae")["block_out_channels"])
 
 
+def pipeline_largest_side(cfg: RunConfig) -> int | None:
+    """The largest image side (px) the run's model can train: an SD3 transformer's position
+    embedding stops at ``pos_embed_max_size`` patches (the built-in drawing model: 64 px); None for
+    Flux and UNets, which have no such limit."""
+    from lora_gui.memory.predict.dit_trace import largest_side
+
+    config = dit_config_for(cfg)
+    return None if config is None else largest_side(config, pipeline_vae_factor(cfg))
+
+
 def pipeline_encoders(cfg: RunConfig, kind: str, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
     """(VAE config, bytes of the VAE in float32 plus the text encoders in ``dtype``) of the run's
     pipeline, built on the meta device from its folder's configs (nothing loaded); a bundled
