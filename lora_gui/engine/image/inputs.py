@@ -146,8 +146,6 @@ def encode_eval_set(model: ImageModel, items: list[ImageItem], resolution: int,
     return out
 
 
-
-
 @torch.no_grad()
 def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
               dtype: torch.dtype) -> float | None:
