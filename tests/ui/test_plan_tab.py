@@ -71,3 +71,13 @@ def test_longest_speaks_the_pages_unit():
                            "attention_kernel": "flash", "attention_workspace_bytes": 40 * MIB})
     assert units("\n".join(describe(result, "GB"))) == {"GB"}
     assert "8.36 GB = 7.78 GiB" in describe(result)[0]  # the CLI keeps both
+
+
+def test_the_image_demo_plans_on_the_plan_tab():
+    """The Plan tab plans the image demo under its budget (its DiT is calibrated at the sizes its
+    position embedding covers; it answered an error before) and shows a verdict, not an error."""
+    from lora_gui.ui.tabs.plan_handlers import plan
+
+    _, text, buckets, _ = plan("image-demo", "builtin:drawing", 0, 64, 24, "cuda", False)
+    assert not text.startswith("Error"), text
+    assert "fits" in text and buckets, text
