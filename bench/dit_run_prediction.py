@@ -11,8 +11,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from bench.image_run_prediction import measured_run
 from lora_gui.data.build_images import build as build_pictures
-from lora_gui.engine.image.train import train_image
 from lora_gui.models.build_dit import build as build_dit
 from lora_gui.presets import load_config
 
@@ -69,12 +69,10 @@ def main() -> int:
                                                 "eval_fraction": 0.2, "sample_images": 0,
                                                 "text_max_length": 16, "precision": "fp32",
                                                 "cache_latents": cache})
-                s = train_image(cfg, root / f"run-{kind}-{cache}", progress=False)
-                error = s["memory_report"]["predicted_vs_measured"]
-                print(f"| tiny {kind} | {cache} | {s['train_peak_bytes'] / MIB:.2f} | "
-                      f"{s['cache_peak_bytes'] / MIB:.2f} | {s['peak_bytes'] / MIB:.2f} | "
-                      f"{s['predicted_peak_bytes'] / MIB:.2f} | {error:+.2%} | "
-                      f"{'yes' if -0.01 <= error <= 0.03 else 'NO'} |", flush=True)
+                r = measured_run(cfg, root / f"run-{kind}-{cache}")
+                print(f"| tiny {kind} | {cache} | {r['step'] / MIB:.2f} | {r['caching'] / MIB:.2f} | "
+                      f"{r['peak'] / MIB:.2f} | {r['predicted'] / MIB:.2f} | {r['error']:+.2%} | "
+                      f"{r['within']} |", flush=True)
     bundled_caching_pass()
     return 0
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from bench.tracker_cost import without_cpu_tracker
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.text import load_documents, split_documents, tokenize_documents
 from lora_gui.engine.text.train import TrainControl, train_text
@@ -185,21 +186,6 @@ def run_trl(name: str, ids: list[list[int]], cfg: RunConfig, folder: Path,
             "precision": "bf16" if args.bf16 else "fp32", "peak_bytes": peak,
             "real_tokens": real, "seconds": seconds, "real_tokens_per_s": real / seconds,
             "train_loss": result.training_loss, "memory_source": source}
-
-
-@contextlib.contextmanager
-def without_cpu_tracker() -> Any:
-    """lora_gui's engine with its CPU step-peak tracker never pushed (a diagnosis of what the
-    tracker costs, not how users run it: the run's step peaks are then not measured)."""
-    from lora_gui.memory.runtime.meter import PeakMeter
-
-    enter, exit_ = PeakMeter.__enter__, PeakMeter.__exit__
-    PeakMeter.__enter__ = lambda self: self  # ``_inside`` stays False: start_step never pushes
-    PeakMeter.__exit__ = lambda self, *exc: None
-    try:
-        yield
-    finally:
-        PeakMeter.__enter__, PeakMeter.__exit__ = enter, exit_
 
 
 def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None,

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,6 +30,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models import text as text_models
 from lora_gui.presets import load_config
+
+
+@contextlib.contextmanager
+def without_cpu_tracker() -> Any:
+    """lora_gui's engine with its CPU step-peak tracker never pushed (a diagnosis of what the
+    tracker costs, not how users run it: the run's step peaks are then not measured)."""
+    from lora_gui.memory.runtime.meter import PeakMeter
+
+    enter, exit_ = PeakMeter.__enter__, PeakMeter.__exit__
+    PeakMeter.__enter__ = lambda self: self  # ``_inside`` stays False: start_step never pushes
+    PeakMeter.__exit__ = lambda self, *exc: None
+    try:
+        yield
+    finally:
+        PeakMeter.__enter__, PeakMeter.__exit__ = enter, exit_
 
 
 class EmptyMode(TorchDispatchMode):

@@ -197,10 +197,9 @@ def main() -> None:
         global RealTracker
         RealTracker = NoTracker  # noqa: F811 (speed-only runs)
     if args.no_builtin_tracker:
-        from lora_gui.memory.runtime.meter import PeakMeter
+        from bench.tracker_cost import without_cpu_tracker
 
-        PeakMeter.__enter__ = lambda self: self  # the tracker's dispatch mode is never pushed
-        PeakMeter.__exit__ = lambda self, *exc: None
+        without_cpu_tracker().__enter__()  # for the whole process: its one run
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     result = run_lora(json.loads(args.lora.read_text()), args.out) if args.lora else run(args.script, rest)
     args.result.write_text(json.dumps(result), encoding="utf-8")
