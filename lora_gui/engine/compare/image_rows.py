@@ -29,14 +29,15 @@ from lora_gui.memory.runtime.meter import GB
 
 SPEED_HEADROOM = 1.05  # default speed budget: traditional's measured peak at batch_size + 5%
 _OFF = {"cache_latents": "off", "aspect_buckets": "off", "attn_backend": "eager", "image_batch": "fixed",
-        "gradient_checkpointing": False}
+        "gradient_checkpointing": False, "lean_backward": "off"}
 IMAGE_PROFILES: dict[str, dict[str, Any]] = {
     "traditional": {**_OFF, "mode": "traditional"},
     # what diffusers' train_text_to_image_lora.py gives by default: square crops, no caching,
     # SDPA (AttnProcessor2_0), one fixed batch
     "strong_baseline": {**_OFF, "mode": "optimized", "attn_backend": "sdpa"},
     "optimized": {"mode": "optimized", "cache_latents": "ram", "aspect_buckets": "on",
-                  "attn_backend": "sdpa", "image_batch": "adaptive", "gradient_checkpointing": True},
+                  "attn_backend": "sdpa", "image_batch": "adaptive", "gradient_checkpointing": True,
+                  "lean_backward": "on"},
 }
 IMAGE_ABLATIONS: dict[str, dict[str, Any]] = {  # each switched on alone over traditional
     "cache_latents": {"cache_latents": "ram"},
@@ -44,6 +45,7 @@ IMAGE_ABLATIONS: dict[str, dict[str, Any]] = {  # each switched on alone over tr
     "sdpa": {"attn_backend": "sdpa"},
     "adaptive_batch": {"image_batch": "adaptive"},
     "gradient_checkpointing": {"gradient_checkpointing": True},
+    "lean_backward": {"lean_backward": "on"},
 }
 SWITCHES = tuple(_OFF)
 FIXED_BATCH = ("traditional", "strong_baseline")  # never split: an out-of-memory makes the row an OOM

@@ -57,4 +57,5 @@ def resolved_switches(cfg: RunConfig) -> dict[str, Any]:
     """The image memory switches with 'auto' resolved by the mode (for compare rows)."""
     return {"cache_latents": cfg.resolved_cache_latents(), "aspect_buckets": cfg.resolved_aspect_buckets(),
             "attn_backend": cfg.resolved_attn_backend(), "image_batch": cfg.resolved_image_batch(),
-            "gradient_checkpointing": cfg.gradient_checkpointing}
+            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "lean_backward": cfg.resolved_lean_backward()}

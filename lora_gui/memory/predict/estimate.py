@@ -351,8 +351,8 @@ def _unet_key(config: Any) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
-                      text_seq_len: int, device: str = "cpu",
-                      adapter: Any = None) -> tuple[dict[str, int], float, float]:
+                      text_seq_len: int, device: str = "cpu", adapter: Any = None,
+                      lean_backward: bool = True) -> tuple[dict[str, int], float, float]:
     """Two fake traces (batch 1 at 256 and 512 px) -> fixed bytes, and per-image bytes a + b*pixels
     (traced for ``device``: on CUDA the attention kernels' backward workspaces are in them)."""
     import json
@@ -362,21 +362,23 @@ def _unet_calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: boo
 
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
-          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "adapter": adapter}
+          "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "adapter": adapter,
+          "lean_backward": lean_backward}
     return fit_pixel_line(lambda px: trace_unet_step(cfg, resolution=px, **kw), 256, 512)
 
 
 def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int],
                        lora_rank: int = 16, gradient_checkpointing: bool = False,
                        dtype: Any = "bfloat16", device: str = "cuda", text_seq_len: int = 77,
-                       adapter: Any = None) -> TraceResult:
+                       adapter: Any = None, lean_backward: bool = True) -> TraceResult:
     """Trace-calibrated estimate for a UNet2DConditionModel step (linear in pixels and batch);
     ``adapter``: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
 
     A UNet's activations (convolutions, GroupNorm, SDPA attention: no S x S term) grow linearly
     with the pixel count and the batch, so two fake traces at batch 1 (256 and 512 px, cached
     per config) give the per-image line ``a + b * pixels``; the estimate is fixed weights +
-    batch * (a + b * h * w). Default LoRA targets (to_q, to_k, to_v, to_out.0).
+    batch * (a + b * h * w). Default LoRA targets (to_q, to_k, to_v, to_out.0); ``lean_backward``
+    as in :func:`lora_gui.memory.predict.trace.trace_unet_step`.
 
     Returns:
         A :class:`TraceResult` (``info["source"] = "predicted (trace-calibrated)"``).
@@ -387,5 +389,6 @@ def estimate_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     traced_on = "cuda" if device == "cuda" else "cpu"
     fit = _unet_calibration(_unet_key(config), lora_rank, gradient_checkpointing,
-                            str(dtype).replace("torch.", ""), text_seq_len, traced_on, adapter)
+                            str(dtype).replace("torch.", ""), text_seq_len, traced_on, adapter,
+                            lean_backward)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)

@@ -139,7 +139,8 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
 
     used = sorted(set(buckets), key=lambda b: b[0] * b[1])
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": weights_dtype, "device": device, "adapter": adapter_spec(cfg)}
+            "dtype": weights_dtype, "device": device, "adapter": adapter_spec(cfg),
+            "lean_backward": cfg.resolved_lean_backward()}
     caps: dict[int, int] = {}
     plan = None
     if cfg.resolved_image_batch() == "adaptive":

@@ -50,7 +50,7 @@ def plan_image_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda",
     unet = unet_config_for(cfg)
     dtype = planned_weights_dtype(cfg.precision, device)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
-            "dtype": dtype, "device": device}
+            "dtype": dtype, "device": device, "lean_backward": cfg.resolved_lean_backward()}
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
         else [(cfg.resolution, cfg.resolution)]
     shapes = sorted({(h, w) for w, h in buckets if w <= h})  # one of each mirrored pair
@@ -116,7 +116,8 @@ def estimated_image_step(cfg: RunConfig, device: str = "cuda") -> TraceResult:
         covering = [r for r in sorted(table) if r >= cfg.resolution]
         batch = min(batch, table[covering[0]] if covering else 1)
     step = {"batch_size": batch, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
-            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device}
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
+            "lean_backward": cfg.resolved_lean_backward()}
     if cfg.resolved_attn_backend() == "sdpa":
         return estimate_unet_step(unet, **step)
     return trace_unet_step(unet, attention="eager", **step)

@@ -208,7 +208,7 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
         effective_batch, max_batch, parallel: as in :func:`plan_text`.
         resident: bytes on the device besides the UNet step, added to every peak (VAE and text
             encoders kept without a latent cache, the text encoders' LoRA training).
-        **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len.
+        **step: lora_rank, gradient_checkpointing, dtype, device, text_seq_len, lean_backward.
 
     Returns:
         A :class:`Plan` (predicted with the trace-calibrated estimate).

@@ -424,7 +424,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
                     target_modules: Any = UNET_LORA_TARGETS, gradient_checkpointing: bool = False,
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     text_seq_len: int = 77, lora_dropout: float = 0.0, fake: bool = True,
-                    warm_steps: int = 0, attention: str = "sdpa", adapter: Any = None) -> TraceResult:
+                    warm_steps: int = 0, attention: str = "sdpa", adapter: Any = None,
+                    lean_backward: bool = True) -> TraceResult:
     """Traces one LoRA training step of a diffusers ``UNet2DConditionModel`` (noise-prediction MSE).
 
     Inputs: noisy latents (B, in_channels, res/8, res/8), timesteps, text-encoder hidden states
@@ -444,6 +445,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
         attention: 'sdpa' (diffusers' AttnProcessor2_0, the default) or 'eager' (AttnProcessor:
             the S x S score matrix is materialised).
         adapter: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
+        lean_backward: frozen layers keep only what their backward reads, as an optimized run's
+            do (``RunConfig.resolved_lean_backward``).
 
     Returns:
         A :class:`TraceResult`.
@@ -457,7 +460,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
         raise ValueError("not a UNet2DConditionModel config: use trace_text_step")
     dt = as_dtype(dtype)
     unet = build_unet(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                      target_modules=target_modules, lora_dropout=lora_dropout, adapter=adapter)
+                      target_modules=target_modules, lora_dropout=lora_dropout, adapter=adapter,
+                      lean_backward=lean_backward)
     if attention == "eager":
         from diffusers.models.attention_processor import AttnProcessor
 

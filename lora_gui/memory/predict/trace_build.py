@@ -90,8 +90,11 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
 
 
 def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
-               target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None) -> nn.Module:
-    """Builds a diffusers UNet2DConditionModel on the meta device and attaches the adapter (still meta)."""
+               target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None,
+               lean_backward: bool = True) -> nn.Module:
+    """Builds a diffusers UNet2DConditionModel on the meta device and attaches the adapter (still
+    meta); ``lean_backward``: the run's frozen layers that keep only what their backward reads
+    (:mod:`lora_gui.models.lean_backward`)."""
     from diffusers import UNet2DConditionModel
 
     drop = ("architectures", "model_type")  # our preset labels, not UNet arguments
@@ -100,6 +103,11 @@ def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_
         unet = UNet2DConditionModel.from_config(cfg)
     nn.Module.to(unet, dtype)  # plain cast (diffusers' .to() warns about fp32 modules it has none of)
     unet.train()
-    return attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
+    unet = attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
+    if lean_backward:
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(unet)
+    return unet
 
 
