@@ -179,7 +179,7 @@ class RunConfig(PreferenceSettings):
                               "(traditional), adaptive (optimized).", "image",
                               choices=("auto", "fixed", "adaptive"))
     lean_backward: str = option("auto", "Image: frozen convolutions and GEGLU feed-forwards keep "
-                                "only what their backward reads (the same gradients; 14-17% fewer "
+                                "only what their backward reads (the same gradients; 14-18% fewer "
                                 "activation bytes in an SD 1.5 / SDXL UNet); auto: off (traditional), "
                                 "on (optimized).", "image", choices=("auto", "off", "on"))
     batch_table: str = option("512:8,768:4,1024:2,1536:1", "Image, adaptive batch without a budget: "
