@@ -7,19 +7,23 @@ frozen some of that is never read, yet stays alive from the forward to the backw
   is saved even when only the input's gradient is wanted, which needs the weight alone. In a
   UNet that input is the SiLU output of every ResNet block (twice per block) and, in each
   upsampler, the tensor after the 2x nearest upsampling, four times the block's input.
+- ``GroupNorm`` then ``SiLU`` (twice in every ResNet block, and before the UNet's last
+  convolution): the SiLU keeps the normalised tensor although the norm keeps its own input, from
+  which the backward recomputes it (one normalisation pass) instead.
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
 
-Both run torch's own ops and backward: a saved-tensor hook swaps what the op saves for a
+Each runs torch's own ops and backward: a saved-tensor hook swaps what the op saves for a
 stand-in (the convolution's input: its sizes only, all its backward reads for the input's
-gradient, as ``torch.nn.grad.conv2d_input`` does; ``gelu(g)``: recomputed when the backward asks),
-so the gradients are the same, bit for bit. A hook costs less than a custom autograd Function
-(about 20 against 50-70 microseconds a layer here). A layer is changed only where the result is
-certain: a plain ``Conv2d`` with zero padding mode whose weight and bias do not require grad at
-the call (a trainable one, e.g. an adapter's own convolution, keeps torch's path), and diffusers'
-own ``GEGLU``. The run and the memory planner's trace apply the same function, so plans count
-what the run holds.
+gradient, as ``torch.nn.grad.conv2d_input`` does; the norm's output and ``gelu(g)``: recomputed
+when the backward asks), so the gradients are the same, bit for bit. A hook costs less than a
+custom autograd Function (about 20 against 50-70 microseconds a layer here). A layer is changed
+only where the result is certain: a plain ``Conv2d`` with zero padding mode whose weight and
+bias do not require grad at the call (a trainable one, e.g. an adapter's own convolution, keeps
+torch's path), a plain ``SiLU`` reading a plain ``GroupNorm``'s output, and diffusers' own
+``GEGLU``. The run and the memory planner's trace apply the same function, so plans count what
+the run holds.
 """
 
 from __future__ import annotations
@@ -95,6 +99,32 @@ class LeanConv2d(nn.Conv2d):
                                                 self.dilation, self.groups)
 
 
+class LeanGroupNorm(nn.GroupNorm):
+    """``nn.GroupNorm`` whose output, when a :class:`LeanSiLU` reads it next, is recomputed
+    from the input in the backward instead of kept (the norm keeps its input anyway)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        out = F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        if out.requires_grad:
+            out._lean_norm = (self, input)  # read by LeanSiLU; dies with the output
+        return out
+
+    def recompute(self, input: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class LeanSiLU(nn.SiLU):
+    """``nn.SiLU`` that keeps a :class:`LeanGroupNorm` output it reads as a recompute, not a
+    tensor: a UNet ResNet block's two normalised activations (one elementwise pass each)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        norm = getattr(input, "_lean_norm", None)
+        if norm is None or self.inplace or not torch.is_grad_enabled():
+            return F.silu(input, inplace=self.inplace)
+        module, source = norm
+        return _Swap(input, _Recompute(module.recompute, source)).run(F.silu, input)
+
+
 def _lean_geglu_class() -> type[nn.Module] | None:
     try:
         from diffusers.models.activations import GEGLU
@@ -122,9 +152,11 @@ _LEAN_GEGLU = _lean_geglu_class()
 
 
 def lean_frozen_layers(module: nn.Module) -> int:
-    """Turns every plain ``nn.Conv2d`` and diffusers ``GEGLU`` in ``module`` into its lean
-    subclass (same parameters, state dict and output; see the module doc). Returns how many."""
-    swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d)]
+    """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.SiLU`` and diffusers ``GEGLU`` in
+    ``module`` into its lean subclass (same parameters, state dict and output; see the module
+    doc). Returns how many."""
+    swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
+                                      (nn.SiLU, LeanSiLU)]
     if _LEAN_GEGLU is not None:
         swaps.append((_LEAN_GEGLU.__mro__[1], _LEAN_GEGLU))
     count = 0

@@ -38,21 +38,22 @@ def _step(unet: nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize(("targets", "most"), [
-    (["to_q", "to_k", "to_v", "to_out.0"], 0.93),  # diffusers' default: measured 0.90
-    (["to_q", "conv1", "ff.net.0.proj"], 0.96)])  # a trainable conv and GEGLU projection: 0.93
+    (["to_q", "to_k", "to_v", "to_out.0"], 0.9),  # diffusers' default: measured 0.84
+    (["to_q", "conv1", "ff.net.0.proj"], 0.92)])  # a trainable conv and GEGLU projection: 0.86
 def test_same_gradients_bit_for_bit_and_fewer_bytes_kept(targets, most):
     plain = _unet(targets)
     lean = copy.deepcopy(plain)
     swapped = lean_frozen_layers(lean)
     kinds = {type(m).__name__ for m in lean.modules()}
-    assert swapped > 0 and {"LeanConv2d", "LeanGEGLU"} <= kinds
+    assert swapped > 0 and {"LeanConv2d", "LeanGroupNorm", "LeanSiLU", "LeanGEGLU"} <= kinds
     assert list(lean.state_dict()) == list(plain.state_dict())  # what a checkpoint holds is unchanged
     plain_kept, plain_grads = _step(plain)
     lean_kept, lean_grads = _step(lean)
     assert plain_grads.keys() == lean_grads.keys() and plain_grads
     for name, grad in plain_grads.items():
         assert torch.equal(grad, lean_grads[name]), name
-    # the frozen convolutions' inputs (SiLU outputs, the upsampler's input) and gelu(gate)
+    # the frozen convolutions' inputs (SiLU outputs, the upsampler's input), the norms' outputs
+    # the SiLUs read, and gelu(gate)
     assert lean_kept < most * plain_kept, (lean_kept, plain_kept)
 
 
