@@ -22,8 +22,8 @@ custom autograd Function (about 20 against 50-70 microseconds a layer here). A l
 only where the result is certain: a plain ``Conv2d`` with zero padding mode whose weight and
 bias do not require grad at the call (a trainable one, e.g. an adapter's own convolution, keeps
 torch's path), a plain ``SiLU`` reading a plain ``GroupNorm``'s output, and diffusers' own
-``GEGLU``. The run and the memory planner's trace apply the same function, so plans count what
-the run holds.
+``GEGLU``; and not inside a checkpointed block (another saved-tensor hook decides there). The
+run and the memory planner's trace apply the same function, so plans count what the run holds.
 """
 
 from __future__ import annotations
@@ -78,6 +78,14 @@ class _Swap:
             self.target = None
 
 
+def _other_hooks_active() -> bool:
+    """True inside another saved-tensor hook (non-reentrant checkpointing, offloading): that one
+    decides what is kept there, and a stand-in holding the norm's input or the projection would
+    keep alive what a checkpointed block lets go. Unknown (no such torch API): True."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
 def _unpack(saved: object) -> torch.Tensor:
     if type(saved) is _Sizes:  # an expanded 1-element tensor: the sizes, no storage of that size
         return torch.empty(1, dtype=saved.dtype, device=saved.device).expand(saved.shape)
@@ -93,7 +101,7 @@ class LeanConv2d(nn.Conv2d):
                       bias: torch.Tensor | None) -> torch.Tensor:
         frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
         if (self.padding_mode != "zeros" or not frozen or not input.requires_grad
-                or not torch.is_grad_enabled()):
+                or not torch.is_grad_enabled() or _other_hooks_active()):
             return super()._conv_forward(input, weight, bias)
         return _Swap(input, _Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
                                                 self.dilation, self.groups)
@@ -119,7 +127,7 @@ class LeanSiLU(nn.SiLU):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         norm = getattr(input, "_lean_norm", None)
-        if norm is None or self.inplace or not torch.is_grad_enabled():
+        if norm is None or self.inplace or not torch.is_grad_enabled() or _other_hooks_active():
             return F.silu(input, inplace=self.inplace)
         module, source = norm
         return _Swap(input, _Recompute(module.recompute, source)).run(F.silu, input)
@@ -138,7 +146,8 @@ def _lean_geglu_class() -> type[nn.Module] | None:
             proj = self.proj(hidden_states)
             hidden, gate = proj.chunk(2, dim=-1)
             kernels_here = proj.device.type in ("cpu", "cuda", "meta")  # diffusers' own path elsewhere
-            if not hidden.requires_grad or not torch.is_grad_enabled() or not kernels_here:
+            if (not hidden.requires_grad or not torch.is_grad_enabled() or not kernels_here
+                    or _other_hooks_active()):
                 return hidden * self.gelu(gate)
             act = F.gelu(gate)
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
