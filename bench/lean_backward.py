@@ -1,10 +1,12 @@
-"""lean_backward on and off: what an SD 1.5 / SDXL UNet step holds and what it costs in time.
+"""lean_backward on and off: what a LoRA step holds and what it costs in time.
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/lean_backward.py [--rounds 7]
 
 1. Planned peaks at the real models' shapes (source: predicted; the fake-tensor trace of one
-   LoRA step on CUDA in bf16, diffusers' default targets, SDPA): SD 1.5 at 512 px x 4 and
-   1024 px x 1, SDXL at 1024 px x 1, with the switch off and on.
+   LoRA step on CUDA in bf16, SDPA, float32 adapters as peft keeps them): SD 1.5 at 512 px x 4
+   and 1024 px x 1, SDXL at 1024 px x 1 (diffusers' default targets); SD3.5-medium and Flux.1-dev
+   at 1024 px; Llama-3.1-8B at 2k and 8k tokens and Qwen2.5-0.5B at 4k (all-linear, without and
+   with gradient checkpointing), with the switch off and on.
 2. Measured on this CPU (source: tracker) on the tiny SDXL the tests build: the bytes alive
    between the forward and the backward and the step's peak, off and on, and the seconds of a
    forward and backward (batch 4, 64 px, fp32), off and on alternating, the order flipped every
@@ -24,23 +26,36 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lora_gui.memory.predict.trace import trace_unet_step  # noqa: E402
+from lora_gui.memory.predict.dit_trace import trace_dit_step  # noqa: E402
+from lora_gui.memory.predict.trace import trace_text_step, trace_unet_step  # noqa: E402
 from lora_gui.memory.runtime.tracker import StorageTracker  # noqa: E402
 from lora_gui.models.build_diffusion import build_sdxl_pipeline  # noqa: E402
 from lora_gui.models.lean_backward import lean_frozen_layers  # noqa: E402
 
 MiB = 2**20
-PLANS = (("sd15-unet", 512, 4), ("sd15-unet", 1024, 1), ("sdxl-unet", 1024, 1))
+PLANS = (  # (trace, model, shape)
+    (trace_unet_step, "sd15-unet", {"resolution": 512, "batch_size": 4}),
+    (trace_unet_step, "sd15-unet", {"resolution": 1024, "batch_size": 1}),
+    (trace_unet_step, "sdxl-unet", {"resolution": 1024, "batch_size": 1}),
+    (trace_dit_step, "sd3.5-medium", {"resolution": 1024, "batch_size": 1}),
+    (trace_dit_step, "flux.1-dev", {"resolution": 1024, "batch_size": 1}),
+    (trace_text_step, "qwen2.5-0.5b", {"seq_len": 4096, "batch_size": 1}),
+    (trace_text_step, "llama-3.1-8b", {"seq_len": 2048, "batch_size": 1}),
+    (trace_text_step, "llama-3.1-8b", {"seq_len": 8192, "batch_size": 1}),
+    (trace_text_step, "llama-3.1-8b",
+     {"seq_len": 8192, "batch_size": 1, "gradient_checkpointing": True}),
+)
 
 
 def planned() -> None:
-    print("| model | px x batch | planned peak MiB off / on | change | activations MiB off / on | change |")
+    print("| model | shape | planned peak MiB off / on | change | activations MiB off / on | change |")
     print("|---|---|---|---|---|---|")
-    for name, px, batch in PLANS:
-        off, on = (trace_unet_step(name, batch_size=batch, resolution=px, dtype=torch.bfloat16,
-                                   device="cuda", lean_backward=lean) for lean in (False, True))
+    for trace, name, shape in PLANS:
+        off, on = (trace(name, dtype=torch.bfloat16, device="cuda", lean_backward=lean, **shape)
+                   for lean in (False, True))
+        px = ", ".join(f"{k} {v}" for k, v in shape.items())
         a_off, a_on = off.breakdown["activations"], on.breakdown["activations"]
-        print(f"| {name} | {px} x {batch} | {off.peak_bytes / MiB:,.0f} / {on.peak_bytes / MiB:,.0f} | "
+        print(f"| {name} | {px} | {off.peak_bytes / MiB:,.0f} / {on.peak_bytes / MiB:,.0f} | "
               f"{on.peak_bytes / off.peak_bytes - 1:+.1%} | {a_off / MiB:,.0f} / {a_on / MiB:,.0f} | "
               f"{a_on / a_off - 1:+.1%} |")
 

@@ -178,11 +178,12 @@ class RunConfig(PreferenceSettings):
                               "budget_gb), gradient accumulation keeps batch_size; auto: fixed "
                               "(traditional), adaptive (optimized).", "image",
                               choices=("auto", "fixed", "adaptive"))
-    lean_backward: str = option("auto", "Image: frozen convolutions keep no input, and the "
-                                "normalised and GELU activations are recomputed in the backward "
-                                "instead of kept (the same gradients; 16-24% fewer activation bytes "
-                                "in an SD 1.5 / SDXL UNet); auto: off (traditional), on (optimized).",
-                                "image", choices=("auto", "off", "on"))
+    lean_backward: str = option("auto", "Keep for the backward only what it reads: LoRA layers keep "
+                                "their 16-bit input instead of a float32 copy per adapter (bf16 / "
+                                "fp16 runs); in a UNet, frozen convolutions keep no input and the "
+                                "normalised and GELU activations are recomputed instead of kept. "
+                                "The same gradients, less memory; auto: off (traditional), on "
+                                "(optimized).", "memory", choices=("auto", "off", "on"))
     batch_table: str = option("512:8,768:4,1024:2,1536:1", "Image, adaptive batch without a budget: "
                               "micro-batch per resolution (a 24 GB card); a bucket uses the entry "
                               "of the smallest resolution whose area covers it.", "image")
@@ -300,7 +301,7 @@ class RunConfig(PreferenceSettings):
         return self.mode != "traditional"
 
     def resolved_lean_backward(self) -> bool:
-        """Image: True when frozen layers keep only what their backward reads."""
+        """True when layers keep only what their backward reads (lora_gui.models.lean_backward)."""
         if self.lean_backward != "auto":
             return self.lean_backward == "on"
         return self.mode != "traditional"

@@ -10,6 +10,15 @@ frozen some of that is never read, yet stays alive from the forward to the backw
 - ``GroupNorm`` then ``SiLU`` (twice in every ResNet block, and before the UNet's last
   convolution): the SiLU keeps the normalised tensor although the norm keeps its own input, from
   which the backward recomputes it (one normalisation pass) instead.
+- a peft LoRA ``Linear`` whose adapter weights are float32 over 16-bit frozen weights (the
+  usual set-up: peft keeps adapters in float32) casts its input to float32 and ``lora_A`` keeps
+  that copy: q, k and v keep three float32 copies of one 16-bit tensor, gate and up two more.
+  The 16-bit input is kept instead, once for every adapter that reads it, and the copy is
+  recomputed (one cast) in the backward. Under autocast (a GPU run's mixed precision) autocast
+  casts the float32 copy straight back to 16 bits and keeps that second copy per adapter; there
+  peft's cast is skipped and ``lora_A`` reads the input itself (the same values: the round
+  trip is exact; without LoRA dropout, whose mask would be drawn in another dtype). Not for
+  other adapter variants (DoRA, ...).
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
@@ -28,6 +37,9 @@ run and the memory planner's trace apply the same function, so plans count what 
 
 from __future__ import annotations
 
+import functools
+import sys
+import types
 from typing import Any
 
 import torch
@@ -52,6 +64,20 @@ class _Recompute:
 
     def __init__(self, fn: Any, arg: torch.Tensor) -> None:
         self.fn, self.arg = fn, arg
+
+
+def _same_autocast(fn: Any, device: str) -> Any:
+    """``fn`` as the forward ran it: under the same autocast, which a backward runs without (a
+    norm autocast computes in float32 must be recomputed in float32)."""
+    if not torch.is_autocast_enabled(device):
+        return fn
+    dtype = torch.get_autocast_dtype(device)
+
+    def under_autocast(arg: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device, dtype=dtype):
+            return fn(arg)
+
+    return under_autocast
 
 
 class _Swap:
@@ -103,6 +129,11 @@ class LeanConv2d(nn.Conv2d):
         if (self.padding_mode != "zeros" or not frozen or not input.requires_grad
                 or not torch.is_grad_enabled() or _other_hooks_active()):
             return super()._conv_forward(input, weight, bias)
+        device = input.device.type
+        if torch.is_autocast_enabled(device) and input.dtype != torch.get_autocast_dtype(device):
+            # the copy autocast would make for the convolution (and keep): made here, so that it
+            # is the input this hook leaves out
+            input = input.to(torch.get_autocast_dtype(device))
         return _Swap(input, _Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
                                                 self.dilation, self.groups)
 
@@ -130,14 +161,99 @@ class LeanSiLU(nn.SiLU):
         if norm is None or self.inplace or not torch.is_grad_enabled() or _other_hooks_active():
             return F.silu(input, inplace=self.inplace)
         module, source = norm
-        return _Swap(input, _Recompute(module.recompute, source)).run(F.silu, input)
+        recompute = _same_autocast(module.recompute, input.device.type)
+        return _Swap(input, _Recompute(recompute, source)).run(F.silu, input)
 
 
-def _lean_geglu_class() -> type[nn.Module] | None:
+class _Casts:
+    """Pack hook for one peft LoRA layer's forward: what the layer's adapter saves of its float32
+    copy of the input (``lora_A``'s matmul input) leaves as a recompute of that copy from the
+    input itself, which is shared by every adapter reading the same tensor."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        self.made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(copy) -> (copy, input)
+
+    def cast(self, layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        out = type(layer)._cast_input_dtype(layer, x, dtype)
+        if out is not None and out is not x:
+            self.made[id(out)] = (out, x)
+        return out
+
+    def pack(self, t: torch.Tensor) -> object:
+        base = t if t._base is None else t._base  # the matmul saves a 2D view of the copy
+        made = self.made.get(id(base))
+        if made is None or made[0] is not base:
+            return t
+        return _Recompute(_CastView(t, base.dtype), made[1])
+
+
+class _CastView:
+    """Recomputes a saved view of ``x.to(dtype)``: the same values, sizes and strides."""
+
+    __slots__ = ("dtype", "offset", "shape", "stride")
+
+    def __init__(self, view: torch.Tensor, dtype: torch.dtype) -> None:
+        self.shape, self.stride, self.offset = view.shape, view.stride(), view.storage_offset()
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype).as_strided(self.shape, self.stride, self.offset)
+
+
+def _no_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t
+
+
+def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    inner = self._lean_inner_forward
+    if (not torch.is_grad_enabled() or self.disable_adapters or self.merged or self.lora_variant
+            or all(a.weight.dtype == x.dtype for a in self.lora_A.values())):  # nothing is cast
+        return inner(x, *args, **kwargs)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):  # a GPU run's mixed precision
+        plain = all(isinstance(d, nn.Identity) for d in self.lora_dropout.values())
+        if not plain or x.dtype != torch.get_autocast_dtype(device):
+            return inner(x, *args, **kwargs)
+        # autocast casts peft's float32 copy straight back to x's dtype for lora_A (the same
+        # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
+        self._cast_input_dtype = _no_cast
+        try:
+            return inner(x, *args, **kwargs)
+        finally:
+            del self._cast_input_dtype
+    if _other_hooks_active():
+        return inner(x, *args, **kwargs)
+    casts = _Casts()
+    self._cast_input_dtype = lambda t, dtype: casts.cast(self, t, dtype)
     try:
-        from diffusers.models.activations import GEGLU
-    except ImportError:  # diffusers missing: nothing of its to replace
-        return None
+        with saved_tensors_hooks(casts.pack, _unpack):
+            return inner(x, *args, **kwargs)
+    finally:
+        del self._cast_input_dtype  # the class's own method again
+        casts.made.clear()  # autograd keeps the pack hook: it must not keep the copies
+
+
+def _lean_lora_layers(module: nn.Module) -> int:
+    """Gives every plain peft LoRA ``Linear`` the forward above, around whatever forward it has
+    (peft's, or the fused one). Returns how many."""
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:
+        return 0
+    count = 0
+    for m in module.modules():
+        if type(m) is Linear and "_lean_inner_forward" not in m.__dict__:
+            m._lean_inner_forward = m.forward  # bound: the class's or an instance override
+            m.forward = types.MethodType(_lean_lora_forward, m)
+            count += 1
+    return count
+
+
+@functools.cache
+def _lean_geglu_class() -> type[nn.Module]:
+    from diffusers.models.activations import GEGLU
 
     class LeanGEGLU(GEGLU):
         """diffusers' GEGLU that recomputes ``gelu(gate)`` in the backward instead of keeping it."""
@@ -151,24 +267,24 @@ def _lean_geglu_class() -> type[nn.Module] | None:
                 return hidden * self.gelu(gate)
             act = F.gelu(gate)
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
-            return _Swap(act, _Recompute(F.gelu, gate)).run(torch.mul, hidden, act)
+            recompute = _same_autocast(F.gelu, gate.device.type)
+            return _Swap(act, _Recompute(recompute, gate)).run(torch.mul, hidden, act)
 
     LeanGEGLU.__name__ = LeanGEGLU.__qualname__ = "LeanGEGLU"
     return LeanGEGLU
 
 
-_LEAN_GEGLU = _lean_geglu_class()
-
-
 def lean_frozen_layers(module: nn.Module) -> int:
     """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.SiLU`` and diffusers ``GEGLU`` in
-    ``module`` into its lean subclass (same parameters, state dict and output; see the module
-    doc). Returns how many."""
+    ``module`` into its lean subclass, and gives plain peft LoRA ``Linear`` layers the lean
+    forward (same parameters, state dict and output; see the module doc). Call after the adapter
+    is attached (and after any other forward override). Returns how many layers changed."""
     swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
                                       (nn.SiLU, LeanSiLU)]
-    if _LEAN_GEGLU is not None:
-        swaps.append((_LEAN_GEGLU.__mro__[1], _LEAN_GEGLU))
-    count = 0
+    if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
+        lean_geglu = _lean_geglu_class()
+        swaps.append((lean_geglu.__mro__[1], lean_geglu))
+    count = _lean_lora_layers(module)
     for m in module.modules():
         for plain, lean in swaps:
             if type(m) is plain:  # exact type: a subclass may change what its forward computes

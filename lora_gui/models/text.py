@@ -207,4 +207,8 @@ def attach_lora(model, cfg: RunConfig, tokenizer=None, saved_init: Any = None,
         from lora_gui.models.lora_fused import fuse_lora
 
         fuse_lora(peft_model)
+    if cfg.resolved_lean_backward():  # after the fused forward, which it wraps
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(peft_model)
     return peft_model

@@ -20,7 +20,8 @@ CLASSES = ("AutoencoderKL", "UNet2DConditionModel", "SD3Transformer2DModel", "Fl
            "DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
            "StableDiffusionPipeline",
            "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline")
-SUBMODULES = ("diffusers.models.attention_processor", "diffusers.training_utils", "diffusers.utils")
+SUBMODULES = ("diffusers.models.activations", "diffusers.models.attention_processor",
+              "diffusers.training_utils", "diffusers.utils")
 
 
 def load_diffusers() -> None:

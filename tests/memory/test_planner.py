@@ -58,9 +58,10 @@ def test_what_fits_where_grows_with_the_card():
     assert rows[0].longest is None and rows[0].batch_at_chosen == 0  # 16 GB of weights
     longest = [r.longest or 0 for r in rows]
     assert longest == sorted(longest) and longest[-1] % 256 == 0 and longest[-1] > 2048
-    # bf16 weights, no checkpointing: 2,048 tokens need ~42 GB on a card with the reserved memory
-    # and the CUDA context counted (the trace says 41.8 GB), so the 48 GB card is the first to fit
-    assert rows[-1].batch_at_chosen >= rows[5].batch_at_chosen >= 1 and rows[4].batch_at_chosen == 0
+    # bf16 weights, no checkpointing: 2,048 tokens need ~34 GB on a card with the reserved memory
+    # and the CUDA context counted (the trace says 32,049 MiB = 33.6 GB with LoRA keeping its bf16
+    # inputs; 41.8 GB with a float32 copy per adapter), so the 40 GB card is the first to fit
+    assert rows[-1].batch_at_chosen >= rows[4].batch_at_chosen >= 1 and rows[3].batch_at_chosen == 0
 
 
 def test_plan_image_for_tiny_unet():

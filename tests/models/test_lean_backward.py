@@ -106,3 +106,150 @@ def test_checkpointed_blocks_keep_no_more():
     assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
     # the layers outside the blocks (the last norm, SiLU and convolution) still keep less
     assert lean_kept < plain_kept, (lean_kept, plain_kept)
+
+
+def _tiny_llama_lora(adapter: str = "lora") -> nn.Module:
+    """A bf16 Llama with float32 LoRA on every linear layer, as peft keeps adapters (the copies
+    lean_backward drops exist only when the adapter's dtype is not the input's)."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights="gaussian",
+                                             use_dora=adapter == "dora"))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model
+
+
+def _text_step(model: nn.Module) -> tuple[int, float, dict[str, torch.Tensor]]:
+    ids = torch.randint(0, 500, (2, 64), generator=torch.Generator().manual_seed(3))
+    tracker = StorageTracker()
+    with tracker:
+        out = model(input_ids=ids, labels=ids)
+        kept = tracker.live_bytes
+        out.loss.backward()
+    return kept, out.loss.item(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
+    """q, k, v (and gate, up) read one bf16 tensor; each adapter kept its own float32 copy of it."""
+    from lora_gui.models.lora_fused import fuse_lora
+
+    plain = _tiny_llama_lora()
+    lean = copy.deepcopy(plain)
+    if fused:  # the engine's fused forward (its fallback path here: bf16 input, float32 adapter)
+        fuse_lora(plain), fuse_lora(lean)
+    assert lean_frozen_layers(lean) == 14  # 2 layers x 7 adapted linears
+    plain_kept, plain_loss, plain_grads = _text_step(plain)
+    lean_kept, lean_loss, lean_grads = _text_step(lean)
+    assert lean_loss == plain_loss and plain_grads.keys() == lean_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]), name
+    assert lean_kept < 0.8 * plain_kept, (lean_kept, plain_kept)  # measured 0.76
+
+
+def test_dora_and_float32_runs_keep_peft_s_path():
+    """DoRA (an adapter variant) and a float32 model (nothing cast) run peft's forward as is."""
+    dora = _tiny_llama_lora("dora")
+    lean = copy.deepcopy(dora)
+    lean_frozen_layers(lean)
+    (kept, loss, grads), (lean_kept, lean_loss, lean_grads) = _text_step(dora), _text_step(lean)
+    assert lean_kept == kept and lean_loss == loss
+    assert all(torch.equal(g, lean_grads[n]) for n, g in grads.items())
+
+
+def test_text_plan_and_estimate_follow_the_setting():
+    """The trace of a bf16 CUDA step keeps less with the setting on; the closed-form estimate
+    moves with it and stays within the band it keeps against the trace (15%, as
+    tests/memory/test_estimate.py); with checkpointing (the layers step aside inside
+    checkpointed blocks) neither moves."""
+    from lora_gui.memory.predict.estimate import estimate_text_step
+    from lora_gui.memory.predict.trace import trace_text_step
+    from tests.memory.conftest import tiny_llama
+
+    for gc in (False, True):
+        kw = {"batch_size": 2, "seq_len": 512, "dtype": "bfloat16", "device": "cuda",
+              "gradient_checkpointing": gc}
+        off, on = (trace_text_step(tiny_llama(), lean_backward=lean, **kw) for lean in (False, True))
+        e_off, e_on = (estimate_text_step(tiny_llama(), lean_backward=lean, **kw) for lean in (False, True))
+        if gc:
+            assert on.peak_bytes == off.peak_bytes and e_on.peak_bytes == e_off.peak_bytes
+        else:
+            assert on.breakdown["activations"] < 0.85 * off.breakdown["activations"]
+            assert e_on.peak_bytes < e_off.peak_bytes
+        assert abs(e_on.traced_peak_bytes / on.traced_peak_bytes - 1) < 0.15
+
+
+def _step_peak(model: nn.Module, autocast: bool) -> tuple[int, dict[str, torch.Tensor]]:
+    ids = torch.randint(0, 500, (2, 64), generator=torch.Generator().manual_seed(3))
+    model.zero_grad(set_to_none=True)
+    tracker = StorageTracker()
+    with tracker:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return tracker.peak_bytes, {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_under_autocast_lora_reads_its_input_and_the_plan_stays_above():
+    """A GPU run trains under autocast, which casts peft's float32 copy straight back to bf16 and
+    keeps that per adapter; the lean layers skip peft's cast (the same gradients, bit for bit).
+    The plan traces the step without autocast: its peak (peft's forward with the lean layers)
+    stays above the autocast step's, with the engine's fused forward (the default) or without."""
+    from lora_gui.models.lora_fused import fuse_lora
+
+    base = _tiny_llama_lora()
+    peft_plain, peft_lean, fused_lean = (copy.deepcopy(base) for _ in range(3))
+    lean_frozen_layers(peft_lean)
+    fuse_lora(fused_lean)
+    lean_frozen_layers(fused_lean)
+    plain_peak, plain_grads = _step_peak(peft_plain, autocast=True)
+    lean_peak, lean_grads = _step_peak(peft_lean, autocast=True)
+    fused_peak, _ = _step_peak(fused_lean, autocast=True)
+    planned, _ = _step_peak(copy.deepcopy(peft_lean), autocast=False)  # what the trace runs
+    assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
+    assert lean_peak < plain_peak  # measured 1,795,592 against 1,926,664 bytes
+    assert planned >= max(lean_peak, fused_peak), (planned, lean_peak, fused_peak)
+
+
+def test_unet_under_autocast_same_gradients_less_memory_plan_above():
+    """A GPU image run: bf16 UNet, float32 LoRA, under autocast (which runs some norms in float32:
+    their recompute runs under the same autocast). The same gradients bit for bit; a lower
+    peak; and the plan's step (traced without autocast) stays above the autocast step's peak."""
+    plain = build_sdxl_pipeline(seed=0).unet.to(torch.bfloat16)
+    plain.requires_grad_(False)
+    plain.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                 init_lora_weights="gaussian"))
+    for p in plain.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    lean = copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    torch.manual_seed(1)
+    bf16 = {"dtype": torch.bfloat16}
+    inputs = (torch.randn(4, 4, 8, 8, **bf16), torch.rand(4) * 1000)
+    kwargs = {"encoder_hidden_states": torch.randn(4, 77, 64, **bf16),
+              "added_cond_kwargs": {"text_embeds": torch.randn(4, 32, **bf16),
+                                    "time_ids": torch.randn(4, 6, **bf16)}}
+
+    def peak(unet: nn.Module, autocast: bool) -> tuple[int, dict[str, torch.Tensor]]:
+        unet.zero_grad(set_to_none=True)
+        tracker = StorageTracker()
+        with tracker:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = unet(*inputs, **kwargs).sample
+            out.float().square().sum().backward()
+        return tracker.peak_bytes, {n: p.grad.clone() for n, p in unet.named_parameters() if p.requires_grad}
+
+    plain_peak, plain_grads = peak(plain, True)
+    lean_peak, lean_grads = peak(lean, True)
+    planned, _ = peak(lean, False)
+    assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
+    assert lean_peak < 0.8 * plain_peak, (lean_peak, plain_peak)  # measured 2,319,296 / 3,314,624
+    assert planned >= lean_peak, (planned, lean_peak)  # 2,384,064

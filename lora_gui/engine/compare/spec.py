@@ -51,7 +51,8 @@ CSV_FIELDS = ("question", "data", "mode", "seq_len", "resolution", "status", "me
               "budget_bytes", "real_tokens", "padded_tokens", "real_tokens_per_s", "images_per_s",
               "final_loss", "eval_loss", "eval_loss_full_attention", "attention", "precision",
               "measure", "train_seconds", "oom_recovered", "switches")
-_OFF = {"attention": "full", "gradient_checkpointing": False, "loss_chunk": 0, "lora_fused": False}
+_OFF = {"attention": "full", "gradient_checkpointing": False, "loss_chunk": 0, "lora_fused": False,
+        "lean_backward": "off"}
 TRADITIONAL = {**_OFF, "mode": "traditional", "batching": "fixed", "attn_backend": "eager"}
 PROFILES: dict[str, dict[str, Any]] = {
     "traditional": TRADITIONAL,

@@ -172,7 +172,8 @@ def plan_dit_run(cfg: RunConfig, config: dict[str, Any], budget_bytes: int, devi
     kind = dit_kind(config)
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype,
             "device": device, "text_seq_len": default_text_tokens(kind, cfg.text_max_length),
-            "image_window": cfg.image_window, "vae_factor": pipeline_vae_factor(cfg)}
+            "image_window": cfg.image_window, "vae_factor": pipeline_vae_factor(cfg),
+            "lean_backward": cfg.resolved_lean_backward()}
     buckets = make_buckets(cfg.resolution, cfg.bucket_max_ratio) if cfg.resolved_aspect_buckets() \
         else [(cfg.resolution, cfg.resolution)]
     shapes = sorted({(h, w) for w, h in buckets if w <= h})

@@ -54,8 +54,10 @@ def dit_kind(config: dict[str, Any]) -> str:
 
 
 def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
-              target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None) -> nn.Module:
-    """The SD3 / Flux transformer of ``config`` on the meta device with LoRA attached (still meta)."""
+              target_modules: Any, lora_dropout: float = 0.0, adapter: Any = None,
+              lean_backward: bool = True) -> nn.Module:
+    """The SD3 / Flux transformer of ``config`` on the meta device with LoRA attached (still
+    meta); ``lean_backward``: as the run's (:mod:`lora_gui.models.lean_backward`)."""
     import diffusers
 
     cls = getattr(diffusers, config["_class_name"])
@@ -65,7 +67,12 @@ def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lor
         model = cls.from_config(kwargs)
     nn.Module.to(model, dtype)
     model.train()
-    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
+    model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
+    if lean_backward:
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(model)
+    return model
 
 
 def largest_side(config: dict[str, Any], vae_factor: int = VAE_FACTOR) -> int | None:
@@ -103,7 +110,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                    device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
                    fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
                    weighting_scheme: str = "none", image_window: int = 0, adapter: Any = None,
-                   vae_factor: int = VAE_FACTOR) -> TraceResult:
+                   vae_factor: int = VAE_FACTOR, lean_backward: bool = True) -> TraceResult:
     """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
 
     Args:
@@ -142,7 +149,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
     dt = as_dtype(dtype)
     targets = target_modules or lora_targets(kind, "all-linear")
     model = build_dit(cfg, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=targets,
-                      lora_dropout=lora_dropout, adapter=adapter)
+                      lora_dropout=lora_dropout, adapter=adapter, lean_backward=lean_backward)
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
     set_dit_attention(model.get_base_model(), attention, image_window)
@@ -180,15 +187,15 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 @functools.lru_cache(maxsize=16)
 def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dtype: str,
                  text_seq_len: int | None, image_window: int = 0,
-                 device: str = "cpu", adapter: Any = None,
-                 vae_factor: int = VAE_FACTOR) -> tuple[dict[str, int], float, float]:
+                 device: str = "cpu", adapter: Any = None, vae_factor: int = VAE_FACTOR,
+                 lean_backward: bool = True) -> tuple[dict[str, int], float, float]:
     """Two fake traces (batch 1 at :func:`calibration_sizes`: 512 and 1024 px) -> fixed bytes and
     per-image a + b * pixels (traced for ``device``: on CUDA the attention kernels' backward
     workspaces are in them)."""
     cfg = json.loads(cfg_json)
     kw = {"batch_size": 1, "lora_rank": lora_rank, "gradient_checkpointing": gradient_checkpointing,
           "dtype": dtype, "device": device, "text_seq_len": text_seq_len, "image_window": image_window,
-          "adapter": adapter, "vae_factor": vae_factor}
+          "adapter": adapter, "vae_factor": vae_factor, "lean_backward": lean_backward}
     return fit_pixel_line(lambda px: trace_dit_step(cfg, resolution=px, **kw),
                           *calibration_sizes(cfg, vae_factor))
 
@@ -196,7 +203,8 @@ def _calibration(cfg_json: str, lora_rank: int, gradient_checkpointing: bool, dt
 def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int, int], lora_rank: int = 16,
                       gradient_checkpointing: bool = False, dtype: Any = "bfloat16", device: str = "cuda",
                       text_seq_len: int | None = None, image_window: int = 0,
-                      adapter: Any = None, vae_factor: int = VAE_FACTOR) -> TraceResult:
+                      adapter: Any = None, vae_factor: int = VAE_FACTOR,
+                      lean_backward: bool = True) -> TraceResult:
     """Trace-calibrated estimate of a DiT step with SDPA (linear in pixels and batch, see the
     module docstring; windowed image attention is linear too); default LoRA targets.
     ``info["source"] = "predicted (trace-calibrated)"``."""
@@ -205,7 +213,8 @@ def estimate_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[i
     cfg = dict(load_model_config(config))
     key = json.dumps(cfg, sort_keys=True, default=str)
     fit = _calibration(key, lora_rank, gradient_checkpointing, str(dtype).replace("torch.", ""), text_seq_len,
-                       image_window, "cuda" if device == "cuda" else "cpu", adapter, vae_factor)
+                       image_window, "cuda" if device == "cuda" else "cpu", adapter, vae_factor,
+                       lean_backward)
     return calibrated_step(fit, batch_size=batch_size, resolution=resolution, device=device)
 
 

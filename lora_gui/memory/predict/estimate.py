@@ -8,7 +8,8 @@ against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
 
 - a frozen ``Linear`` saves no input (its weight gradient is never needed); only the LoRA
   branch saves its input, cast to float32 (one copy per adapted module when ``dtype`` is not
-  float32; shared when it is), plus the rank-r output of ``lora_A`` (4*r bytes per token);
+  float32; shared when it is; with ``lean_backward`` the ``dtype`` input itself, shared, the
+  copy recomputed), plus the rank-r output of ``lora_A`` (4*r bytes per token);
 - RMSNorm saves its float32 input copy and a float32 rsqrt per token;
 - SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token);
 - SDPA (flash / memory-efficient on CUDA, flash on CPU) saves q, k, v, out and a float32
@@ -103,8 +104,10 @@ def _variant(adapter: Any, s: dict[str, int], d: int, targets: tuple[str, ...], 
 
 
 def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
-                           seq: int, variant: dict[str, Any] | None = None) -> int:
-    """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute)."""
+                           seq: int, variant: dict[str, Any] | None = None, lean: bool = False) -> int:
+    """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute);
+    ``lean``: plain LoRA keeps its ``d``-byte input once per distinct input instead of a float32
+    copy per adapted module (:mod:`lora_gui.models.lean_backward`)."""
     h, i, q, kv, nh = s["h"], s["I"], s["q"], s["kv"], s["nh"]
     dims = _linear_dims(s)
     total = 2 * (F32 * h + F32)  # two RMSNorms: float32 input copy + rsqrt
@@ -121,26 +124,27 @@ def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], 
     total += 0 if variant["drop_a_outputs"] else F32 * r * len(targets)  # lora_A outputs, saved by lora_B
     if variant["drop_input_copies"]:  # LoRA-FA: A is frozen, its input is not saved
         pass
-    elif d != F32:  # each adapted module saves its own float32 copy of its input
+    elif d != F32 and not lean:  # each adapted module saves its own float32 copy of its input
         total += sum(F32 * dims[n][0] for n in targets)
-    else:  # float32 inputs are saved as they are: once per distinct input
+    else:  # float32 inputs (or lean 16-bit ones) are kept as they are: once per distinct input
         groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gu": ("gate_proj", "up_proj"),
                   "down": ("down_proj",)}
-        total += sum(F32 * dims[g[0]][0] for g in groups.values() if any(n in targets for n in g))
+        total += sum(d * dims[g[0]][0] for g in groups.values() if any(n in targets for n in g))
         if attn == "sdpa" and "o_proj" in targets:
             total -= d * q  # the o_proj input is the SDPA output itself
     return total
 
 
-def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int) -> int:
+def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int,
+                         lean: bool = False) -> int:
     """The part of :func:`_layer_bytes_per_token` that the gated MLP saves (and its LoRA)."""
     h, i = s["h"], s["I"]
     gate, up, down = ("gate_proj" in targets), ("up_proj" in targets), ("down_proj" in targets)
     total = 3 * d * i + F32 * r * (gate + up + down)  # SwiGLU products + lora_A outputs
-    if d != F32:  # each adapted module keeps its own float32 input copy
+    if d != F32 and not lean:  # each adapted module keeps its own float32 input copy
         total += F32 * (h * (gate + up) + i * down)
-    else:  # float32 inputs kept once per distinct input
-        total += F32 * (h * (gate or up) + i * down)
+    else:  # float32 (or lean 16-bit) inputs kept once per distinct input
+        total += d * (h * (gate or up) + i * down)
     return total
 
 
@@ -184,7 +188,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        loss_chunk: int = 0, quantization: str = "none", double_quant: bool = True,
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
                        embeddings_on_host: bool = False, adapter: Any = None,
-                       preference: Any = None, attention_head_groups: int = 0) -> TraceResult:
+                       preference: Any = None, attention_head_groups: int = 0,
+                       lean_backward: bool = True) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
@@ -209,6 +214,10 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
         preference: a preference run's loss: ``batch_size`` pairs are estimated as twice the
             rows with full logits (the log-probabilities need every position's); the trace runs
             the real step.
+        lean_backward: plain LoRA keeps its 16-bit input once per distinct input, not a float32
+            copy per adapter (:mod:`lora_gui.models.lean_backward`). Counted only where the
+            layers run outside another saved-tensor hook: not with gradient checkpointing or the
+            chunked MLP, where the layers step aside (there the float32 copies are counted).
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -241,8 +250,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     tokens = batch_size * seq_len
     keys = min(seq_len, attention_window) if attention_window else seq_len  # key positions per query
     variant = _variant(adapter, s, d, targets, lora_rank, optimizer, params) if family else None
+    lean = lean_backward and variant is None and not gradient_checkpointing and not mlp_chunk
     if family:
-        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant)
+        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant, lean)
         layer += q["saved_per_token"]
     else:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
@@ -259,7 +269,7 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
     # position per token; 4 used for float32, 2.5 for 16-bit weights).
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
-    mlp = _mlp_bytes_per_token(s, d, targets, lora_rank) if family else 0
+    mlp = _mlp_bytes_per_token(s, d, targets, lora_rank, lean) if family else 0
     long = long_context_terms(s, d, layer, mlp, tokens, offload_checkpoints and gradient_checkpointing,
                               mlp_chunk if family else 0, embeddings_on_host)
     layer, params["frozen_weights"] = long["layer"], params["frozen_weights"] - long["frozen_on_host"]

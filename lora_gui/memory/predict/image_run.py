@@ -270,7 +270,8 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
     step = {"lora_rank": cfg.lora_rank, "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "text_seq_len": text_tokens,
             "image_window": cfg.image_window, "adapter": adapter_spec(cfg),
-            "vae_factor": dit.vae_factor(model.vae.config.block_out_channels)}
+            "vae_factor": dit.vae_factor(model.vae.config.block_out_channels),
+            "lean_backward": cfg.resolved_lean_backward()}
     out = ImagePrediction(BatchCaps())
     caps = out.caps
     if cfg.resolved_image_batch() == "adaptive":

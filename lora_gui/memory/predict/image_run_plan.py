@@ -138,7 +138,7 @@ def _estimated_dit_step(cfg: RunConfig, config: dict[str, Any], dtype: torch.dty
     step = {"batch_size": cfg.batch_size, "resolution": cfg.resolution, "lora_rank": cfg.lora_rank,
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
             "text_seq_len": default_text_tokens(kind, cfg.text_max_length), "image_window": cfg.image_window,
-            "vae_factor": pipeline_vae_factor(cfg)}
+            "vae_factor": pipeline_vae_factor(cfg), "lean_backward": cfg.resolved_lean_backward()}
     if cfg.resolved_attn_backend() == "sdpa":
         result = estimate_dit_step(config, **step)
     else:

@@ -58,6 +58,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
             "embeddings_on_host": cfg.embeddings_on_host, "adapter": adapter_spec(cfg),
             "preference": preference_loss_of(cfg),
             "attention_head_groups": cfg.attention_head_groups,
+            "lean_backward": cfg.resolved_lean_backward(),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
             else [t.strip() for t in cfg.lora_targets.split(",")]}

@@ -295,7 +295,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
                     embeddings_on_host: bool = False, added_tokens: int = 0,
                     adapter: Any = None, preference: Any = None,
-                    attention_head_groups: int = 0) -> TraceResult:
+                    attention_head_groups: int = 0, lean_backward: bool = True) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -343,6 +343,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             ``batch_size`` counts pairs, the step runs ``2 x batch_size`` rows through the run's
             own :func:`~lora_gui.models.preference_loss.pair_losses` (the reference pass with the
             adapter off, or precomputed reference log-probabilities in the batch). None: next-token loss.
+        lean_backward: LoRA layers keep their 16-bit input, not a float32 copy per adapter, as an
+            optimized run's do (:mod:`lora_gui.models.lean_backward`).
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -375,6 +377,10 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         quant.quantize_model(model, quantization, double_quant, as_dtype(dtype))
         model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter)
         setup = quant.materialize_quant_states
+    if lean_backward:
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(model)
     vocab = cfg.vocab_size
 
     rows = batch_size * (2 if preference is not None else 1)  # a pair is two rows
