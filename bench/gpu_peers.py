@@ -113,4 +113,11 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
         with contextlib.redirect_stdout(text):
             pt.print_table([r for r in rows if r["model"] == model])
         out += [f"### {model}", *text.getvalue().strip().splitlines(), ""]
+    plans = [r for r in rows if r.get("trainer") == "lora_gui" and r.get("predicted_vs_measured") is not None]
+    if plans:  # the engine's own run (autocast on a GPU) against the plan it made before it started
+        out += ["### lora_gui runs: plan against measured peak (never below 0)", "",
+                "| model | run | round | peak MiB | plan vs measured |", "|---|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['run']} | {r['round']} | {r['peak_bytes'] / 2**20:,.1f} | "
+                f"{r['predicted_vs_measured']:+.2%} |" for r in plans if r.get("peak_bytes")]
+        out.append("")
     return out

@@ -216,7 +216,9 @@ def run_lora(name: str, cfg: RunConfig, folder: Path, profile: Any = None,
     return {"run": name, "trainer": "lora_gui", "steps": s["steps"], "precision": precision,
             "peak_bytes": s["peak_bytes"], "real_tokens": s["real_tokens"], "seconds": seconds,
             "real_tokens_per_s": s["real_tokens"] / seconds, "train_loss": sum(losses) / len(losses),
-            "memory_source": s["memory_source"]}
+            "memory_source": s["memory_source"],
+            # the run's own plan against its peak (on a GPU: the engine under autocast)
+            "predicted_vs_measured": s.get("memory_report", {}).get("predicted_vs_measured")}
 
 
 def _medians(rows: list[dict[str, Any]], trl_name: str,
