@@ -70,7 +70,6 @@ from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
 from lora_gui.models.checkpointing import enable_checkpointing
-from lora_gui.models.lean_backward import lean_frozen_layers
 
 LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
             "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
@@ -196,9 +195,9 @@ def check_text(config: dict, seqs: list[int], device: str) -> list[dict[str, Any
         if PLAN_ONLY[0]:
             continue
         model = tr.build_text_model(cfg, attn_implementation="sdpa", dtype=dtype, lora_rank=16,
-                                    lora_alpha=None, target_modules="all-linear")
+                                    lora_alpha=None, target_modules="all-linear",
+                                    lean_backward=True)  # as the plan's trace and an optimized run
         model = _materialized(model, device, dtype)
-        lean_frozen_layers(model)  # as the plan's trace (and an optimized run) has them
         ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
         measured = _real_step_peak(
             model, lambda m=model, i=ids: m(input_ids=i, labels=i, use_cache=False).loss, device)

@@ -154,8 +154,8 @@ def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
     assert lean_kept < 0.8 * plain_kept, (lean_kept, plain_kept)  # measured 0.76
 
 
-def test_dora_and_float32_runs_keep_peft_s_path():
-    """DoRA (an adapter variant) and a float32 model (nothing cast) run peft's forward as is."""
+def test_dora_keeps_peft_s_path():
+    """DoRA (an adapter variant) runs peft's forward as is: the same bytes, loss and gradients."""
     dora = _tiny_llama_lora("dora")
     lean = copy.deepcopy(dora)
     lean_frozen_layers(lean)

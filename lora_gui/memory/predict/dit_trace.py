@@ -67,12 +67,8 @@ def build_dit(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int, lor
         model = cls.from_config(kwargs)
     nn.Module.to(model, dtype)
     model.train()
-    model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
-    if lean_backward:
-        from lora_gui.models.lean_backward import lean_frozen_layers
-
-        lean_frozen_layers(model)
-    return model
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter,
+                       lean_backward=lean_backward)
 
 
 def largest_side(config: dict[str, Any], vae_factor: int = VAE_FACTOR) -> int | None:

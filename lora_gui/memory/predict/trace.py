@@ -371,16 +371,14 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     model = build_text_model(cfg, attn_implementation=attn_implementation, dtype=as_dtype(dtype),
                              lora_rank=lora_rank, lora_alpha=lora_alpha, target_modules=target_modules,
                              lora_dropout=lora_dropout, loss_chunk=loss_chunk,
-                             lora=quantization == "none", new_token_ids=new_ids, adapter=adapter)
+                             lora=quantization == "none", new_token_ids=new_ids, adapter=adapter,
+                             lean_backward=lean_backward)
     setup = None
     if quantization != "none":  # quantize on meta, then LoRA on the quantized layers (as the engine)
         quant.quantize_model(model, quantization, double_quant, as_dtype(dtype))
-        model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter)
+        model = attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_ids, adapter,
+                            lean_backward)
         setup = quant.materialize_quant_states
-    if lean_backward:
-        from lora_gui.models.lean_backward import lean_frozen_layers
-
-        lean_frozen_layers(model)
     vocab = cfg.vocab_size
 
     rows = batch_size * (2 if preference is not None else 1)  # a pair is two rows

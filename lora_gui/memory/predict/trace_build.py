@@ -25,9 +25,12 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, dropout: float,
-                 new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
+                 new_token_ids: list[int] | None = None, adapter: Any = None,
+                 lean_backward: bool = False) -> nn.Module:
     """The run's adapter (``adapter``: a :class:`lora_gui.models.adapters.AdapterSpec`; None:
-    plain LoRA) through the engine's own builder, with the rank, alpha and dropout given here."""
+    plain LoRA) through the engine's own builder, with the rank, alpha and dropout given here;
+    ``lean_backward``: then the layers an optimized run makes lean
+    (:func:`lora_gui.models.lean_backward.lean_frozen_layers`), as the engine does after its adapter."""
     import dataclasses
 
     from lora_gui.models.adapters import AdapterSpec, attach_adapter
@@ -42,7 +45,12 @@ def attach_lora(model: nn.Module, rank: int, alpha: float | None, targets: Any, 
     spec = dataclasses.replace((adapter or AdapterSpec()).for_trace(), rank=rank,
                                alpha=alpha if alpha is not None else rank, dropout=dropout)
     with quantized_dora():
-        return attach_adapter(model, spec, targets, tokens=tokens)
+        model = attach_adapter(model, spec, targets, tokens=tokens)
+    if lean_backward:
+        from lora_gui.models.lean_backward import lean_frozen_layers
+
+        lean_frozen_layers(model)
+    return model
 
 
 def materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -65,10 +73,12 @@ def materialize(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) 
 def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: torch.dtype,
                      lora_rank: int, lora_alpha: float | None, target_modules: Any,
                      lora_dropout: float = 0.0, loss_chunk: int = 0, lora: bool = True,
-                     new_token_ids: list[int] | None = None, adapter: Any = None) -> nn.Module:
+                     new_token_ids: list[int] | None = None, adapter: Any = None,
+                     lean_backward: bool = False) -> nn.Module:
     """Builds a causal LM from its config on the meta device and attaches LoRA (still meta);
     ``loss_chunk`` > 0 switches on the chunked loss as the engine does; ``lora=False`` leaves
-    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.predict.quant`)."""
+    LoRA to be attached later (after quantization, :mod:`lora_gui.memory.predict.quant`);
+    ``lean_backward`` as :func:`attach_lora`."""
     from transformers import AutoModelForCausalLM
 
     if attn_implementation not in ("eager", "sdpa", "windowed"):
@@ -86,7 +96,8 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         enable_chunked_loss(model, loss_chunk)
     if not lora:
         return model
-    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids, adapter)
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids, adapter,
+                       lean_backward)
 
 
 def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_alpha: float | None,
@@ -103,11 +114,7 @@ def build_unet(config: ModelConfig, *, dtype: torch.dtype, lora_rank: int, lora_
         unet = UNet2DConditionModel.from_config(cfg)
     nn.Module.to(unet, dtype)  # plain cast (diffusers' .to() warns about fp32 modules it has none of)
     unet.train()
-    unet = attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter)
-    if lean_backward:
-        from lora_gui.models.lean_backward import lean_frozen_layers
-
-        lean_frozen_layers(unet)
-    return unet
+    return attach_lora(unet, lora_rank, lora_alpha, target_modules, lora_dropout, adapter=adapter,
+                       lean_backward=lean_backward)
 
 
