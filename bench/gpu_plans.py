@@ -6,7 +6,8 @@ A lent GPU machine has minutes, not hours: the traces behind each row of ``bench
 The plans are the planner's own (the same functions, the same settings); the torch on the GPU
 machine may be another version than the one that traced them, and the check's output says which
 each side used. A key missing from the file is traced on the spot, and so is every key of a file
-written by another version of the planner (``meta.planner``: a hash of lora_gui/memory/predict).
+written by another version of the planner (``meta.planner``: a hash of lora_gui/memory/predict
+and of lora_gui/models, whose layers the traces run).
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from lora_gui.memory.predict.trace_result import TraceResult
 log = logging.getLogger(__name__)
 _PLANS: dict[str, Any] = {}
 _META: dict[str, Any] = {}
-_PREDICT = Path(__file__).resolve().parents[1] / "lora_gui" / "memory" / "predict"
+_PACKAGE = Path(__file__).resolve().parents[1] / "lora_gui"
+_PLANNED_BY = (_PACKAGE / "memory" / "predict", _PACKAGE / "models")  # the traces run both
 
 
 def planner_fingerprint() -> str:
-    """A hash of the prediction package's source: plans from other code are not this planner's."""
+    """A hash of the prediction package's source and of the model layers its traces run (lean
+    layers, autocast, fused LoRA, checkpointing): plans from other code are not this planner's."""
     digest = hashlib.sha256()
-    for path in sorted(_PREDICT.rglob("*.py")):
-        digest.update(path.relative_to(_PREDICT).as_posix().encode() + b"\0" + path.read_bytes())
+    for path in sorted(p for folder in _PLANNED_BY for p in folder.rglob("*.py")):
+        digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -8,11 +8,17 @@ which only the reentrant kind needs. That output then becomes a leaf of the grap
 it on the device until the backward ends (with offloaded checkpoints it would otherwise live only
 in host memory) and computes its gradient for nothing. Each is batch x sequence x hidden in the
 compute dtype: 8 KB a token for an 8B Llama in bf16, 2.8 GB at 340k tokens. The hook is removed.
+
+The recompute runs under the autocast its forward ran under, emulated or real
+(:func:`lora_gui.models.cuda_autocast.checkpoint_contexts`): a plan's trace of a GPU step
+recomputes what the card recomputes.
 """
 
 from __future__ import annotations
 
 from torch import nn
+
+from lora_gui.models.cuda_autocast import checkpoint, checkpoint_contexts
 
 
 def enable_checkpointing(model: nn.Module) -> None:
@@ -21,12 +27,13 @@ def enable_checkpointing(model: nn.Module) -> None:
     that non-reentrant checkpointing does not need (see the module doc)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if hasattr(base, "gradient_checkpointing_enable"):  # transformers
-        kwargs = {"use_reentrant": False}
+        kwargs = {"use_reentrant": False, "context_fn": checkpoint_contexts}
         if hasattr(base, "activation_checkpointing_enable"):  # the name since transformers 5.x
             base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if hasattr(base, "disable_input_require_grads"):
             base.disable_input_require_grads()
-    else:  # diffusers (non-reentrant by default)
-        base.enable_gradient_checkpointing()
+    else:  # diffusers: a module's own __call__, non-reentrant (as diffusers' default function)
+        base.enable_gradient_checkpointing(lambda module, *args: checkpoint(module.__call__, *args,
+                                                                            use_reentrant=False))

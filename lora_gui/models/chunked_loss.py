@@ -29,7 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from lora_gui.models.cuda_autocast import checkpoint
 
 IGNORE_INDEX = -100
 UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")  # Cohere, Granite: heads we do not mimic

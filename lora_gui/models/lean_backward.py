@@ -19,6 +19,11 @@ frozen some of that is never read, yet stays alive from the forward to the backw
   peft's cast is skipped and ``lora_A`` reads the input itself (the same values: the round
   trip is exact; without LoRA dropout, whose mask would be drawn in another dtype). Not for
   other adapter variants (DoRA, ...).
+- ``GroupNorm`` and ``LayerNorm`` under CUDA's autocast (a GPU run's mixed precision), which runs a
+  norm in float32, so a 16-bit input is cast to a float32 copy, which the norm keeps for its
+  backward (4 bytes a value). The norm keeps the 16-bit input instead and the backward
+  recomputes the copy (one exact cast): half the bytes, in every ResNet block, UNet transformer
+  block and DiT block (the DiTs' adaptive norms are LayerNorms).
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
@@ -47,6 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
+from lora_gui.models.cuda_autocast import autocast_dtype, norms_in_float32, same_autocast
+
 
 class _Sizes:
     """Stands in for a saved tensor whose values the backward never reads."""
@@ -64,20 +71,6 @@ class _Recompute:
 
     def __init__(self, fn: Any, arg: torch.Tensor) -> None:
         self.fn, self.arg = fn, arg
-
-
-def _same_autocast(fn: Any, device: str) -> Any:
-    """``fn`` as the forward ran it: under the same autocast, which a backward runs without (a
-    norm autocast computes in float32 must be recomputed in float32)."""
-    if not torch.is_autocast_enabled(device):
-        return fn
-    dtype = torch.get_autocast_dtype(device)
-
-    def under_autocast(arg: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device, dtype=dtype):
-            return fn(arg)
-
-    return under_autocast
 
 
 class _Swap:
@@ -129,27 +122,55 @@ class LeanConv2d(nn.Conv2d):
         if (self.padding_mode != "zeros" or not frozen or not input.requires_grad
                 or not torch.is_grad_enabled() or _other_hooks_active()):
             return super()._conv_forward(input, weight, bias)
-        device = input.device.type
-        if torch.is_autocast_enabled(device) and input.dtype != torch.get_autocast_dtype(device):
+        cast = autocast_dtype(input.device.type)
+        if cast is not None and input.dtype != cast:
             # the copy autocast would make for the convolution (and keep): made here, so that it
             # is the input this hook leaves out
-            input = input.to(torch.get_autocast_dtype(device))
+            input = input.to(cast)
         return _Swap(input, _Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
                                                 self.dilation, self.groups)
 
 
+def _to_float32(t: torch.Tensor) -> torch.Tensor:
+    return t.float()
+
+
+def _norm_in_float32(input: torch.Tensor, norm: Any) -> torch.Tensor:
+    """``norm(input)``; under CUDA's autocast, which runs norms in float32 and keeps the float32
+    copy of a 16-bit input it makes for them, the copy is made here and the 16-bit input kept
+    instead (the copy is recomputed, exactly, in the backward): half the bytes."""
+    half = input.dtype in (torch.float16, torch.bfloat16)
+    if (not half or not norms_in_float32(input.device.type) or not input.requires_grad
+            or not torch.is_grad_enabled() or _other_hooks_active()):
+        return norm(input)
+    wide = input.float()
+    return _Swap(wide, _Recompute(_to_float32, input)).run(norm, wide)
+
+
 class LeanGroupNorm(nn.GroupNorm):
     """``nn.GroupNorm`` whose output, when a :class:`LeanSiLU` reads it next, is recomputed
-    from the input in the backward instead of kept (the norm keeps its input anyway)."""
+    from the input in the backward instead of kept (the norm keeps its input anyway); under
+    CUDA's autocast it keeps its 16-bit input, not autocast's float32 copy (:func:`_norm_in_float32`)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        out = F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        out = _norm_in_float32(input, self.recompute)
         if out.requires_grad:
             out._lean_norm = (self, input)  # read by LeanSiLU; dies with the output
         return out
 
     def recompute(self, input: torch.Tensor) -> torch.Tensor:
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class LeanLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that under CUDA's autocast keeps its 16-bit input, not autocast's float32 copy
+    (:func:`_norm_in_float32`); without autocast, torch's own."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _norm_in_float32(input, self._plain)
+
+    def _plain(self, input: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class LeanSiLU(nn.SiLU):
@@ -161,7 +182,7 @@ class LeanSiLU(nn.SiLU):
         if norm is None or self.inplace or not torch.is_grad_enabled() or _other_hooks_active():
             return F.silu(input, inplace=self.inplace)
         module, source = norm
-        recompute = _same_autocast(module.recompute, input.device.type)
+        recompute = same_autocast(module.recompute, input.device.type)
         return _Swap(input, _Recompute(recompute, source)).run(F.silu, input)
 
 
@@ -211,10 +232,10 @@ def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: A
     if (not torch.is_grad_enabled() or self.disable_adapters or self.merged or self.lora_variant
             or all(a.weight.dtype == x.dtype for a in self.lora_A.values())):  # nothing is cast
         return inner(x, *args, **kwargs)
-    device = x.device.type
-    if torch.is_autocast_enabled(device):  # a GPU run's mixed precision
+    cast = autocast_dtype(x.device.type)
+    if cast is not None:  # a GPU run's mixed precision
         plain = all(isinstance(d, nn.Identity) for d in self.lora_dropout.values())
-        if not plain or x.dtype != torch.get_autocast_dtype(device):
+        if not plain or x.dtype != cast:
             return inner(x, *args, **kwargs)
         # autocast casts peft's float32 copy straight back to x's dtype for lora_A (the same
         # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
@@ -267,7 +288,7 @@ def _lean_geglu_class() -> type[nn.Module]:
                 return hidden * self.gelu(gate)
             act = F.gelu(gate)
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
-            recompute = _same_autocast(F.gelu, gate.device.type)
+            recompute = same_autocast(F.gelu, gate.device.type)
             return _Swap(act, _Recompute(recompute, gate)).run(torch.mul, hidden, act)
 
     LeanGEGLU.__name__ = LeanGEGLU.__qualname__ = "LeanGEGLU"
@@ -275,12 +296,13 @@ def _lean_geglu_class() -> type[nn.Module]:
 
 
 def lean_frozen_layers(module: nn.Module) -> int:
-    """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.SiLU`` and diffusers ``GEGLU`` in
-    ``module`` into its lean subclass, and gives plain peft LoRA ``Linear`` layers the lean
-    forward (same parameters, state dict and output; see the module doc). Call after the adapter
+    """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.SiLU`` and
+    diffusers ``GEGLU`` in ``module`` into its lean subclass, and gives plain peft LoRA
+    ``Linear`` layers the lean forward (same parameters, state dict and output; see the module
+    doc). Call after the adapter
     is attached (and after any other forward override). Returns how many layers changed."""
     swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
-                                      (nn.SiLU, LeanSiLU)]
+                                      (nn.LayerNorm, LeanLayerNorm), (nn.SiLU, LeanSiLU)]
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))

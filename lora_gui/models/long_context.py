@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from lora_gui.memory.runtime.tracker import mark_host, on_host
+from lora_gui.models.cuda_autocast import checkpoint
 from lora_gui.models.errors import ModelError
 
 log = logging.getLogger(__name__)

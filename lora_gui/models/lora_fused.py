@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lora_gui.models.cuda_autocast import autocast_dtype
+
 
 def _plain(layer: Any, x: torch.Tensor, result: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
     """The adapter's name when the fused path computes exactly what peft would, else None."""
@@ -27,7 +29,7 @@ def _plain(layer: Any, x: torch.Tensor, result: torch.Tensor, args: tuple, kwarg
     if not isinstance(layer.lora_dropout[name], nn.Identity) or layer.lora_B[name].bias is not None:
         return None
     same = x.dtype == result.dtype == layer.lora_A[name].weight.dtype
-    return name if same or torch.is_autocast_enabled(x.device.type) else None
+    return name if same or autocast_dtype(x.device.type) is not None else None
 
 
 def _fused_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

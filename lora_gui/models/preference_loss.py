@@ -97,7 +97,7 @@ def chunked_sequence_logps(hidden: torch.Tensor, labels: torch.Tensor, head: nn.
     """:func:`sequence_logps` of ``head(hidden)`` over ``chunk`` positions at a time: each chunk's
     logits are recomputed in backward (non-reentrant checkpointing), so at most one chunk's
     logits exist at once instead of the batch's (rows x seq x vocab)."""
-    from torch.utils.checkpoint import checkpoint
+    from lora_gui.models.cuda_autocast import checkpoint
 
     rows, seq = labels.shape
     targets = labels[:, 1:].reshape(-1)

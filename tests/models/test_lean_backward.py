@@ -168,7 +168,8 @@ def test_text_plan_and_estimate_follow_the_setting():
     """The trace of a bf16 CUDA step keeps less with the setting on; the closed-form estimate
     moves with it and stays within the band it keeps against the trace (15%, as
     tests/memory/test_estimate.py); with checkpointing (the layers step aside inside
-    checkpointed blocks) neither moves."""
+    checkpointed blocks) the traced peak does not move (under the plan's CUDA autocast the LoRA
+    layers still skip peft's float32 copy, a temporary: the allocator's reserve may shrink)."""
     from lora_gui.memory.predict.estimate import estimate_text_step
     from lora_gui.memory.predict.trace import trace_text_step
     from tests.memory.conftest import tiny_llama
@@ -179,7 +180,8 @@ def test_text_plan_and_estimate_follow_the_setting():
         off, on = (trace_text_step(tiny_llama(), lean_backward=lean, **kw) for lean in (False, True))
         e_off, e_on = (estimate_text_step(tiny_llama(), lean_backward=lean, **kw) for lean in (False, True))
         if gc:
-            assert on.peak_bytes == off.peak_bytes and e_on.peak_bytes == e_off.peak_bytes
+            assert on.traced_peak_bytes == off.traced_peak_bytes and on.peak_bytes <= off.peak_bytes
+            assert e_on.peak_bytes == e_off.peak_bytes
         else:
             assert on.breakdown["activations"] < 0.85 * off.breakdown["activations"]
             assert e_on.peak_bytes < e_off.peak_bytes
@@ -200,8 +202,9 @@ def _step_peak(model: nn.Module, autocast: bool) -> tuple[int, dict[str, torch.T
 def test_under_autocast_lora_reads_its_input_and_the_plan_stays_above():
     """A GPU run trains under autocast, which casts peft's float32 copy straight back to bf16 and
     keeps that per adapter; the lean layers skip peft's cast (the same gradients, bit for bit).
-    The plan traces the step without autocast: its peak (peft's forward with the lean layers)
-    stays above the autocast step's, with the engine's fused forward (the default) or without."""
+    The step without autocast (how a plan for a CPU traces a float32 run; plans for CUDA trace
+    under CUDA's own casts, tests/models/test_cuda_autocast.py) stays above the CPU autocast
+    step's peak, with the engine's fused forward (the default) or without."""
     from lora_gui.models.lora_fused import fuse_lora
 
     base = _tiny_llama_lora()
@@ -221,7 +224,7 @@ def test_under_autocast_lora_reads_its_input_and_the_plan_stays_above():
 def test_unet_under_autocast_same_gradients_less_memory_plan_above():
     """A GPU image run: bf16 UNet, float32 LoRA, under autocast (which runs some norms in float32:
     their recompute runs under the same autocast). The same gradients bit for bit; a lower
-    peak; and the plan's step (traced without autocast) stays above the autocast step's peak."""
+    peak; and the step without autocast (a CPU plan's) stays above the CPU autocast step's peak."""
     plain = build_sdxl_pipeline(seed=0).unet.to(torch.bfloat16)
     plain.requires_grad_(False)
     plain.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],

@@ -31,6 +31,7 @@ from lora_gui.memory.predict.trace import (
     _trace,
     as_dtype,
     attach_lora,
+    run_autocast,
 )
 
 VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling (a pipeline's own: models.dit.vae_factor)
@@ -174,7 +175,8 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         return loss
 
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
+                 autocast=run_autocast(device, dt))
     res.info.update(model_type=kind, batch_size=batch_size, resolution=(h, w), text_tokens=tokens,
                     image_tokens=(h // factor) * (w // factor), source="tracker" if not fake else "predicted")
     return res

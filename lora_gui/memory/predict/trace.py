@@ -81,6 +81,7 @@ from lora_gui.memory.predict.trace_result import (  # noqa: F401  (the names eve
     _Record,
 )
 from lora_gui.models.checkpointing import enable_checkpointing
+from lora_gui.models.cuda_autocast import forward_under
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
            gradient_checkpointing: bool, warm_steps: int,
            setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
            cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False,
-           long_context: dict[str, Any] | None = None) -> TraceResult:
+           long_context: dict[str, Any] | None = None, autocast: torch.dtype | None = None) -> TraceResult:
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
     ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
@@ -161,6 +162,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     the first of an optimizer step (gradient accumulation adds into them).
     ``long_context``: :func:`lora_gui.models.long_context.apply_long_context` switches; their host
     copies are counted apart (``info["host_bytes"]``), not in the device peak.
+    ``autocast``: the model's forward runs as a GPU run's does under that mixed precision
+    (:func:`lora_gui.models.cuda_autocast.forward_under`); None: no autocast.
     """
     from lora_gui.memory.predict import quant
     t0 = time.perf_counter()
@@ -191,7 +194,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         workspaces: list[int] = []  # bytes of each attention backward workspace (CUDA kernels)
         with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
                 kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8), \
-                adapter_always_on(fake), quantized_dora():
+                adapter_always_on(fake), quantized_dora(), forward_under(model, autocast):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0 and optimizer == "adamw":
@@ -210,7 +213,15 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
     result.info["sdpa_kernels"] = sorted(kernels)
     result.info["attention_workspace_bytes"] = max(workspaces, default=0)  # one layer's, largest
+    result.info["autocast"] = None if autocast is None else str(autocast).removeprefix("torch.")
     return result
+
+
+def run_autocast(device: str, dtype: torch.dtype) -> torch.dtype | None:
+    """The autocast a run trains under on ``device`` with frozen weights in ``dtype``: on a GPU
+    16-bit weights come with accelerate's mixed precision of the same dtype
+    (:func:`lora_gui.models.precision.weights_dtype`); a CPU run's weights are float32."""
+    return dtype if device == "cuda" and dtype in (torch.bfloat16, torch.float16) else None
 
 
 def _random_like(t: torch.Tensor) -> torch.Tensor:
@@ -413,7 +424,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                  packed_rows=mask == "packed", grads_before=grads_before,
                  long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
                                "embeddings_on_host": embeddings_on_host,
-                               "attention_head_groups": attention_head_groups})
+                               "attention_head_groups": attention_head_groups},
+                 autocast=run_autocast(device, as_dtype(dtype)))
     kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",
@@ -511,7 +523,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
         return loss
 
     res = _trace(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps)
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
+                 autocast=run_autocast(device, dt))
     kernel = "+".join(res.info["sdpa_kernels"]) if attention == "sdpa" else "eager"
     res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w), kernel=kernel,
                     source="tracker" if not fake else "predicted")
