@@ -24,6 +24,11 @@ frozen some of that is never read, yet stays alive from the forward to the backw
   backward (4 bytes a value). The norm keeps the 16-bit input instead and the backward
   recomputes the copy (one exact cast): half the bytes, in every ResNet block, UNet transformer
   block and DiT block (the DiTs' adaptive norms are LayerNorms).
+- an RMSNorm (transformers' Llama, Qwen, Mistral, Gemma ...; diffusers' q / k norms of SD3 and
+  Flux) casts its 16-bit input to float32 and its ``pow`` and product keep that copy (4 bytes a
+  value; diffusers' keeps the 16-bit input as well). The 16-bit input is kept instead and the
+  copy recomputed (one exact cast): in a decoder layer without checkpointing, 2 of the 4 bytes a
+  value of each of its two norms' inputs; in a DiT's q / k norms, all 4.
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
@@ -51,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from lora_gui.models.cuda_autocast import autocast_dtype, norms_in_float32, same_autocast
 
@@ -227,25 +234,49 @@ def _no_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
+class _SharedCasts:
+    """Pack hook for one peft LoRA layer's forward under autocast when its input ``x`` is float32
+    (a float32 norm's output under CUDA's autocast, read by q, k and v): each adapter still casts
+    ``x`` to 16 bits itself, as autocast would (the same graph, the same gradients), but what
+    ``lora_A`` keeps of its copy is the first copy of ``x`` any layer kept: the values are equal,
+    so one copy is kept where autocast keeps one per adapter."""
+
+    __slots__ = ("dtype", "made", "x")
+
+    def __init__(self, x: torch.Tensor, dtype: torch.dtype) -> None:
+        self.x: torch.Tensor | None = x
+        self.dtype = dtype
+        self.made: dict[int, torch.Tensor] = {}  # id -> this layer's own copies of x
+
+    def cast(self, t: torch.Tensor, _adapter_dtype: torch.dtype) -> torch.Tensor:
+        copy = t.to(self.dtype)  # what autocast makes for lora_A
+        if t is self.x:
+            self.made[id(copy)] = copy
+        return copy
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t if t._base is None else t._base  # the matmul may save a 2D view of the copy
+        if self.made.get(id(base)) is not base or self.x is None:
+            return t
+        first = _FIRST_COPIES.get(self.x)
+        if first is None or first.shape != base.shape or first.stride() != base.stride():
+            _FIRST_COPIES[self.x] = base  # this one is kept: later layers keep it too
+            return t
+        return first if t is base else first.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+_FIRST_COPIES = WeakIdKeyDictionary()  # a float32 input -> the 16-bit copy of it a LoRA layer kept
+
+
 def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     inner = self._lean_inner_forward
-    if (not torch.is_grad_enabled() or self.disable_adapters or self.merged or self.lora_variant
-            or all(a.weight.dtype == x.dtype for a in self.lora_A.values())):  # nothing is cast
+    if not torch.is_grad_enabled() or self.disable_adapters or self.merged or self.lora_variant:
         return inner(x, *args, **kwargs)
     cast = autocast_dtype(x.device.type)
     if cast is not None:  # a GPU run's mixed precision
-        plain = all(isinstance(d, nn.Identity) for d in self.lora_dropout.values())
-        if not plain or x.dtype != cast:
-            return inner(x, *args, **kwargs)
-        # autocast casts peft's float32 copy straight back to x's dtype for lora_A (the same
-        # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
-        self._cast_input_dtype = _no_cast
-        try:
-            return inner(x, *args, **kwargs)
-        finally:
-            del self._cast_input_dtype
-    if _other_hooks_active():
-        return inner(x, *args, **kwargs)
+        return _lora_under_autocast(self, inner, x, cast, args, kwargs)
+    if all(a.weight.dtype == x.dtype for a in self.lora_A.values()) or _other_hooks_active():
+        return inner(x, *args, **kwargs)  # nothing is cast / checkpointing decides
     casts = _Casts()
     self._cast_input_dtype = lambda t, dtype: casts.cast(self, t, dtype)
     try:
@@ -254,6 +285,84 @@ def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: A
     finally:
         del self._cast_input_dtype  # the class's own method again
         casts.made.clear()  # autograd keeps the pack hook: it must not keep the copies
+
+
+def _lora_under_autocast(self: nn.Module, inner: Any, x: torch.Tensor, cast: torch.dtype, args: tuple,
+                         kwargs: dict) -> torch.Tensor:
+    plain = all(isinstance(d, nn.Identity) for d in self.lora_dropout.values())
+    if not plain:  # a dropout mask would be drawn in another dtype
+        return inner(x, *args, **kwargs)
+    if x.dtype == cast:
+        # autocast casts peft's float32 copy straight back to x's dtype for lora_A (the same
+        # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
+        self._cast_input_dtype = _no_cast
+        try:
+            return inner(x, *args, **kwargs)
+        finally:
+            del self._cast_input_dtype
+    if x.dtype != torch.float32 or _other_hooks_active():
+        return inner(x, *args, **kwargs)
+    shared = _SharedCasts(x, cast)
+    self._cast_input_dtype = shared.cast
+    try:
+        with saved_tensors_hooks(shared.pack, _unpack):
+            return inner(x, *args, **kwargs)
+    finally:
+        del self._cast_input_dtype
+        shared.made.clear()  # autograd keeps the pack hook: it must not keep the copies or x
+        shared.x = None
+
+
+class _Upcasts(TorchFunctionMode):
+    """Watches one norm's forward: the float32 copies it makes of its 16-bit input (``x.float()``,
+    ``x.to(torch.float32)``), which its ops then save, leave as recomputes of that cast."""
+
+    def __init__(self, source: torch.Tensor) -> None:
+        super().__init__()
+        self.source: torch.Tensor | None = source
+        self.copies: dict[int, torch.Tensor] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 (torch API)
+        out = func(*args, **(kwargs or {}))
+        if (func in _UPCASTS and args and args[0] is self.source and isinstance(out, torch.Tensor)
+                and out.dtype == torch.float32 and out is not self.source):
+            self.copies[id(out)] = out
+        return out
+
+    def pack(self, t: torch.Tensor) -> object:
+        if self.copies.get(id(t)) is t:
+            return _Recompute(_to_float32, self.source)
+        return t
+
+
+_UPCASTS = (torch.Tensor.to, torch.Tensor.float)
+
+
+def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    inner = self._lean_inner_forward
+    if (x.dtype not in (torch.float16, torch.bfloat16) or not x.requires_grad or not torch.is_grad_enabled()
+            or _other_hooks_active()):
+        return inner(x, *args, **kwargs)
+    watch = _Upcasts(x)
+    try:
+        with watch, saved_tensors_hooks(watch.pack, _unpack):
+            return inner(x, *args, **kwargs)
+    finally:
+        watch.copies.clear()  # autograd keeps the pack hook: it must not keep the copies
+        watch.source = None
+
+
+def _lean_rms_norms(module: nn.Module) -> int:
+    """Gives every RMSNorm (transformers' ``*RMSNorm`` of Llama, Qwen, Mistral, Gemma...,
+    diffusers' ``RMSNorm`` of the DiTs' q / k norms) the forward above. Returns how many."""
+    count = 0
+    for m in module.modules():
+        if (type(m).__name__.endswith("RMSNorm") and not isinstance(m, nn.RMSNorm)
+                and "_lean_inner_forward" not in m.__dict__):
+            m._lean_inner_forward = m.forward
+            m.forward = types.MethodType(_lean_rms_forward, m)
+            count += 1
+    return count
 
 
 def _lean_lora_layers(module: nn.Module) -> int:
@@ -306,7 +415,7 @@ def lean_frozen_layers(module: nn.Module) -> int:
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))
-    count = _lean_lora_layers(module)
+    count = _lean_lora_layers(module) + _lean_rms_norms(module)
     for m in module.modules():
         for plain, lean in swaps:
             if type(m) is plain:  # exact type: a subclass may change what its forward computes

@@ -10,7 +10,8 @@ against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
   branch saves its input, cast to float32 (one copy per adapted module when ``dtype`` is not
   float32; shared when it is; with ``lean_backward`` the ``dtype`` input itself, shared, the
   copy recomputed), plus the rank-r output of ``lora_A`` (4*r bytes per token);
-- RMSNorm saves its float32 input copy and a float32 rsqrt per token;
+- RMSNorm saves its float32 input copy (with ``lean_backward``: the ``dtype`` input, the copy
+  recomputed) and a float32 rsqrt per token;
 - SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token);
 - SDPA (flash / memory-efficient on CUDA, flash on CPU) saves q, k, v, out and a float32
   logsumexp: no S x S term. Eager saves the float32 softmax and its ``dtype`` copy
@@ -104,13 +105,15 @@ def _variant(adapter: Any, s: dict[str, int], d: int, targets: tuple[str, ...], 
 
 
 def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
-                           seq: int, variant: dict[str, Any] | None = None, lean: bool = False) -> int:
+                           seq: int, variant: dict[str, Any] | None = None, lean: bool = False,
+                           lean_norms: bool = False) -> int:
     """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute);
     ``lean``: plain LoRA keeps its ``d``-byte input once per distinct input instead of a float32
-    copy per adapted module (:mod:`lora_gui.models.lean_backward`)."""
+    copy per adapted module; ``lean_norms``: the RMSNorms keep their ``d``-byte input instead of
+    its float32 copy (:mod:`lora_gui.models.lean_backward`)."""
     h, i, q, kv, nh = s["h"], s["I"], s["q"], s["kv"], s["nh"]
     dims = _linear_dims(s)
-    total = 2 * (F32 * h + F32)  # two RMSNorms: float32 input copy + rsqrt
+    total = 2 * ((d if lean_norms else F32) * h + F32)  # two RMSNorms: float32 input copy + rsqrt
     total += 3 * d * i  # SwiGLU: gate (for act), act(gate) and up (for the product)
     total += d * q + d * kv  # rotated q and k
     if attn == "sdpa":
@@ -251,12 +254,14 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     keys = min(seq_len, attention_window) if attention_window else seq_len  # key positions per query
     variant = _variant(adapter, s, d, targets, lora_rank, optimizer, params) if family else None
     lean = lean_backward and variant is None and not gradient_checkpointing and not mlp_chunk
+    lean_norm = lean_backward and d != F32  # outside checkpointed layers (the final norm): always
     if family:
-        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant, lean)
+        layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant, lean,
+                                       lean_norm and not gradient_checkpointing)
         layer += q["saved_per_token"]
     else:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
-    head_in = F32 * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin (shared)
+    head_in = (d if lean_norm else F32) * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin
     temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
     if loss_chunk:  # one chunk's logits, plus the hidden-state gradient kept and then scaled
         # fused loss: a chunk's logits (d bytes), float32 log-probs and their gradient (8 bytes)
