@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import types
 
 import pytest
 from PIL import Image
@@ -143,3 +144,32 @@ def test_disk_and_ram_caches_give_the_same_inputs(tmp_path):
     a, b = ram.batch((0, 1), torch.float32), disk.batch((0, 1), torch.float32)
     assert a.latents.shape == (2, 4, 64, 64) and a.hidden.shape[:2] == (2, 77)
     assert torch.equal(a.latents, b.latents) and torch.equal(a.hidden, b.hidden)
+
+
+def test_the_ram_cache_holds_each_caption_once(tmp_path):
+    """Images sharing a caption (one instance prompt) share its cached embeddings: the same
+    tensors (not copies) and the same values as encoding it for each image; the run's plan
+    counts each distinct caption once."""
+    import dataclasses
+
+    import torch
+
+    from lora_gui.data.build_images import build
+    from lora_gui.engine.image.inputs import InputSource
+    from lora_gui.memory.predict.image_run import distinct_captions
+    from lora_gui.models.diffusion import load_image_model, resolve_pipeline_source
+
+    items = images.load_image_folder(build(tmp_path / "pics", count=3)[0].parent)
+    items = [dataclasses.replace(item, caption="a photo of sks star") for item in items[:2]] + items[2:]
+    buckets = [(256, 256)] * 3
+    model = load_image_model(resolve_pipeline_source("builtin"))
+    cpu = torch.device("cpu")
+    ram = InputSource(model, items, buckets, "ram", cpu)
+    disk = InputSource(model, items, buckets, "disk", cpu, tmp_path / "cache")
+    ram.build_cache()
+    disk.build_cache()
+    assert ram._ram[0].hidden is ram._ram[1].hidden and ram._ram[2].hidden is not ram._ram[0].hidden
+    assert not torch.equal(ram._ram[0].latents, ram._ram[1].latents)  # the pictures differ
+    a, b = ram.batch((0, 1, 2), torch.float32), disk.batch((0, 1, 2), torch.float32)
+    assert torch.equal(a.hidden, b.hidden) and torch.equal(a.latents, b.latents)
+    assert distinct_captions(types.SimpleNamespace(train=items)) == 2

@@ -6,10 +6,11 @@ Two ways to get them, one switch (``cache_latents``):
   encoder and the text encoder(s). Costs: VAE + text-encoder weights resident on the device all
   run long, and their compute every step. Saves: nothing (no RAM or disk for a cache).
 - ``ram`` / ``disk`` (optimized): one pass encodes every image once (latent distribution
-  sampled once with a seeded generator, as diffusers' and kohya's caches do) and every distinct
-  caption once; afterwards the VAE and text encoders are freed. Saves: their weights and compute
-  for the whole run. Costs: the one-time pass, host RAM (4 x (H/8) x (W/8) floats per image:
-  64 KiB at 512 px) or disk, and no per-step augmentation of the pixels.
+  sampled once with a seeded generator, as diffusers' and kohya's caches do) and every caption;
+  in RAM each distinct caption's embeddings are held once. Afterwards the VAE and text encoders
+  are freed. Saves: their weights and compute for the whole run. Costs: the one-time pass, host
+  RAM (4 x (H/8) x (W/8) floats per image: 64 KiB at 512 px, plus the embeddings of each
+  distinct caption) or disk, and no per-step augmentation of the pixels.
 
 The held-out set is always encoded once, square at the run's resolution, with the latent mean,
 so that eval_loss is the same computation in every mode.
@@ -75,11 +76,16 @@ class InputSource:
         gen = torch.Generator().manual_seed(CACHE_SEED)
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
+        prompts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # caption -> its embeddings
         for i, (item, bucket) in enumerate(zip(self.items, self.buckets, strict=True)):
             enc = encode_images(self.model, [item], [bucket], self.device, sample=True,
                                 generator=gen if self.device.type == "cpu" else None)
             enc = Encoded(*(None if t is None else t[0].detach().to("cpu", torch.float32) for t in
                             (enc.latents, enc.hidden, enc.pooled, enc.time_ids)))
+            # a caption's embeddings do not depend on the image: held once per distinct caption
+            # (one instance prompt for every image: one copy, not one per image; T5 embeddings
+            # are 8 MiB an image at 512 tokens in float32)
+            enc.hidden, enc.pooled = prompts.setdefault(item.caption, (enc.hidden, enc.pooled))
             if self.mode == "disk":
                 save_file({k: v for k, v in vars(enc).items() if v is not None}, self._path(i))
             else:

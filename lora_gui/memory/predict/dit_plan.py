@@ -56,6 +56,7 @@ def text_cache_bytes(images: int, text_tokens: int, width: int, pooled: int = 0)
 def check_text_cache(cache_mode: str, images: int, text_tokens: int, width: int, ram_budget_bytes: int,
                      pooled: int = 0) -> int:
     """Refuses a RAM cache of text embeddings larger than the RAM budget; returns its bytes.
+    ``images``: the distinct captions (the cache holds each one's embeddings once).
 
     Raises:
         ConfigError: naming the bytes, the budget and the disk cache that avoids it.
@@ -63,9 +64,10 @@ def check_text_cache(cache_mode: str, images: int, text_tokens: int, width: int,
     need = text_cache_bytes(images, text_tokens, width, pooled)
     if cache_mode == "ram" and need > ram_budget_bytes:
         raise ConfigError(
-            f"cache_latents: the T5 / CLIP embeddings of {images} images ({text_tokens} tokens x {width} "
-            f"floats each) need {need / 1e9:.2f} GB of RAM, more than the {ram_budget_bytes / 1e9:.2f} GB "
-            "available; set cache_latents=disk to keep them on disk (or lower text_max_length)")
+            f"cache_latents: the T5 / CLIP embeddings of {images} distinct captions ({text_tokens} "
+            f"tokens x {width} floats each) need {need / 1e9:.2f} GB of RAM, more than the "
+            f"{ram_budget_bytes / 1e9:.2f} GB available; set cache_latents=disk to keep them on disk "
+            "(or lower text_max_length)")
     return need
 
 

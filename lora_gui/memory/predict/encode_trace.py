@@ -110,16 +110,20 @@ def trace_encode_peak(model, buckets: Sequence[tuple[int, int]], device: torch.d
 
 def held_bytes(*, train_buckets: Sequence[tuple[int, int]], eval_images: int, resolution: int,
                latent_channels: int, vae_factor: int, text_tokens: int, text_width: int,
-               pooled: int, embed_dtype: torch.dtype, cache_mode: str) -> int:
+               pooled: int, embed_dtype: torch.dtype, cache_mode: str, train_captions: int | None = None,
+               time_ids: int = 0) -> int:
     """Host bytes the run keeps between steps: the encoded held-out set (latents float32, text
     embeddings in the encoders' dtype) and, with ``cache_latents=ram``, every training image's
-    cached latents and embeddings (float32)."""
+    cached latents (and ``time_ids`` values) and each of its ``train_captions`` distinct captions'
+    embeddings (float32; None: one caption per image)."""
     size = torch.empty((), dtype=embed_dtype).element_size()
     lat = lambda w, h: latent_channels * (h // vae_factor) * (w // vae_factor) * 4  # noqa: E731
-    held = eval_images * (lat(resolution, resolution) + (text_tokens * text_width + pooled) * size)
+    prompt = text_tokens * text_width + pooled  # values of one caption's embeddings
+    held = eval_images * (lat(resolution, resolution) + (prompt + time_ids) * size)
     if cache_mode == "ram":
-        held += sum(lat(w, h) + (text_tokens * text_width + pooled) * CACHE_BYTES_PER_VALUE
-                    for w, h in train_buckets)
+        captions = len(train_buckets) if train_captions is None else train_captions
+        held += sum(lat(w, h) + time_ids * CACHE_BYTES_PER_VALUE for w, h in train_buckets)
+        held += captions * prompt * CACHE_BYTES_PER_VALUE
     return held
 
 

@@ -95,6 +95,11 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
     return out
 
 
+def distinct_captions(data: ImageData) -> int:
+    """Captions a RAM cache holds embeddings for: one per distinct caption of the training set."""
+    return len({item.caption for item in data.train})
+
+
 def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.device) -> int:
     """What an SD 1.x / SDXL run on a CPU keeps between steps (source: predicted), where the host
     is the device: the cached latents and prompt embeddings of every training image and the
@@ -106,9 +111,9 @@ def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: 
 
     conf = model.unet.config
     width = conf.cross_attention_dim
-    pooled = 0
+    pooled = time_ids = 0
     if model.kind == "sdxl":
-        pooled = int(model.text_encoders[-1].config.projection_dim) + 6  # text_embeds + time ids
+        pooled, time_ids = int(model.text_encoders[-1].config.projection_dim), 6  # text_embeds, time ids
     embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
     return held_bytes(
         train_buckets=[data.buckets[i] for i in range(len(data.train))], eval_images=len(data.held_out),
@@ -116,7 +121,8 @@ def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: 
         vae_factor=dit.vae_factor(model.vae.config.block_out_channels),
         text_tokens=int(model.tokenizers[0].model_max_length),
         text_width=int(max(width) if isinstance(width, (list, tuple)) else width), pooled=pooled,
-        embed_dtype=embed_dtype, cache_mode=cfg.resolved_cache_latents())
+        embed_dtype=embed_dtype, cache_mode=cfg.resolved_cache_latents(), time_ids=time_ids,
+        train_captions=distinct_captions(data))
 
 
 def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list[tuple[int, int]],
@@ -263,7 +269,7 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
     text_tokens = model.info["text_tokens"]
     width = int(config.get("joint_attention_dim", 4096))
     cache = cfg.resolved_cache_latents()
-    check_text_cache(cache, len(data.train), text_tokens, width,
+    check_text_cache(cache, distinct_captions(data), text_tokens, width,
                      host_ram_bytes() if ram_budget is None else ram_budget)
     resident = 0 if cache != "off" else sum(
         p.numel() * p.element_size() for m in (model.vae, *model.text_encoders) for p in m.parameters())
@@ -331,7 +337,8 @@ def run_peak(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.d
         resolution=cfg.resolution, latent_channels=int(model.vae.config.latent_channels),
         vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
         text_width=int(conf.get("joint_attention_dim", 4096)),
-        pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache)
+        pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache,
+        train_captions=distinct_captions(data))
     encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held, optimizer_bytes)
     if encoding > step_peak + held:
         log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
