@@ -179,11 +179,12 @@ class RunConfig(PreferenceSettings):
                               "(traditional), adaptive (optimized).", "image",
                               choices=("auto", "fixed", "adaptive"))
     lean_backward: str = option("auto", "Keep for the backward only what it reads: LoRA layers keep "
-                                "their 16-bit input instead of a float32 copy per adapter (bf16 / "
-                                "fp16 runs); in a UNet, frozen convolutions keep no input and the "
-                                "normalised and GELU activations are recomputed instead of kept. "
-                                "The same gradients, less memory; auto: off (traditional), on "
-                                "(optimized).", "memory", choices=("auto", "off", "on"))
+                                "their 16-bit input once instead of a copy per adapter, and norms "
+                                "their 16-bit input instead of a float32 copy (bf16 / fp16 runs); "
+                                "in a UNet, frozen convolutions keep no input and the normalised "
+                                "and GELU activations are recomputed instead of kept. The same "
+                                "gradients, less memory; auto: off (traditional), on (optimized).",
+                                "memory", choices=("auto", "off", "on"))
     batch_table: str = option("512:8,768:4,1024:2,1536:1", "Image, adaptive batch without a budget: "
                               "micro-batch per resolution (a 24 GB card); a bucket uses the entry "
                               "of the smallest resolution whose area covers it.", "image")
