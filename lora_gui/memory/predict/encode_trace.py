@@ -111,11 +111,13 @@ def trace_encode_peak(model, buckets: Sequence[tuple[int, int]], device: torch.d
 def held_bytes(*, train_buckets: Sequence[tuple[int, int]], eval_images: int, resolution: int,
                latent_channels: int, vae_factor: int, text_tokens: int, text_width: int,
                pooled: int, embed_dtype: torch.dtype, cache_mode: str, train_captions: int | None = None,
-               time_ids: int = 0) -> int:
+               time_ids: int = 0, caching_pass: bool = False) -> int:
     """Host bytes the run keeps between steps: the encoded held-out set (latents float32, text
     embeddings in the encoders' dtype) and, with ``cache_latents=ram``, every training image's
     cached latents (and ``time_ids`` values) and each of its ``train_captions`` distinct captions'
-    embeddings (float32; None: one caption per image)."""
+    embeddings (float32; None: one caption per image). ``caching_pass``: at the caching pass's
+    peak instead, where a repeated caption's fresh embeddings are alive beside the kept ones until
+    the cache drops them for the kept copy: one caption more."""
     size = torch.empty((), dtype=embed_dtype).element_size()
     lat = lambda w, h: latent_channels * (h // vae_factor) * (w // vae_factor) * 4  # noqa: E731
     prompt = text_tokens * text_width + pooled  # values of one caption's embeddings
@@ -123,7 +125,8 @@ def held_bytes(*, train_buckets: Sequence[tuple[int, int]], eval_images: int, re
     if cache_mode == "ram":
         captions = len(train_buckets) if train_captions is None else train_captions
         held += sum(lat(w, h) + time_ids * CACHE_BYTES_PER_VALUE for w, h in train_buckets)
-        held += captions * prompt * CACHE_BYTES_PER_VALUE
+        repeated = caching_pass and captions < len(train_buckets)
+        held += (captions + repeated) * prompt * CACHE_BYTES_PER_VALUE
     return held
 
 

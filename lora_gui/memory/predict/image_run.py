@@ -86,9 +86,11 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
             cfg, unet_config, data.buckets, model.tokenizers[0].model_max_length, resident, budget,
             device.type, weights_dtype, world_size, resolve_pipeline_source(cfg.model))
         encoders = training_bytes(model, cfg, traced.info.get("batch_size") or 1, weights_dtype, device.type)
-        held = unet_held_bytes(cfg, model, data, device)  # beside the step and the caching pass alike
-        traced.info["encoding_pass_bytes"] = traced.info.get("encoding_pass_bytes", 0) + held
-        out.peak_bytes, out.step = predicted + held + encoders, traced
+        held = unet_held_bytes(cfg, model, data, device)  # beside the step
+        encoding = traced.info.get("encoding_pass_bytes", 0) + unet_held_bytes(cfg, model, data, device,
+                                                                                caching_pass=True)
+        traced.info["encoding_pass_bytes"] = encoding
+        out.peak_bytes, out.step = max(predicted + held + encoders, encoding), traced
         out.train_peak_bytes = traced.info["train_peak_bytes"] + held + encoders
     except (ValueError, NotImplementedError, RuntimeError) as err:  # prediction is advisory
         log.warning("no memory prediction for %s: %s", cfg.model, err)
@@ -100,11 +102,13 @@ def distinct_captions(data: ImageData) -> int:
     return len({item.caption for item in data.train})
 
 
-def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.device) -> int:
+def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.device,
+                    caching_pass: bool = False) -> int:
     """What an SD 1.x / SDXL run on a CPU keeps between steps (source: predicted), where the host
     is the device: the cached latents and prompt embeddings of every training image and the
-    encoded held-out set (SDXL: with the pooled embedding and the 6 micro-conditioning ids).
-    0 on a GPU, whose cache is in host RAM."""
+    encoded held-out set (SDXL: with the pooled embedding and the 6 micro-conditioning ids);
+    ``caching_pass``: at the caching pass's peak (``encode_trace.held_bytes``). 0 on a GPU, whose
+    cache is in host RAM."""
     if device.type == "cuda":
         return 0
     from lora_gui.memory.predict.encode_trace import held_bytes
@@ -122,7 +126,7 @@ def unet_held_bytes(cfg: RunConfig, model: ImageModel, data: ImageData, device: 
         text_tokens=int(model.tokenizers[0].model_max_length),
         text_width=int(max(width) if isinstance(width, (list, tuple)) else width), pooled=pooled,
         embed_dtype=embed_dtype, cache_mode=cfg.resolved_cache_latents(), time_ids=time_ids,
-        train_captions=distinct_captions(data))
+        train_captions=distinct_captions(data), caching_pass=caching_pass)
 
 
 def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list[tuple[int, int]],
@@ -332,14 +336,14 @@ def run_peak(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.d
     cache = cfg.resolved_cache_latents()
     conf = dict(model.unet.config)
     embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
-    held = 0 if device.type == "cuda" else held_bytes(
+    held, caching = (0 if device.type == "cuda" else held_bytes(
         train_buckets=[data.buckets[i] for i in range(len(data.train))], eval_images=len(data.held_out),
         resolution=cfg.resolution, latent_channels=int(model.vae.config.latent_channels),
         vae_factor=int(model.noise_scheduler.vae_scale_factor), text_tokens=int(model.info["text_tokens"]),
         text_width=int(conf.get("joint_attention_dim", 4096)),
         pooled=int(conf.get("pooled_projection_dim", 0)), embed_dtype=embed_dtype, cache_mode=cache,
-        train_captions=distinct_captions(data))
-    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, held, optimizer_bytes)
+        train_captions=distinct_captions(data), caching_pass=pass_peak) for pass_peak in (False, True))
+    encoding = encoding_pass_bytes(cfg, model, data.buckets, device, caching, optimizer_bytes)
     if encoding > step_peak + held:
         log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
                  "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)
