@@ -166,4 +166,8 @@ def test_the_unet_run_takes_the_encoding_pass_when_it_is_higher(monkeypatch):
     held = plain.peak_bytes - plain.step.info["train_peak_bytes"]
     assert held > 0
     monkeypatch.setattr(image_run, "unet_encoding_pass", lambda *a: plain.peak_bytes + 12345)
-    assert predict(cfg, device="cpu").peak_bytes == plain.peak_bytes + 12345 + held
+    higher = predict(cfg, device="cpu")
+    # the pass's peak holds what the step does, and a repeated caption's fresh embeddings (77 x
+    # 64 floats here: the demo pictures repeat captions) before the cache drops them
+    assert higher.peak_bytes == higher.step.info["encoding_pass_bytes"]
+    assert higher.peak_bytes - (plain.peak_bytes + 12345 + held) == 77 * 64 * 4
