@@ -125,21 +125,29 @@ def test_pixels_are_in_the_vae_range_and_bucket_shaped(tmp_path):
     assert corner[0] == 0 and corner[1] >= 0
 
 
-def test_disk_and_ram_caches_give_the_same_inputs(tmp_path):
+def _ram_and_disk_caches(items, buckets, tmp_path):
+    """The built-in model's RAM and disk caches of ``items``, built."""
     import torch
 
-    from lora_gui.data.build_images import build
     from lora_gui.engine.image.inputs import InputSource
     from lora_gui.models.diffusion import load_image_model, resolve_pipeline_source
 
-    items = images.load_image_folder(build(tmp_path / "pics", count=2)[0].parent)
-    buckets = [(512, 512), (512, 512)]
     model = load_image_model(resolve_pipeline_source("builtin"))
     cpu = torch.device("cpu")
     ram = InputSource(model, items, buckets, "ram", cpu)
     disk = InputSource(model, items, buckets, "disk", cpu, tmp_path / "cache")
     ram.build_cache()
     disk.build_cache()
+    return ram, disk
+
+
+def test_disk_and_ram_caches_give_the_same_inputs(tmp_path):
+    import torch
+
+    from lora_gui.data.build_images import build
+
+    items = images.load_image_folder(build(tmp_path / "pics", count=2)[0].parent)
+    ram, disk = _ram_and_disk_caches(items, [(512, 512), (512, 512)], tmp_path)
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
     a, b = ram.batch((0, 1), torch.float32), disk.batch((0, 1), torch.float32)
     assert a.latents.shape == (2, 4, 64, 64) and a.hidden.shape[:2] == (2, 77)
@@ -155,19 +163,11 @@ def test_the_ram_cache_holds_each_caption_once(tmp_path):
     import torch
 
     from lora_gui.data.build_images import build
-    from lora_gui.engine.image.inputs import InputSource
     from lora_gui.memory.predict.image_run import distinct_captions
-    from lora_gui.models.diffusion import load_image_model, resolve_pipeline_source
 
     items = images.load_image_folder(build(tmp_path / "pics", count=3)[0].parent)
     items = [dataclasses.replace(item, caption="a photo of sks star") for item in items[:2]] + items[2:]
-    buckets = [(256, 256)] * 3
-    model = load_image_model(resolve_pipeline_source("builtin"))
-    cpu = torch.device("cpu")
-    ram = InputSource(model, items, buckets, "ram", cpu)
-    disk = InputSource(model, items, buckets, "disk", cpu, tmp_path / "cache")
-    ram.build_cache()
-    disk.build_cache()
+    ram, disk = _ram_and_disk_caches(items, [(256, 256)] * 3, tmp_path)
     assert ram._ram[0].hidden is ram._ram[1].hidden and ram._ram[2].hidden is not ram._ram[0].hidden
     assert not torch.equal(ram._ram[0].latents, ram._ram[1].latents)  # the pictures differ
     a, b = ram.batch((0, 1, 2), torch.float32), disk.batch((0, 1, 2), torch.float32)
