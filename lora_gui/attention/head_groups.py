@@ -69,9 +69,13 @@ def grouped_attention(fn: Callable[..., tuple[Tensor, Any]], module: nn.Module, 
 
 
 def with_head_groups(fn: Callable[..., tuple[Tensor, Any]]) -> Callable[..., tuple[Tensor, Any]]:
-    """``fn`` wrapped so that a module with ``attention_head_groups`` > 1 runs it in groups."""
-    if getattr(fn, _WRAPPED, False):
-        return fn
+    """``fn`` wrapped so that a module with ``attention_head_groups`` > 1 runs it in groups
+    (``fn`` itself when it already is, under other wrappers too)."""
+    inner = fn
+    while inner is not None:  # wrappers of the same function (lora_gui.attention.documents)
+        if getattr(inner, _WRAPPED, False):
+            return fn
+        inner = getattr(inner, "__wrapped__", None)
 
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:

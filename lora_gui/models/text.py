@@ -14,6 +14,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from lora_gui.attention.documents import enable_document_attention
 from lora_gui.config import BUILTIN_MODEL_DIR, ConfigError, RunConfig
 from lora_gui.models.errors import ModelError  # noqa: F401  (re-exported: callers import it here)
 
@@ -90,7 +91,8 @@ def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.f
 
 def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float32,
                    device: torch.device | None = None):
-    """The base model with the run's attention: its kernel, and the window when asked for.
+    """The base model with the run's attention: its kernel, and the window when asked for;
+    with sdpa, packed rows attend each document on its own (lora_gui.attention.documents).
 
     Windowed attention support is checked on the config before any weight is loaded. ``dtype`` is
     the frozen weights' dtype (bf16 on GPUs that train in bf16: half the memory of fp32); with
@@ -123,6 +125,8 @@ def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float
         from lora_gui.attention import enable_windowed_attention
 
         enable_windowed_attention(model, cfg.window, cfg.global_tokens, max_seq_len=cfg.max_seq_len)
+    # packed rows: each document's own causal SDPA call, not a dense block mask (sdpa only)
+    enable_document_attention(model)
     return model
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lora_gui.attention.documents import enable_document_attention
 from lora_gui.memory.predict.adapter_trace import quantized_dora
 from lora_gui.memory.predict.model_configs import ModelConfig
 
@@ -94,6 +95,7 @@ def build_text_model(config: ModelConfig, *, attn_implementation: str, dtype: to
         from lora_gui.models.chunked_loss import enable_chunked_loss
 
         enable_chunked_loss(model, loss_chunk)
+    enable_document_attention(model)  # as the engine's models (lora_gui.models.text)
     if not lora:
         return model
     return attach_lora(model, lora_rank, lora_alpha, target_modules, lora_dropout, new_token_ids, adapter,
