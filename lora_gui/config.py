@@ -89,8 +89,9 @@ class RunConfig(PreferenceSettings):
     token_budget: int = option(2048, "Bucketed/packed: at most this many (padded) tokens in one "
                                "micro-batch; steps above it are split by gradient accumulation.",
                                "memory", low=16, high=1 << 22, tasks=TEXT)
-    pad_multiple: int = option(64, "Bucketed: pad each batch to its longest sample rounded up to "
-                               "this multiple (tensor-core friendly, fewer shapes).", "memory",
+    # 8: the tensor-core multiple of 16-bit GEMMs; 64 padded the bundled corpus 11% (8: 6%)
+    pad_multiple: int = option(8, "Bucketed: pad each batch to its longest sample rounded up to "
+                               "this multiple (larger: fewer shapes, more padded tokens).", "memory",
                                low=1, high=4096, tasks=TEXT)
     attention: str = option("full", "full: every token attends to all earlier ones. windowed: each "
                             "token sees the previous `window` tokens and the first `global_tokens` "
