@@ -186,9 +186,11 @@ def checkpoint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def forward_under(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
-    """``model.forward`` as accelerate's mixed precision wraps it on a GPU (one process):
-    under CUDA's autocast to ``dtype``, its 16-bit outputs converted to float32. None: as is."""
+def forward_under(model: torch.nn.Module, dtype: torch.dtype | None,
+                  device: str = "cuda") -> Iterator[None]:
+    """``model.forward`` as accelerate's mixed precision wraps it (one process): under the
+    autocast of ``device`` to ``dtype`` (CUDA's emulated on the CPU's fake tensors, the CPU's
+    own for a CPU run), its 16-bit outputs converted to float32. None: as is."""
     if dtype is None:
         yield
         return
@@ -197,7 +199,8 @@ def forward_under(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterator
     forward, own = model.forward, "forward" in model.__dict__
 
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with CudaAutocast(dtype):
+        region = CudaAutocast(dtype) if device == "cuda" else torch.autocast("cpu", dtype=dtype)
+        with region:
             return forward(*args, **kwargs)
 
     model.forward = convert_outputs_to_fp32(autocast_forward)

@@ -41,7 +41,9 @@ def _fused_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tor
         return type(self).forward(self, x, *args, **kwargs)
     a = self.lora_A[name].weight  # (r, in)
     b = self.lora_B[name].weight  # (out, r)
-    ax = nn.functional.linear(x, a)
+    # as peft's forward casts A's input (under autocast a float32 input becomes the 16-bit copy
+    # that lean_backward shares between layers): the same tensors kept as peft's path
+    ax = nn.functional.linear(self._cast_input_dtype(x, a.dtype), a)
     out = torch.addmm(result.reshape(-1, result.shape[-1]), ax.reshape(-1, ax.shape[-1]), b.t(),
                       alpha=self.scaling[name])
     return out.view(result.shape)

@@ -32,6 +32,9 @@ GRID = {
     "chunked-loss": {"loss_chunk": 64},
     "offloaded-checkpoints": {"gradient_checkpointing": True, "offload_checkpoints": True},
     "tiled-mlp": {"mlp_chunk": 64},
+    # CPU bf16 autocast: float32 weights, 16-bit copies of them and of the adapters' inputs
+    "bf16": {"precision": "bf16"},
+    "bf16-packed-checkpointing": {"precision": "bf16", "batching": "packed", "gradient_checkpointing": True},
 }
 
 

@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from peft import set_peft_model_state_dict
 
-from lora_gui.config import ConfigError, RunConfig
+from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step, collate, count_targets, plan_epoch, round_up
 from lora_gui.data.model_inputs import training_batch
 from lora_gui.data.pairs import PairSample, load_pairs
@@ -360,7 +360,10 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     model.train()
     budget = int(cfg.budget_gb * GB) or None
     plan_budget, card_context = budget_for_plan(budget, accelerator.device, CUDA_CONTEXT_BYTES)
-    caps, predicted, prediction = _memory_plan(cfg, source, plan_budget, accelerator.device,
+    # a CPU run plans the precision it chose ('auto' times the model first; GPUs: as configured)
+    plan_cfg = cfg if accelerator.device.type != "cpu" else apply_overrides(
+        cfg, {"precision": {"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)})
+    caps, predicted, prediction = _memory_plan(plan_cfg, source, plan_budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
                                                [len(s) for s in data.train], added_rows, data.train)
     if prediction is not None:

@@ -192,10 +192,11 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
                        embeddings_on_host: bool = False, adapter: Any = None,
                        preference: Any = None, attention_head_groups: int = 0,
-                       lean_backward: bool = True) -> TraceResult:
+                       lean_backward: bool = True, cpu_autocast: str | None = None) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
-    Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run), plus
+    Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run; a CPU
+        run's ``cpu_autocast`` is not modelled: the run's prediction traces it), plus
         attention_window: keys per query of a windowed attention (sliding window / blocked
             kernel): the S x S terms of eager attention shrink to S x window. No effect on SDPA,
             which keeps no S x S term.

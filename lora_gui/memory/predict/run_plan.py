@@ -61,7 +61,17 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
             "lean_backward": cfg.resolved_lean_backward(),
             "dtype": dtype, "device": device,
             "target_modules": cfg.lora_targets if cfg.lora_targets == "all-linear"
-            else [t.strip() for t in cfg.lora_targets.split(",")]}
+            else [t.strip() for t in cfg.lora_targets.split(",")],
+            **cpu_mixed_precision(cfg, device)}
+
+
+def cpu_mixed_precision(cfg: RunConfig, device: str) -> dict[str, str]:
+    """A CPU run's bf16 / fp16 autocast for the trace (its weights stay float32, so ``dtype``
+    cannot say it); empty on GPUs and for float32. 'auto' on a CPU is planned as float32: the
+    run decides by timing its own model and plans again with what it chose."""
+    if device == "cpu" and cfg.precision in ("bf16", "fp16"):
+        return {"cpu_autocast": cfg.precision}
+    return {}
 
 
 def plan_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,

@@ -38,7 +38,9 @@ stored. Eager attention materializes the S x S scores, float32 softmax and proba
 layer, on both. Dropout is rewritten to ``torch.native_dropout`` (bool mask, as on CUDA; the
 CPU path keeps a mask in the input dtype). The batch's mask is the real batch's (``mask``): no
 padding and one document a row: no mask; padding or packed documents: transformers builds a
-(B, 1, S, S) mask and SDPA keeps an additive copy per layer (see ``batch_trace.kernel_watch``).
+(B, 1, S, S) mask; with padding SDPA keeps an additive copy per layer (see
+``batch_trace.kernel_watch``), while a packed row runs each document's own causal call and the
+mask goes unused (``lora_gui.attention.documents``; traced as one call over the row).
 On CUDA the attention kernel is the one PyTorch's rule picks and its backward's scratch (flash:
 float32 ``dq`` accumulator, expanded dK / dV for GQA) is allocated inside each layer's backward
 (:mod:`lora_gui.memory.predict.cuda_kernels`); AdamW runs its ``foreach`` path, the CUDA default. What the
@@ -162,8 +164,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     the first of an optimizer step (gradient accumulation adds into them).
     ``long_context``: :func:`lora_gui.models.long_context.apply_long_context` switches; their host
     copies are counted apart (``info["host_bytes"]``), not in the device peak.
-    ``autocast``: the model's forward runs as a GPU run's does under that mixed precision
-    (:func:`lora_gui.models.cuda_autocast.forward_under`); None: no autocast.
+    ``autocast``: the model's forward runs as a run's does under that mixed precision on
+    ``device`` (:func:`lora_gui.models.cuda_autocast.forward_under`); None: no autocast.
     """
     from lora_gui.memory.predict import quant
     t0 = time.perf_counter()
@@ -194,7 +196,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         workspaces: list[int] = []  # bytes of each attention backward workspace (CUDA kernels)
         with tracker, _cuda_like_dropout(device == "cuda"), batch_structure(packed_rows), \
                 kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8), \
-                adapter_always_on(fake), quantized_dora(), forward_under(model, autocast):
+                adapter_always_on(fake), quantized_dora(), forward_under(model, autocast, device):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
                 _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
             if warm_steps == 0 and optimizer == "adamw":
@@ -217,11 +219,14 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     return result
 
 
-def run_autocast(device: str, dtype: torch.dtype) -> torch.dtype | None:
+def run_autocast(device: str, dtype: torch.dtype, cpu_autocast: str | None = None) -> torch.dtype | None:
     """The autocast a run trains under on ``device`` with frozen weights in ``dtype``: on a GPU
     16-bit weights come with accelerate's mixed precision of the same dtype
-    (:func:`lora_gui.models.precision.weights_dtype`); a CPU run's weights are float32."""
-    return dtype if device == "cuda" and dtype in (torch.bfloat16, torch.float16) else None
+    (:func:`lora_gui.models.precision.weights_dtype`); a CPU run's weights are float32 and its
+    mixed precision is ``cpu_autocast`` ('bf16' / 'fp16'; None: none)."""
+    if device == "cpu":
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cpu_autocast or "")
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 def _random_like(t: torch.Tensor) -> torch.Tensor:
@@ -306,7 +311,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     offload_checkpoints: bool = False, mlp_chunk: int = 0,
                     embeddings_on_host: bool = False, added_tokens: int = 0,
                     adapter: Any = None, preference: Any = None,
-                    attention_head_groups: int = 0, lean_backward: bool = True) -> TraceResult:
+                    attention_head_groups: int = 0, lean_backward: bool = True,
+                    cpu_autocast: str | None = None) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -356,6 +362,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             adapter off, or precomputed reference log-probabilities in the batch). None: next-token loss.
         lean_backward: LoRA layers keep their 16-bit input, not a float32 copy per adapter, as an
             optimized run's do (:mod:`lora_gui.models.lean_backward`).
+        cpu_autocast: a CPU run's mixed precision, 'bf16' or 'fp16' (its weights stay float32
+            and autocast keeps a 16-bit copy of each, as the run does); None: float32.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -425,7 +433,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                  long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
                                "embeddings_on_host": embeddings_on_host,
                                "attention_head_groups": attention_head_groups},
-                 autocast=run_autocast(device, as_dtype(dtype)))
+                 autocast=run_autocast(device, as_dtype(dtype), cpu_autocast))
     kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",
