@@ -53,7 +53,8 @@ from lora_gui.presets import load_config
 MiB = 2**20
 # TRL configurations: its defaults (SFTConfig: 8 samples per device, gradient checkpointing on,
 # max_length 1024, its fused chunked LM-head loss) and its memory switches; bf16 autocast, also a TRL
-# default, is off unless --trl-bf16 (see main). ``peer``: the lora_gui run with the same switches.
+# default, is off unless --trl-bf16 (both trainers then in bf16). ``peer``: the lora_gui run with
+# the same switches.
 TRL_CONFIGS: dict[str, dict[str, Any]] = {
     "trl-default": {"overrides": {}, "peer": "lora-gc"},
     "trl-default-no-gc": {"overrides": {"gradient_checkpointing": False}, "peer": "lora"},
@@ -300,9 +301,10 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--trl", default=",".join(TRL_CONFIGS), help="TRL configurations to run")
     parser.add_argument("--trl-bf16", action="store_true",
-                        help="TRL with its default bf16 autocast (about 6x slower than fp32 on "
-                             "CPUs without native bf16; lora_gui's precision=auto measures and "
-                             "picks fp32 on such CPUs)")
+                        help="both trainers in bf16: TRL with its default bf16 autocast, lora_gui "
+                             "with precision bf16 (about 6x slower than fp32 on CPUs without "
+                             "native bf16, faster on CPUs with bf16 matrix units (AMX); without "
+                             "it both run fp32)")
     parser.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
     parser.add_argument("--profile", action="store_true",
@@ -326,7 +328,8 @@ def main() -> None:
     base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": args.max_seq_len})
     corpus, ids = bench_documents(base, args.docs, folder)
     cfg = apply_overrides(base, {"data": str(corpus), "eval_fraction": BENCH_EVAL_FRACTION,
-                                 "precision": "auto",
+                                 # the same precision as TRL (on a GPU 'auto' is bf16, as TRL's default)
+                                 "precision": "bf16" if args.trl_bf16 else "auto",
                                  "monitor_hz": 0.0, "checkpoint_every": 1_000_000})
     trl_names = [n for n in args.trl.split(",") if n]
     lora_names = list(dict.fromkeys(TRL_CONFIGS[n]["peer"] for n in trl_names))
