@@ -18,6 +18,16 @@ def test_caps_recut_micro_batches_by_smallest_bucket_above():
     assert caps.apply(step).indices == step.indices
 
 
+def test_a_cap_also_bounds_longer_rows():
+    """An out-of-memory error at 64 tokens caps 64 and below; rows of more tokens never fit more
+    of them, so they get the same cap instead of running out of memory again first."""
+    caps = BatchCaps({64: 2})
+    assert (caps.cap(32), caps.cap(64), caps.cap(100)) == (2, 2, 2)
+    caps = BatchCaps({128: 4, 256: 6})  # a longer bucket's larger cap never lifts a shorter one's
+    assert (caps.cap(100), caps.cap(200), caps.cap(512)) == (4, 4, 4)
+    assert BatchCaps().cap(100) is None
+
+
 def test_split_and_retry_lowers_the_cap_and_logs():
     events, calls = [], []
 

@@ -43,9 +43,14 @@ class BatchCaps:
     caps: dict[int, int] = field(default_factory=dict)
 
     def cap(self, seq_len: int) -> int | None:
-        """The cap of the smallest bucket at or above seq_len (None: no cap)."""
+        """The cap of the smallest bucket at or above seq_len, and no more than any shorter
+        bucket's: rows of more tokens never fit more of them (an out-of-memory error at one
+        length caps the longer lengths too, not only the shorter ones). None: no cap."""
         above = [n for n in self.caps if n >= seq_len]
-        return self.caps[min(above)] if above else None
+        caps = [c for n, c in self.caps.items() if n < seq_len]
+        if above:
+            caps.append(self.caps[min(above)])
+        return min(caps) if caps else None
 
     def apply(self, step: Step) -> Step:
         """The same samples, micro-batches re-cut so none is above its cap."""
