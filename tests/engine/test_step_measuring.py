@@ -12,10 +12,11 @@ from lora_gui.data.build_images import build
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.image.train import train_image
 from lora_gui.engine.text.train import train_text
-from lora_gui.memory.runtime.meter import SHAPE_STEPS, PeakMeter
+from lora_gui.memory.runtime.meter import SHAPE_STEPS, PeakMeter, StepShape
 from lora_gui.presets import load_config
 
 CPU = torch.device("cpu")
+COVERAGE = "the first 2 of each step shape, and none within a larger measured one"
 
 
 def _step(meter: PeakMeter, shape, size: int = 1000) -> tuple[bool, int | None]:
@@ -34,7 +35,7 @@ def test_the_meter_measures_the_first_steps_of_each_shape():
     assert SHAPE_STEPS == 2
     assert [m for m, _ in got] == [True, True, False, True, False, True, False]
     assert [p for _, p in got] == [8000, 8000, None, 16000, None, 16000, None]
-    assert meter.coverage() == {"measured_steps": "the first 2 of each step shape", "steps_measured": 4,
+    assert meter.coverage() == {"measured_steps": COVERAGE, "steps_measured": 4,
                                 "steps_not_measured": 3, "step_shapes": 2}
     assert meter.tracker.live_bytes == 0  # nothing left counted, nothing double-freed
 
@@ -96,7 +97,9 @@ def test_an_image_run_measures_the_first_steps_of_each_shape_and_the_same_peak(p
     every, every_records = _image_run(pictures, tmp_path / "every", every=True)
     keys = [(r["bucket"], r["batch_size"]) for r in records]
     assert len(set(keys)) >= 2, keys  # several shapes, and some repeated
-    assert [r["peak_bytes"] is not None for r in records] == _first_of_each_shape(keys)
+    first = _first_of_each_shape(keys)  # a step within a larger measured one is skipped too
+    assert all(f for r, f in zip(records, first) if r["peak_bytes"] is not None)
+    assert [r["peak_bytes"] is not None for r in records][:SHAPE_STEPS] == [True, True]
     assert any(r["peak_bytes"] is None for r in records)
     assert all(r["peak_bytes"] for r in every_records)
     # the measured steps' figures are those of the same steps measured with every step
@@ -106,7 +109,7 @@ def test_an_image_run_measures_the_first_steps_of_each_shape_and_the_same_peak(p
     assert shapes["train_peak_bytes"] == every["train_peak_bytes"] == most
     assert shapes["peak_bytes"] == every["peak_bytes"]
     assert shapes["memory_report"]["predicted_vs_measured"] == every["memory_report"]["predicted_vs_measured"]
-    assert shapes["measured_steps"] == "the first 2 of each step shape"
+    assert shapes["measured_steps"] == COVERAGE
     assert every["measured_steps"] == "every step"
     assert shapes["steps_measured"] + shapes["steps_not_measured"] == 10
     assert shapes["step_shapes"] == len(set(keys))
@@ -128,3 +131,69 @@ def test_a_text_run_measures_the_first_steps_of_each_shape_and_the_same_peak(tmp
         assert r["peak_bytes"] in (None, e["peak_bytes"]), (r, e)
     assert shapes["peak_bytes"] == every["peak_bytes"] == max(r["peak_bytes"] for r in every_records)
     assert shapes["steps_not_measured"] >= 1
+
+
+def test_a_step_is_within_another_when_each_micro_batch_fits_one_of_the_same_kind():
+    big = StepShape(((4, 64, "rows"), (2, 32, "rows")), other="bucket")
+    assert StepShape(((4, 64, "rows"),), "bucket").within(big)
+    assert StepShape(((3, 56, "rows"), (2, 24, "rows")), "bucket").within(big)
+    assert StepShape(((2, 32, "rows"), (1, 32, "rows"), (2, 16, "rows")), "bucket").within(big)
+    assert not StepShape(((5, 64, "rows"),), "bucket").within(big)  # more rows
+    assert not StepShape(((4, 72, "rows"),), "bucket").within(big)  # longer rows
+    assert not StepShape(((4, 64, "padded"),), "bucket").within(big)  # another code path
+    assert not StepShape(((4, 64, "rows"),), "other bucket").within(big)
+    # a step's later micro-batches run with the adapter's gradients resident: matched by a later one
+    assert not StepShape(((2, 32, "rows"), (4, 64, "rows")), "bucket").within(big)
+    one = StepShape(((4, 64, "rows"),), "bucket")
+    assert not StepShape(((1, 8, "rows"), (1, 8, "rows")), "bucket").within(one)
+
+
+def test_only_steps_measured_with_the_optimizer_state_cover_smaller_ones():
+    big, small = StepShape(((2, 64, "rows"),)), StepShape(((1, 32, "rows"),))
+    meter = PeakMeter(CPU, every_step=False)
+    with meter:
+        assert meter.start_step(big, settled=False)  # the first update has not run: no cover yet
+        assert meter.start_step(small, settled=False)
+        assert meter.start_step(big, settled=True)
+        assert not meter.start_step(small, settled=True)
+        assert not meter.start_step(StepShape(((2, 48, "rows"),)), settled=True)
+        assert meter.start_step(StepShape(((3, 16, "rows"),)), settled=True)
+    assert meter.coverage()["steps_not_measured"] == 2
+
+
+def _shapes_and_peaks(monkeypatch, cfg: RunConfig, out: Path) -> tuple[list, list[dict]]:
+    """A run measured at every step, with each step's shape as the meter saw it."""
+    seen: list = []
+    start = PeakMeter.start_step
+
+    def spy(self, shape=None, resident=(), settled=False):
+        if shape is not None:
+            seen.append((shape, settled))
+        return start(self, shape, resident, settled)
+
+    monkeypatch.setattr(PeakMeter, "start_step", spy)
+    train_text(apply_overrides(cfg, {"measure_every_step": True}), out, progress=False)
+    monkeypatch.undo()
+    return seen, read_records(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("batching", ["bucketed", "packed"])
+def test_a_step_within_a_measured_one_never_peaks_higher(monkeypatch, tmp_path, small_corpus,
+                                                         builtin_model_dir, batching):
+    """Every step measured, on mixed lengths: each step peaks no higher than every settled step it
+    is within (the claim that lets the meter skip it); then the run that skips those steps
+    reports the same peak with fewer steps measured."""
+    cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 48, "batch_size": 6,
+                                        "token_budget": 96, "pad_multiple": 8, "max_steps": 12,
+                                        "batching": batching, "eval_fraction": 0.1, "monitor_hz": 0})
+    seen, records = _shapes_and_peaks(monkeypatch, cfg, tmp_path / "every")
+    assert len(seen) == len(records) == 12
+    peaks = [r["peak_bytes"] for r in records]
+    pairs = [(i, j) for i, (a, _) in enumerate(seen) for j, (b, settled) in enumerate(seen)
+             if settled and i != j and a.within(b)]
+    assert len(pairs) >= 5, seen  # the run has steps within others to check
+    for i, j in pairs:
+        assert peaks[i] <= peaks[j], (i, j, seen[i], seen[j], peaks[i], peaks[j])
+    summary = train_text(cfg, tmp_path / "skipping", progress=False)
+    assert summary["peak_bytes"] == max(peaks)
+    assert summary["steps_not_measured"] >= 3 and summary["step_shapes"] > 12 - summary["steps_not_measured"]

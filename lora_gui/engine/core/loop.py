@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -17,22 +18,29 @@ from lora_gui.engine.core.distributed import SampleRelay, agree_on_oom, stop_agr
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.session import RunSession
 from lora_gui.memory.runtime.guard import RunOutOfMemoryError, run_guarded
+from lora_gui.memory.runtime.meter import StepShape
 from lora_gui.memory.runtime.monitor import MemoryMonitor
 
 PlanEpoch = Callable[[int], list[Step]]
 OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's metric record
 
 
-def step_shape(step: Step, *extra: Hashable) -> tuple:
-    """What a step's memory depends on besides ``extra`` (a task's own: the image bucket, which
-    rows are padded): each micro-batch's rows, padded length, packing and filler flag."""
-    return (tuple((len(mb.indices), mb.seq_len, mb.packed, mb.filler) for mb in step.micro_batches),
-            *extra)
+def step_shape(step: Step, kinds: Sequence[Hashable] | None = None,
+               other: Hashable = None) -> StepShape:
+    """What a step's memory depends on, for the CPU meter: each micro-batch's rows and padded
+    length, with its kind (packed documents or rows, filler, and the task's own ``kinds`` per
+    micro-batch: which rows are padded), and ``other`` (the image bucket)."""
+    kinds = kinds or [None] * len(step.micro_batches)
+    micro = []
+    for mb, kind in zip(step.micro_batches, kinds, strict=True):
+        layout = ("packed", len(mb.indices) > 1) if mb.packed else "rows"  # >1 document: a mask
+        micro.append((1 if mb.packed else len(mb.indices), mb.seq_len, (layout, mb.filler, kind)))
+    return StepShape(tuple(micro), other)
 
 
 def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[str, Any]],
                    agree_across_ranks: bool = True,
-                   shape: Hashable | None = None) -> tuple[dict[str, Any], float]:
+                   shape: StepShape | None = None) -> tuple[dict[str, Any], float]:
     """Forward and backward of ``step`` under the memory guard (``runner`` does this rank's
     share; an out-of-memory error splits the micro-batch and retries the same step), then the
     gradient all-reduce over ranks, clipping at norm 1, the optimizer and scheduler updates.
@@ -41,15 +49,19 @@ def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[st
         agree_across_ranks: every rank learns of any rank's out-of-memory error and splits the
             same way (off under FSDP, where a rank cannot stop inside the all-gathers).
         shape: the step's shape (:func:`step_shape`) for the CPU memory meter, which measures
-            the first steps of each shape (with the micro-batch caps, which re-cut a step);
+            the first steps of each shape and none within a larger measured one (with the
+            micro-batch caps, which re-cut a step; with several ranks, exact shapes only);
             None: measured.
 
     Returns:
         The runner's statistics and the step's wall seconds; ``run.state.step`` is advanced.
     """
-    key = None if shape is None else (shape, tuple(sorted(run.caps.caps.items())))
+    key: Hashable = None if shape is None else replace(
+        shape, other=(shape.other, tuple(sorted(run.caps.caps.items()))))
+    if key is not None and run.dist.active:  # a rank's share of a smaller step need not be
+        key = (key.micro, key.other)  # smaller than its share of a larger one: exact shapes only
     run.meter.start_step(key, (t for s in run.optimizer.state.values() for t in s.values()
-                               if hasattr(t, "untyped_storage")))
+                               if hasattr(t, "untyped_storage")), settled=bool(run.optimizer.state))
     start = time.perf_counter()
     agree = agree_on_oom(run.dist) if run.dist.active and agree_across_ranks else None
     stats = run_guarded(runner, step, run.caps, lambda: run.optimizer.zero_grad(set_to_none=True),

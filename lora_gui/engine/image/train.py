@@ -260,7 +260,8 @@ def _run_share(run: ImageSession, step: Step) -> dict[str, Any]:
 def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
     """One optimizer step; returns its metric record (every rank's figures combined)."""
     w, h = run.data.buckets[step.indices[0]]
-    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st), shape=step_shape(step, (w, h)))
+    stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st),
+                                    shape=step_shape(step, other=(w, h)))
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["images"], 0)
     images = total["real_tokens"]  # combine_step_stats sums the count it is given: images here
     record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],

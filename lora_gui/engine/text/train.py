@@ -77,7 +77,7 @@ from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
-from lora_gui.memory.runtime.meter import GB, PeakMeter
+from lora_gui.memory.runtime.meter import GB, PeakMeter, StepShape
 from lora_gui.models import adapters
 from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
@@ -423,7 +423,7 @@ def _row_lengths(samples: Sequence[Any], indices: Sequence[int]) -> list[int]:
     return rows
 
 
-def _text_shape(run: TextSession, step: Step) -> tuple:
+def _text_shape(run: TextSession, step: Step) -> StepShape:
     """The step's shape for the memory meter: its micro-batches and which of them have a padded
     row (a padding mask is built for those; a preference pair counts both its rows)."""
     padded = tuple(any(n < mb.seq_len for n in _row_lengths(run.data.train, mb.indices))

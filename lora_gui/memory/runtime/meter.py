@@ -13,11 +13,17 @@ steps of each distinct shape and later steps of a measured shape run without it:
 :meth:`PeakMeter.step_peak` is None (not measured), and the run's peak is the largest measured
 step. A gradient-accumulated step is one optimizer step here (all its micro-batches run inside
 it), so each measured step includes its accumulation and its optimizer update.
+
+A step no larger than one already measured with the optimizer state resident is not measured
+either (:meth:`StepShape.within`): the same code runs on tensors that are each no larger, so
+its live bytes are no larger at any point. Packed rows and mixed-length buckets rarely repeat a
+shape exactly; most of their steps are within an earlier one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +32,35 @@ from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.units import GB  # noqa: F401  (budgets in decimal GB, as cards are labelled)
 
 SHAPE_STEPS = 2  # steps of each shape the tracker measures: the first, and one with optimizer state
+MicroShape = tuple[int, int, Hashable]  # (rows, tokens a row, kind: what else decides its code path)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step's memory depends on: its micro-batches in run order and ``other`` (the image
+    bucket, the micro-batch caps: anything else must be equal for one step to be within another).
+
+    A micro-batch's ``kind`` decides which code runs (a padding or packed-document mask, a
+    filler): two micro-batches compare only when their kinds are equal.
+    """
+
+    micro: tuple[MicroShape, ...]
+    other: Hashable = None
+
+    def within(self, larger: StepShape) -> bool:
+        """Whether this step's peak is at most ``larger``'s: each of its micro-batches has no more
+        rows, no longer rows and the same kind as one of ``larger``'s. Every micro-batch after a
+        step's first runs with the adapter's gradients resident (they are freed between steps),
+        so those must be matched by one of ``larger``'s later micro-batches."""
+        if self.other != larger.other or not self.micro or not larger.micro:
+            return False
+
+        def fits(a: MicroShape, b: MicroShape) -> bool:
+            return a[2] == b[2] and a[0] <= b[0] and a[1] <= b[1]
+
+        later = larger.micro[1:]
+        return (any(fits(self.micro[0], b) for b in larger.micro)
+                and all(any(fits(a, b) for b in later) for a in self.micro[1:]))
 
 
 class PeakMeter:
@@ -45,6 +80,7 @@ class PeakMeter:
         self.measured_steps = 0  # training steps measured so far (CPU)
         self.unmeasured_steps = 0  # training steps of an already measured shape, run without it
         self._shape_counts: dict[Hashable, int] = {}
+        self._settled: list[StepShape] = []  # measured with the optimizer state resident
         self._inside = False  # within the ``with`` block
         self._pushed = False  # the tracker's dispatch mode is active
         if device.type == "cuda":
@@ -78,19 +114,26 @@ class PeakMeter:
             self.tracker.track(list(tensors))
 
     def start_step(self, shape: Hashable | None = None,
-                   resident: Iterable[torch.Tensor] = ()) -> bool:
+                   resident: Iterable[torch.Tensor] = (), settled: bool = False) -> bool:
         """Starts a step's peak window; returns whether the step is measured.
 
         Args:
-            shape: what the step's memory depends on (None: unknown, always measured).
+            shape: what the step's memory depends on (None: unknown, always measured); a
+                :class:`StepShape` is also skipped when it is within a settled measured step.
             resident: tensors that outlive steps (optimizer state): counted when measuring
                 resumes after unmeasured steps, in case one of those created them.
+            settled: the optimizer state already exists (its first update has run), so this
+                step's measured peak bounds the smaller steps after it.
         """
         if self.tracker is None:
             torch.cuda.reset_peak_memory_stats(self.device)
             return True
         seen = self._shape_counts.get(shape, 0)
         measure = self.every_step or shape is None or seen < SHAPE_STEPS
+        if measure and not self.every_step and isinstance(shape, StepShape):
+            measure = not any(shape.within(big) for big in self._settled)  # itself included
+        if measure and settled and isinstance(shape, StepShape):
+            self._settled.append(shape)
         if shape is not None:  # a training step (not the caching pass): counted in coverage()
             self._shape_counts[shape] = seen + 1
             self.measured_steps += measure
@@ -121,7 +164,8 @@ class PeakMeter:
         """How the steps' peaks were measured, for run.json."""
         if self.tracker is None or self.every_step:
             return {"measured_steps": "every step"}
-        return {"measured_steps": f"the first {SHAPE_STEPS} of each step shape",
+        return {"measured_steps": f"the first {SHAPE_STEPS} of each step shape, and none within a "
+                                  "larger measured one",
                 "steps_measured": self.measured_steps, "steps_not_measured": self.unmeasured_steps,
                 "step_shapes": len(self._shape_counts)}
 
