@@ -136,8 +136,9 @@ class RunConfig(PreferenceSettings):
                                "memory", low=0.0, high=20.0)
     measure_every_step: bool = option(False, "CPU runs: measure every step's peak memory with the "
                                       "tracker (2-3x slower steps). Off: the first 2 steps of each "
-                                      "step shape are measured, later ones run at full speed and "
-                                      "record no peak. GPU runs measure every step either way.",
+                                      "step shape are measured; later ones, and steps no larger than "
+                                      "a measured one, run at full speed and record no peak. GPU "
+                                      "runs measure every step either way.",
                                       "memory")
     # -- training ------------------------------------------------------------------------------
     max_seq_len: int = option(1024, "Longest sample in tokens; longer documents are truncated.",

@@ -98,14 +98,16 @@ def _coverage(records: list[dict[str, Any]]) -> str:
 
 
 def _measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Steps with a measured peak (a CPU run measures the first steps of each step shape)."""
+    """Steps with a measured peak (a CPU run measures the first steps of each step shape, not the
+    smaller steps after them)."""
     return [r for r in records if r.get("peak_bytes") is not None]
 
 
 def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None,
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
     """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines; only
-    measured steps are drawn (a CPU run measures the first steps of each step shape)."""
+    measured steps are drawn (a CPU run measures the first steps of each step shape, not the
+    smaller steps after them)."""
     return figure(*memory_spec(records, budget_bytes, predicted_bytes, simulated_budget))
 
 
