@@ -83,7 +83,7 @@ from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.flops import text_flops
 from lora_gui.models.long_context import apply_long_context
-from lora_gui.models.precision import choose_precision, weights_dtype
+from lora_gui.models.precision import cast_frozen, choose_precision, weights_dtype
 from lora_gui.models.preference_loss import preference_loss_of
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
@@ -321,7 +321,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
-    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type), device)
+    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type, text=True), device)
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
     model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source)
@@ -335,6 +335,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         mixed = ckpt["trainer"]["precision"]
     elif device.type == "cpu" and cfg.precision == "auto":
         mixed = dist.on_main(lambda: choose_precision("auto", device, _probe_step(model, data)))
+    if device.type == "cpu":  # the frozen weights in the precision chosen after loading them
+        cast_frozen(model, weights_dtype(mixed, device.type, text=True))
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     accelerator = new_accelerator(device, mixed)

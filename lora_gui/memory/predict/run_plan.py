@@ -49,7 +49,7 @@ def text_buckets(cfg: RunConfig) -> list[int]:
 def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
     """Trace/estimate arguments that describe this run's step on ``device`` ('cuda' or 'cpu')."""
     attn = "windowed" if cfg.attention == "windowed" else cfg.resolved_attn_backend()
-    dtype = planned_weights_dtype(cfg.precision, device)  # frozen weights as the engine loads them
+    dtype = planned_weights_dtype(cfg.precision, device, text=True)  # as the engine loads them
     return {"lora_rank": cfg.lora_rank, "attn_implementation": attn,
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
             "optimizer": cfg.resolved_optimizer(device),
@@ -66,7 +66,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
 
 
 def cpu_mixed_precision(cfg: RunConfig, device: str) -> dict[str, str]:
-    """A CPU run's bf16 / fp16 autocast for the trace (its weights stay float32, so ``dtype``
+    """A CPU run's bf16 / fp16 autocast for the trace (its fp16 weights stay float32, so ``dtype``
     cannot say it); empty on GPUs and for float32. 'auto' on a CPU is planned as float32: the
     run decides by timing its own model and plans again with what it chose."""
     if device == "cpu" and cfg.precision in ("bf16", "fp16"):

@@ -222,8 +222,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
 def run_autocast(device: str, dtype: torch.dtype, cpu_autocast: str | None = None) -> torch.dtype | None:
     """The autocast a run trains under on ``device`` with frozen weights in ``dtype``: on a GPU
     16-bit weights come with accelerate's mixed precision of the same dtype
-    (:func:`lora_gui.models.precision.weights_dtype`); a CPU run's weights are float32 and its
-    mixed precision is ``cpu_autocast`` ('bf16' / 'fp16'; None: none)."""
+    (:func:`lora_gui.models.precision.weights_dtype`); a CPU run's mixed precision is
+    ``cpu_autocast`` ('bf16' / 'fp16'; None: none), whatever its weights' dtype."""
     if device == "cpu":
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cpu_autocast or "")
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
