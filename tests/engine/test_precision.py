@@ -32,3 +32,45 @@ def test_an_avx2_cpu_stays_fp32_without_timing_a_step(monkeypatch):
     timed = []
     assert choose_precision("auto", CPU, lambda: timed.append(1)) == "no"
     assert not timed  # no bf16 dot products there: the probe's seconds are saved
+
+
+def test_frozen_weights_follow_the_precision_a_cpu_text_run_chose():
+    from lora_gui.models.precision import cast_frozen, planned_weights_dtype, weights_dtype
+
+    assert weights_dtype("bf16", "cpu", text=True) == torch.bfloat16
+    assert weights_dtype("bf16", "cpu") == torch.float32  # images on a CPU: float32 weights
+    assert weights_dtype("no", "cpu", text=True) == weights_dtype("fp16", "cpu", text=True) == torch.float32
+    assert planned_weights_dtype("bf16", "cpu", text=True) == torch.bfloat16
+    assert planned_weights_dtype("auto", "cpu", text=True) == torch.float32  # timed by the run first
+    assert planned_weights_dtype("auto", "cuda") == torch.bfloat16
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    assert cast_frozen(model, torch.bfloat16) == 2
+    assert model[0].weight.dtype == model[0].bias.dtype == torch.bfloat16
+    assert model[1].weight.dtype == torch.float32  # trained: stays float32
+    assert cast_frozen(model, torch.bfloat16) == 0
+
+
+def test_a_bf16_cpu_text_run_trains_on_bf16_frozen_weights(tmp_path, small_corpus, builtin_model_dir,
+                                                             monkeypatch):
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.engine.text import train as text_train
+
+    seen = {}
+    attach = text_train.text_models.attach_lora
+
+    def spy(base, *args, **kwargs):
+        model = attach(base, *args, **kwargs)
+        seen["frozen"] = {p.dtype for p in model.parameters() if not p.requires_grad}
+        seen["adapter"] = {p.dtype for p in model.parameters() if p.requires_grad}
+        return model
+
+    monkeypatch.setattr(text_train.text_models, "attach_lora", spy)
+    cfg = apply_overrides(RunConfig(), {"data": str(small_corpus), "max_seq_len": 32, "batch_size": 4,
+                                        "max_steps": 2, "precision": "bf16", "eval_fraction": 0.1,
+                                        "monitor_hz": 0})
+    summary = text_train.train_text(cfg, tmp_path / "run", progress=False)
+    assert seen == {"frozen": {torch.bfloat16}, "adapter": {torch.float32}}
+    assert summary["precision"] == "bf16"
+    report = summary["memory_report"]["predicted_vs_measured"]
+    assert 0 <= report <= 0.03, report  # planned with the same bf16 weights: never below
