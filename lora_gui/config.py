@@ -87,11 +87,13 @@ class RunConfig(PreferenceSettings):
     attn_backend: str = option("auto", "Attention kernel; auto picks eager (traditional) or "
                                "sdpa (optimized).", "memory", choices=("auto", "eager", "sdpa"))
     token_budget: int = option(2048, "Bucketed/packed: at most this many (padded) tokens in one "
-                               "micro-batch; steps above it are split by gradient accumulation.",
+                               "micro-batch (packed: one row of several documents); steps above "
+                               "it are split by gradient accumulation.",
                                "memory", low=16, high=1 << 22, tasks=TEXT)
     # 8: the tensor-core multiple of 16-bit GEMMs; 64 padded the bundled corpus 11% (8: 6%)
     pad_multiple: int = option(8, "Bucketed: pad each batch to its longest sample rounded up to "
-                               "this multiple (larger: fewer shapes, more padded tokens).", "memory",
+                               "this multiple; packed: each row to this multiple (larger: fewer "
+                               "shapes, more padded tokens).", "memory",
                                low=1, high=4096, tasks=TEXT)
     attention: str = option("full", "full: every token attends to all earlier ones. windowed: each "
                             "token sees the previous `window` tokens and the first `global_tokens` "
@@ -278,6 +280,14 @@ class RunConfig(PreferenceSettings):
         if self.batching != "auto":
             return self.batching
         return "fixed" if self.mode == "traditional" else "bucketed"
+
+    def packed_row_tokens(self) -> int:
+        """Tokens a packed row holds at most: the token budget where each document is attended
+        on its own (sdpa, full attention; every document still at most max_seq_len), else one
+        sample's length (there a row's mask grows with its length squared)."""
+        if self.attention != "windowed" and self.resolved_attn_backend() == "sdpa":
+            return self.token_budget
+        return min(self.max_seq_len, self.token_budget)
 
     def resolved_attn_backend(self) -> str:
         """The attention kernel this run uses once 'auto' is resolved by the mode."""

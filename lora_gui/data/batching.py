@@ -8,9 +8,11 @@ micro-batches that the device runs one at a time (gradient accumulation).
   sample rounded up to ``pad_multiple``, and as many samples per micro-batch as fit under
   ``token_budget`` padded tokens (or the planner's cap for that length bucket). Saves: padding
   compute and activation memory; costs: steps whose samples have similar lengths.
-- ``packed``: a step's documents concatenated into rows of at most ``min(max_seq_len,
-  token_budget)`` tokens with per-document position ids, so no padding at all; transformers
-  turns the position-id resets into a block-diagonal causal mask (no cross-document attention).
+- ``packed``: a step's documents concatenated into rows of at most ``packed_row`` tokens (the
+  caller's: the token budget where each document is attended on its own, else
+  ``min(max_seq_len, token_budget)``) with per-document position ids; a row is padded only up
+  to a multiple of ``pad_multiple`` (a CPU builds a matmul kernel for each new row length),
+  the padding a separate segment without labels. No attention crosses a document.
 
 In every mode each sample appears in exactly one step per epoch, and the order is a pure
 function of (seed, epoch), so a resumed run replays the same order.
@@ -118,7 +120,8 @@ def _bucketed_steps(order: list[int], lengths: Sequence[int], batch_size: int, r
     return steps
 
 
-def _packed_steps(order: list[int], lengths: Sequence[int], batch_size: int, row_len: int) -> list[Step]:
+def _packed_steps(order: list[int], lengths: Sequence[int], batch_size: int, row_len: int,
+                  pad_multiple: int = 1) -> list[Step]:
     steps = []
     for start in range(0, len(order), batch_size):
         ids = sorted(order[start : start + batch_size], key=lambda i: -lengths[i])
@@ -133,15 +136,15 @@ def _packed_steps(order: list[int], lengths: Sequence[int], batch_size: int, row
             else:
                 rows[slot].append(i)
                 room[slot] -= size
-        steps.append(Step(tuple(MicroBatch(tuple(r), row_len - free, packed=True)
-                                for r, free in zip(rows, room))))
+        steps.append(Step(tuple(MicroBatch(tuple(r), min(row_len, round_up(row_len - free, pad_multiple)),
+                                           packed=True) for r, free in zip(rows, room))))
     return steps
 
 
 def plan_epoch(
     lengths: Sequence[int], batching: str, *, batch_size: int, max_seq_len: int, seed: int,
-    epoch: int, token_budget: int = 2048, pad_multiple: int = 64,
-    cap_for_len: Callable[[int], int] | None = None,
+    epoch: int, token_budget: int = 2048, pad_multiple: int = 8,
+    cap_for_len: Callable[[int], int] | None = None, packed_row: int | None = None,
 ) -> list[Step]:
     """All steps of one epoch for samples of the given token lengths.
 
@@ -150,6 +153,7 @@ def plan_epoch(
         batching: 'fixed', 'bucketed' or 'packed'.
         batch_size: samples per optimizer step.
         cap_for_len: optional largest micro-batch for a padded length (from the planner).
+        packed_row: tokens a packed row holds at most (default ``min(max_seq_len, token_budget)``).
     """
     order = _permutation(len(lengths), seed, epoch)
     if batching == "fixed":
@@ -160,7 +164,8 @@ def plan_epoch(
                                pad_multiple=pad_multiple, token_budget=token_budget,
                                cap_for_len=cap_for_len)
     if batching == "packed":
-        return _packed_steps(order, lengths, batch_size, min(max_seq_len, token_budget))
+        return _packed_steps(order, lengths, batch_size, packed_row or min(max_seq_len, token_budget),
+                             pad_multiple)
     raise ValueError(f"batching: unknown builder {batching!r}; use fixed, bucketed or packed")
 
 
@@ -179,6 +184,11 @@ def collate(samples: Sequence[TokenizedSample], micro_batch: MicroBatch,
             positions += list(range(n))
         if micro_batch.filler:
             labels = [IGNORE_INDEX] * len(labels)
+        pad = micro_batch.seq_len - len(ids)  # up to the row's padded length: its own segment
+        if pad > 0:
+            ids += [pad_id] * pad
+            labels += [IGNORE_INDEX] * pad
+            positions += list(range(pad))
         return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
                 "position_ids": torch.tensor([positions])}
     width = micro_batch.seq_len

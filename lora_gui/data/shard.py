@@ -65,8 +65,9 @@ def _refine(mbs: list[MicroBatch], count: int, filler: MicroBatch) -> list[Micro
 
 
 def split_step(step: Step, world_size: int, lengths: Sequence[int], *, batching: str,
-               max_seq_len: int, pad_multiple: int = 64, token_budget: int = 2048,
-               cap_for_len: Callable[[int], int | None] | None = None) -> list[Step]:
+               max_seq_len: int, pad_multiple: int = 8, token_budget: int = 2048,
+               cap_for_len: Callable[[int], int | None] | None = None,
+               packed_row: int | None = None) -> list[Step]:
     """Every rank's share of one global step (index = rank); one process gets ``step`` itself.
 
     Args:
@@ -75,6 +76,7 @@ def split_step(step: Step, world_size: int, lengths: Sequence[int], *, batching:
         lengths: token count of every sample.
         batching: the run's resolved builder ('fixed', 'bucketed' or 'packed').
         cap_for_len: the largest micro-batch for a padded length (the guard's caps), or None.
+        packed_row: tokens a packed row holds at most (as in ``plan_epoch``).
 
     Returns:
         ``world_size`` steps with the same number of micro-batches each.
@@ -84,8 +86,8 @@ def split_step(step: Step, world_size: int, lengths: Sequence[int], *, batching:
     ids = sorted(step.indices, key=lambda i: -lengths[i])
     shortest = ids[-1]
     if step.micro_batches[0].packed:  # each rank packs its own share (first-fit decreasing)
-        row_len = min(max_seq_len, token_budget)
-        shares = [list(_packed_steps(h, lengths, len(h), row_len)[0].micro_batches) if h else []
+        row_len = packed_row or min(max_seq_len, token_budget)
+        shares = [list(_packed_steps(h, lengths, len(h), row_len, pad_multiple)[0].micro_batches) if h else []
                   for h in deal(ids, world_size)]
         filler = MicroBatch((shortest,), min(lengths[shortest], row_len), packed=True, filler=True)
     else:

@@ -61,7 +61,8 @@ def test_cap_for_len_limits_micro_batch():
 def test_packed_has_no_padding_and_resets_positions():
     lengths = [5, 9, 3, 7]
     samples = samples_of(lengths)
-    [step] = plan_epoch(lengths, "packed", batch_size=4, max_seq_len=16, seed=0, epoch=0)
+    [step] = plan_epoch(lengths, "packed", batch_size=4, max_seq_len=16, seed=0, epoch=0,
+                        pad_multiple=1)
     total = 0
     for mb in step.micro_batches:
         batch = collate(samples, mb, pad_id=0)
@@ -73,6 +74,25 @@ def test_packed_has_no_padding_and_resets_positions():
         assert all(batch["labels"][0, j] == IGNORE_INDEX for j in starts)  # no cross-document target
         total += batch["input_ids"].shape[1]
     assert total == sum(lengths)
+
+
+def test_packed_rows_fill_the_row_length_and_pad_to_the_multiple_in_a_segment_of_their_own():
+    lengths = [5, 9, 3, 7, 12, 2]
+    samples = samples_of(lengths)
+    [step] = plan_epoch(lengths, "packed", batch_size=6, max_seq_len=16, seed=0, epoch=0,
+                        pad_multiple=8, packed_row=24)  # documents <= 16 tokens, rows <= 24
+    assert [mb.seq_len for mb in step.micro_batches] == [24, 16]  # 12+9+3 = 24; 7+5+2 = 14 -> 16
+    for mb in step.micro_batches:
+        batch = collate(samples, mb, pad_id=0)
+        assert batch["input_ids"].shape == (1, mb.seq_len)
+        filled = sum(lengths[i] for i in mb.indices)
+        pad = mb.seq_len - filled
+        pos = batch["position_ids"][0].tolist()
+        assert len([p for p in pos if p == 0]) == len(mb.indices) + (pad > 0)  # its own segment
+        assert pos[filled:] == list(range(pad))
+        assert (batch["labels"][0, filled:] == IGNORE_INDEX).all()
+        assert (batch["input_ids"][0, filled:] == 0).all()
+        assert count_targets(batch) == sum(lengths[i] - 1 for i in mb.indices)
 
 
 def test_collate_pads_with_mask_and_ignored_labels():

@@ -135,7 +135,8 @@ def epoch_plan(cfg: RunConfig, data: TextData, epoch: int, planned: bool = False
     token_budget = cfg.batch_size * cfg.max_seq_len if planned else cfg.sample_token_budget()
     return plan_epoch([len(s) for s in data.train], cfg.resolved_batching(),
                       batch_size=cfg.batch_size, max_seq_len=cfg.max_seq_len, seed=cfg.seed,
-                      epoch=epoch, token_budget=token_budget, pad_multiple=cfg.pad_multiple)
+                      epoch=epoch, token_budget=token_budget, pad_multiple=cfg.pad_multiple,
+                      packed_row=cfg.packed_row_tokens())
 
 
 @torch.no_grad()
@@ -182,8 +183,7 @@ def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
         loss_sum += loss.item()
         del loss, batch
     real = sum(len(data.train[i]) for i in step.indices)  # fillers are not counted as trained
-    padded = sum(len(mb.indices) * mb.seq_len for mb in step.micro_batches) if not \
-        step.micro_batches[0].packed else real + sum(mb.seq_len for mb in step.micro_batches if mb.filler)
+    padded = sum((1 if mb.packed else len(mb.indices)) * mb.seq_len for mb in step.micro_batches)
     return {"loss": loss_sum, "real_tokens": real, "padded_tokens": padded,
             "target_tokens": n_targets}
 
@@ -399,7 +399,8 @@ def _run_share(run: TextSession, step: Step) -> dict[str, Any]:
     shares = split_step(step, run.dist.world_size, [len(s) for s in run.data.train],
                         batching=run.cfg.resolved_batching(), max_seq_len=run.cfg.max_seq_len,
                         pad_multiple=run.cfg.pad_multiple, token_budget=run.token_budget,
-                        cap_for_len=run.caps.cap if run.caps.caps else None)
+                        cap_for_len=run.caps.cap if run.caps.caps else None,
+                        packed_row=run.cfg.packed_row_tokens())
     mine = shares[run.dist.rank]
     try:
         if injected_oom(run.dist.rank, run.state.step + 1):

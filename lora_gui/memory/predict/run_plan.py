@@ -89,19 +89,23 @@ def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
                    batch_size: int | None = None, seq_len: int | None = None,
                    parallel: Parallel | None = None) -> TraceResult:
     """Trace of this run's largest micro-batch shape (traditional: batch x max_seq_len;
-    optimized: as many max-length rows as fit the token budget), per GPU with ``parallel``."""
+    optimized: as many max-length rows as fit the token budget; packed: one full row of several
+    documents), per GPU with ``parallel``."""
+    mask = {}
+    if cfg.resolved_batching() == "packed" and batch_size is None:
+        seq_len = cfg.packed_row_tokens() if seq_len is None else min(seq_len, cfg.token_budget)
+        batch_size, mask = 1, {"mask": "packed"}
     if seq_len is None:
         seq_len = cfg.max_seq_len
     if batch_size is None:
         per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
         if cfg.resolved_batching() == "fixed":
             batch_size = per_rank
-        elif cfg.resolved_batching() == "packed":  # one packed row per micro-batch
-            batch_size, seq_len = 1, min(seq_len, cfg.token_budget)
         else:
             batch_size = max(1, min(per_rank, cfg.token_budget // seq_len))
     config = model_config_for(cfg, source)
-    step = trace_text_step(config, batch_size=batch_size, seq_len=seq_len, **step_kwargs(cfg, device))
+    step = trace_text_step(config, batch_size=batch_size, seq_len=seq_len, **step_kwargs(cfg, device),
+                           **mask)
     return per_gpu(step, config, parallel)
 
 

@@ -95,8 +95,9 @@ def padding_mask_kept(cfg: RunConfig) -> bool:
 
 
 def _mask_of(mb: MicroBatch, lengths: Sequence[int], keeps_mask: bool = True) -> str:
-    if mb.packed:  # one row; the position ids restart per document
-        return "packed" if len(mb.indices) > 1 else "none"
+    if mb.packed:  # one row; the position ids restart per document and at its padding
+        filled = sum(min(lengths[i], mb.seq_len) for i in mb.indices)
+        return "packed" if len(mb.indices) > 1 or filled < mb.seq_len else "none"
     padded = any(min(lengths[i], mb.seq_len) < mb.seq_len for i in mb.indices)
     return "padding" if padded and keeps_mask else "none"
 
@@ -113,12 +114,13 @@ def run_steps(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
     for epoch in range(math.ceil(total / per_epoch)):
         plan = plan_epoch(lengths, batching, batch_size=cfg.batch_size, max_seq_len=cfg.max_seq_len,
                           seed=cfg.seed, epoch=epoch, token_budget=token_budget,
-                          pad_multiple=cfg.pad_multiple)
+                          pad_multiple=cfg.pad_multiple, packed_row=cfg.packed_row_tokens())
         for step in plan[: total - epoch * per_epoch]:
             yield from split_step(caps.apply(step), world_size, lengths, batching=batching,
                                   max_seq_len=cfg.max_seq_len, pad_multiple=cfg.pad_multiple,
                                   token_budget=token_budget,
-                                  cap_for_len=caps.cap if caps.caps else None)
+                                  cap_for_len=caps.cap if caps.caps else None,
+                                  packed_row=cfg.packed_row_tokens())
 
 
 def micro_shapes(cfg: RunConfig, lengths: Sequence[int], caps: BatchCaps,
@@ -146,7 +148,7 @@ def worst_case_shapes(cfg: RunConfig, caps: BatchCaps, world_size: int = 1) -> s
     per_rank = max(1, -(-cfg.batch_size // world_size))
     batching = cfg.resolved_batching()
     if batching == "packed":
-        return {MicroShape(1, min(cfg.max_seq_len, cfg.token_budget), "packed", True)}
+        return {MicroShape(1, cfg.packed_row_tokens(), "packed", True)}
     token_budget = cfg.batch_size * cfg.max_seq_len if caps.caps else cfg.sample_token_budget()
     lengths = sorted({cfg.max_seq_len, *caps.caps}) if batching != "fixed" else [cfg.max_seq_len]
     out = set()
