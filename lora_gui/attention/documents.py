@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lora_gui.attention.wrapping import already_wraps, mark_wrapper
+
 DOCUMENTS_ATTR = "attention_by_document"  # set on a model's attention modules to opt in
 GROUPS_ATTR = "attention_head_groups"  # head groups (long context) keep their own calls
 _WRAPPED = "_lora_gui_documents"
@@ -90,11 +92,8 @@ def attention_by_document(module: nn.Module, query: Tensor, key: Tensor, value: 
 def with_documents(fn: Any) -> Any:
     """``fn`` (an SDPA attention function) wrapped so that an opted-in module attends each
     packed document on its own (``fn`` itself when it already is, under other wrappers too)."""
-    inner = fn
-    while inner is not None:  # wrappers of the same function (lora_gui.attention.head_groups)
-        if getattr(inner, _WRAPPED, False):
-            return fn
-        inner = getattr(inner, "__wrapped__", None)
+    if already_wraps(fn, _WRAPPED):  # under other wrappers too (lora_gui.attention.wrapping)
+        return fn
 
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
@@ -111,10 +110,7 @@ def with_documents(fn: Any) -> Any:
                                     kwargs.get("scaling"))
         return out, None
 
-    setattr(attention, _WRAPPED, True)
-    attention.__wrapped__ = fn  # type: ignore[attr-defined]
-    attention.__doc__ = fn.__doc__
-    return attention
+    return mark_wrapper(attention, fn, _WRAPPED)
 
 
 def register_document_attention() -> None:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lora_gui.attention.wrapping import already_wraps, mark_wrapper
+
 log = logging.getLogger(__name__)
 
 GROUPS_ATTR = "attention_head_groups"  # on each attention module: calls per layer
@@ -71,11 +73,8 @@ def grouped_attention(fn: Callable[..., tuple[Tensor, Any]], module: nn.Module, 
 def with_head_groups(fn: Callable[..., tuple[Tensor, Any]]) -> Callable[..., tuple[Tensor, Any]]:
     """``fn`` wrapped so that a module with ``attention_head_groups`` > 1 runs it in groups
     (``fn`` itself when it already is, under other wrappers too)."""
-    inner = fn
-    while inner is not None:  # wrappers of the same function (lora_gui.attention.documents)
-        if getattr(inner, _WRAPPED, False):
-            return fn
-        inner = getattr(inner, "__wrapped__", None)
+    if already_wraps(fn, _WRAPPED):  # under other wrappers too (lora_gui.attention.wrapping)
+        return fn
 
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
@@ -84,10 +83,7 @@ def with_head_groups(fn: Callable[..., tuple[Tensor, Any]]) -> Callable[..., tup
             return fn(module, query, key, value, attention_mask, *args, **kwargs)
         return grouped_attention(fn, module, query, key, value, attention_mask, groups, **kwargs)
 
-    setattr(attention, _WRAPPED, True)
-    attention.__wrapped__ = fn  # type: ignore[attr-defined]
-    attention.__doc__ = fn.__doc__
-    return attention
+    return mark_wrapper(attention, fn, _WRAPPED)
 
 
 def register_head_groups(name: str) -> None:
