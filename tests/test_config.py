@@ -79,3 +79,11 @@ def test_apply_overrides_does_not_mutate():
     base = RunConfig()
     new = apply_overrides(base, {"lora_rank": 2})
     assert base.lora_rank == 8 and new.lora_rank == 2
+
+
+def test_a_packed_row_holds_the_token_budget_only_where_each_document_is_attended_alone():
+    cfg = apply_overrides(RunConfig(), {"batching": "packed", "max_seq_len": 1024, "token_budget": 4096})
+    assert cfg.packed_row_tokens() == 4096  # sdpa: one causal call per document
+    assert apply_overrides(cfg, {"attn_backend": "eager"}).packed_row_tokens() == 1024  # a dense mask
+    assert apply_overrides(cfg, {"mode": "traditional"}).packed_row_tokens() == 1024
+    assert apply_overrides(cfg, {"token_budget": 512}).packed_row_tokens() == 512
