@@ -74,6 +74,7 @@ from lora_gui.engine.text.preference import (
     run_pair_step,
 )
 from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.predict.run_predict import padding_mask_kept
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
@@ -427,11 +428,17 @@ def _row_lengths(samples: Sequence[Any], indices: Sequence[int]) -> list[int]:
 
 
 def _text_shape(run: TextSession, step: Step) -> StepShape:
-    """The step's shape for the memory meter: its micro-batches and which of them have a padded
-    row (a padding mask is built for those; a preference pair counts both its rows)."""
-    padded = tuple(any(n < mb.seq_len for n in _row_lengths(run.data.train, mb.indices))
-                   for mb in step.micro_batches)
-    return step_shape(step, padded)
+    """The step's shape for the memory meter: its micro-batches and whether each builds a mask
+    (a packed row of several segments; padded rows where the padding mask is kept, which with
+    sdpa it is not: there a padded batch runs the same code as a full one; a preference pair
+    counts both its rows)."""
+    keeps_mask = run.data.preference is not None or padding_mask_kept(run.cfg)
+    kinds = []
+    for mb in step.micro_batches:
+        rows = _row_lengths(run.data.train, mb.indices)
+        short = sum(rows) < mb.seq_len if mb.packed else any(n < mb.seq_len for n in rows)
+        kinds.append(len(rows) > 1 or short if mb.packed else keeps_mask and short)
+    return step_shape(step, kinds)
 
 
 def _one_step(run: TextSession, step: Step, epoch: int) -> dict[str, Any]:
