@@ -81,10 +81,13 @@ def attention_by_document(module: nn.Module, query: Tensor, key: Tensor, value: 
             gqa = {"enable_gqa": True}
         else:
             key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    pieces = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-                                             dropout_p=dropout, scale=scaling, is_causal=True,
+    # split, not sliced: one backward node joins each tensor's gradient in one copy, where a
+    # slice's backward fills a zero tensor of the whole row per document and adds them up
+    sizes = [e - s for s, e in bounds]
+    pieces = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
                                              **gqa)
-              for s, e in bounds]
+              for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2),
+                                 value.split(sizes, dim=2))]
     # one copy into the (B, S, H, D) layout, read straight from the pieces (their transposed views)
     return torch.cat([p.transpose(1, 2) for p in pieces], dim=1)
 
