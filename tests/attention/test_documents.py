@@ -122,3 +122,29 @@ def test_wrappers_compose_once_in_either_order() -> None:
     assert sum(bool(getattr(f, documents._WRAPPED, False)) for f in chain) == 1
     test_head_groups_keep_their_own_calls()
     test_same_as_block_mask_and_as_each_document_alone(8)
+
+
+def test_no_dense_mask_is_built_for_a_packed_row_of_a_model_that_attends_by_document() -> None:
+    from transformers.models.llama import modeling_llama
+
+    ref, by_doc = _pair(2)
+    emb = torch.zeros(1, POSITIONS.shape[1], 64)
+
+    def mask(model, positions=POSITIONS):
+        return modeling_llama.create_causal_mask(config=model.config, inputs_embeds=emb, attention_mask=None,
+                                                 past_key_values=None, position_ids=positions)
+
+    assert mask(by_doc) is None  # the S x S mask is not built: each document is its own call
+    assert mask(ref) is not None and mask(ref).shape[-1] == POSITIONS.shape[1]  # did not opt in
+    one = torch.arange(POSITIONS.shape[1])[None]
+    assert mask(by_doc, one) is None and mask(ref, one) is None  # one document: causal, no mask
+    for module in by_doc.modules():  # a module switched off reads the mask again
+        if hasattr(module, DOCUMENTS_ATTR):
+            setattr(module, DOCUMENTS_ATTR, False)
+            break
+    assert mask(by_doc) is not None
+    _, grouped = _pair(2)
+    enable_attention_head_groups(grouped, 2)  # head groups keep their own masked calls
+    assert mask(grouped) is not None
+    got = grouped(input_ids=IDS, position_ids=POSITIONS).logits
+    assert torch.allclose(got, ref(input_ids=IDS, position_ids=POSITIONS).logits, atol=1e-5, rtol=1e-5)
