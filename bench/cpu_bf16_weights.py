@@ -21,9 +21,7 @@ from pathlib import Path
 import torch
 
 import lora_gui.engine.text.train as text_train
-from bench.peer_trl import BENCH_EVAL_FRACTION, bench_documents, run_lora
-from lora_gui.config import apply_overrides
-from lora_gui.presets import load_config
+from bench.peer_trl import bench_run_config, run_lora
 
 MiB = 2**20
 RUNS = ["lora", "lora-gc", "lora-gc-packed"]
@@ -45,10 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="bf16-weights-"))
-    base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": 1024})
-    corpus, _ = bench_documents(base, args.docs, folder)
-    cfg = apply_overrides(base, {"data": str(corpus), "eval_fraction": BENCH_EVAL_FRACTION,
-                                 "precision": "bf16", "monitor_hz": 0.0, "checkpoint_every": 1_000_000})
+    cfg = bench_run_config(args.docs, "bf16", folder)
     speeds: dict[tuple[str, bool], list[float]] = {}
     rows: dict[tuple[str, bool], dict] = {}
     for r in range(args.rounds):

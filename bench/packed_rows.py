@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
-from bench.peer_trl import BENCH_EVAL_FRACTION, bench_documents, run_lora
+from bench.peer_trl import bench_run_config, run_lora
 from lora_gui.config import apply_overrides
-from lora_gui.presets import load_config
 
 MiB = 2**20
 ARMS = [(1024, 1), (1024, 8), (2048, 1), (2048, 8)]  # (token_budget, pad_multiple)
@@ -37,11 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="packed-rows-"))
-    base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": 1024})
-    corpus, _ = bench_documents(base, args.docs, folder)
-    cfg = apply_overrides(base, {"data": str(corpus), "eval_fraction": BENCH_EVAL_FRACTION,
-                                 "precision": args.precision, "monitor_hz": 0.0,
-                                 "checkpoint_every": 1_000_000})
+    cfg = bench_run_config(args.docs, args.precision, folder)
     speeds: dict[tuple[int, int], list[float]] = {arm: [] for arm in ARMS}
     rows: dict[tuple[int, int], dict] = {}
     for r in range(args.rounds):

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
-from bench.peer_trl import BENCH_EVAL_FRACTION, bench_documents, json_lines, run_lora
+from bench.peer_trl import bench_run_config, json_lines, run_lora
 from lora_gui.config import apply_overrides
-from lora_gui.presets import load_config
 
 MiB = 2**20
 
@@ -34,11 +33,7 @@ def main() -> None:
     torch.set_num_threads(1)
     multiples = [int(m) for m in args.multiples.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="pad-multiple-"))
-    base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": 1024})
-    corpus, _ = bench_documents(base, args.docs, folder)
-    cfg = apply_overrides(base, {"data": str(corpus), "eval_fraction": BENCH_EVAL_FRACTION,
-                                 "precision": args.precision, "monitor_hz": 0.0,
-                                 "checkpoint_every": 1_000_000})
+    cfg = bench_run_config(args.docs, args.precision, folder)
     speeds: dict[tuple[str, int], list[float]] = {}
     rows: dict[tuple[str, int], dict] = {}
     for r in range(args.rounds):

@@ -95,6 +95,17 @@ def bench_documents(cfg: RunConfig, n_docs: int, folder: Path) -> tuple[Path, li
     return path, [s.input_ids for s in tokenize_documents(trained, tokenizer, cfg.max_seq_len)]
 
 
+def bench_run_config(docs: int, precision: str, folder: Path, max_seq_len: int = 1024) -> RunConfig:
+    """lora_gui's run on the bench's work: the text demo's settings, one epoch of ``docs``
+    documents written to ``folder``, no monitor, no checkpoint on the way (for the benches that
+    time lora_gui's engine alone against itself)."""
+    base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": max_seq_len})
+    corpus, _ = bench_documents(base, docs, folder)
+    return apply_overrides(base, {"data": str(corpus), "eval_fraction": BENCH_EVAL_FRACTION,
+                                  "precision": precision, "monitor_hz": 0.0,
+                                  "checkpoint_every": 1_000_000})
+
+
 def json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 

@@ -153,7 +153,9 @@ def enable_document_attention(model: nn.Module) -> int:
         if mask_fn is not None and not already_wraps(mask_fn, _MASK_WRAPPED):
             owner.create_causal_mask = _without_packed_mask(mask_fn)
     if marked:
-        _OPTED[id(base.config)] = (weakref.ref(base.config), marked)
+        key = id(base.config)
+        _OPTED[key] = (weakref.ref(base.config), marked)
+        weakref.finalize(base.config, _OPTED.pop, key, None)  # a planner's traced model goes away
     return len(marked)
 
 

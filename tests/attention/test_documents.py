@@ -148,3 +148,14 @@ def test_no_dense_mask_is_built_for_a_packed_row_of_a_model_that_attends_by_docu
     assert mask(grouped) is not None
     got = grouped(input_ids=IDS, position_ids=POSITIONS).logits
     assert torch.allclose(got, ref(input_ids=IDS, position_ids=POSITIONS).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_that_goes_away_leaves_nothing_registered() -> None:
+    import gc
+
+    _, by_doc = _pair(8)
+    key = id(by_doc.config)
+    assert key in documents._OPTED
+    del by_doc
+    gc.collect()
+    assert key not in documents._OPTED  # a planner traces many models in one dashboard process

@@ -28,14 +28,11 @@ OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's m
 def step_shape(step: Step, kinds: Sequence[Hashable] | None = None,
                other: Hashable = None) -> StepShape:
     """What a step's memory depends on, for the CPU meter: each micro-batch's rows and padded
-    length, with its kind (packed documents or rows, filler, and the task's own ``kinds`` per
-    micro-batch: which rows are padded), and ``other`` (the image bucket)."""
+    length, with its kind (a packed row or rows, filler, and the task's own ``kinds`` per
+    micro-batch: whether it builds a mask), and ``other`` (the image bucket)."""
     kinds = kinds or [None] * len(step.micro_batches)
-    micro = []
-    for mb, kind in zip(step.micro_batches, kinds, strict=True):
-        layout = ("packed", len(mb.indices) > 1) if mb.packed else "rows"  # >1 document: a mask
-        micro.append((1 if mb.packed else len(mb.indices), mb.seq_len, (layout, mb.filler, kind)))
-    return StepShape(tuple(micro), other)
+    return StepShape(tuple((1 if mb.packed else len(mb.indices), mb.seq_len, (mb.packed, mb.filler, kind))
+                           for mb, kind in zip(step.micro_batches, kinds, strict=True)), other)
 
 
 def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[str, Any]],

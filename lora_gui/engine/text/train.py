@@ -436,8 +436,10 @@ def _text_shape(run: TextSession, step: Step) -> StepShape:
     kinds = []
     for mb in step.micro_batches:
         rows = _row_lengths(run.data.train, mb.indices)
-        short = sum(rows) < mb.seq_len if mb.packed else any(n < mb.seq_len for n in rows)
-        kinds.append(len(rows) > 1 or short if mb.packed else keeps_mask and short)
+        if mb.packed:  # several segments (documents, or one and its padding): a mask
+            kinds.append(len(rows) > 1 or sum(rows) < mb.seq_len)
+        else:
+            kinds.append(keeps_mask and any(n < mb.seq_len for n in rows))
     return step_shape(step, kinds)
 
 

@@ -66,8 +66,8 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
 
 
 def cpu_mixed_precision(cfg: RunConfig, device: str) -> dict[str, str]:
-    """A CPU run's bf16 / fp16 autocast for the trace (its fp16 weights stay float32, so ``dtype``
-    cannot say it); empty on GPUs and for float32. 'auto' on a CPU is planned as float32: the
+    """A CPU run's bf16 / fp16 autocast for the trace (under fp16 its weights stay float32, so
+    ``dtype`` cannot say it); empty on GPUs and for float32. 'auto' on a CPU is planned as float32: the
     run decides by timing its own model and plans again with what it chose."""
     if device == "cpu" and cfg.precision in ("bf16", "fp16"):
         return {"cpu_autocast": cfg.precision}

@@ -32,7 +32,7 @@ from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.units import GB  # noqa: F401  (budgets in decimal GB, as cards are labelled)
 
 SHAPE_STEPS = 2  # steps of each shape the tracker measures: the first, and one with optimizer state
-MicroShape = tuple[int, int, Hashable]  # (rows, tokens a row, kind: what else decides its code path)
+MicroKey = tuple[int, int, Hashable]  # a micro-batch's (rows, tokens a row, kind: its code path)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class StepShape:
     filler): two micro-batches compare only when their kinds are equal.
     """
 
-    micro: tuple[MicroShape, ...]
+    micro: tuple[MicroKey, ...]
     other: Hashable = None
 
     def within(self, larger: StepShape) -> bool:
@@ -55,7 +55,7 @@ class StepShape:
         if self.other != larger.other or not self.micro or not larger.micro:
             return False
 
-        def fits(a: MicroShape, b: MicroShape) -> bool:
+        def fits(a: MicroKey, b: MicroKey) -> bool:
             return a[2] == b[2] and a[0] <= b[0] and a[1] <= b[1]
 
         later = larger.micro[1:]
