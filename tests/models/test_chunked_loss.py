@@ -79,3 +79,33 @@ def test_trace_sees_the_chunked_loss_saving():
     assert full.peak_bytes - chunked.peak_bytes > 2 * logits
     real = trace_text_step(cfg, loss_chunk=32, fake=False, **kw)  # the trace matches a real step
     assert real.traced_peak_bytes == chunked.traced_peak_bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_loss_holds_one_float32_chunk_of_logits(dtype):
+    """The frozen head's fused loss turns a chunk's float32 logits into their own gradient: at
+    most one (chunk, vocab) float32 buffer (plus the 16-bit logits it came from), where a
+    log-softmax beside the logits held two; the value and gradient equal the full loss."""
+    from lora_gui.memory.runtime.tracker import StorageTracker
+
+    torch.manual_seed(3)
+    vocab, chunk, hidden_size = 2048, 16, 32
+    head = torch.nn.Linear(hidden_size, vocab, bias=False).to(dtype).requires_grad_(False)
+    hidden = torch.randn(2, 33, hidden_size, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (2, 33))
+    labels[0, :5] = -100  # rows without a target: no loss, no gradient
+    logits = head(hidden).float()
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1))
+    (g_want,) = torch.autograd.grad(want, hidden)
+    with StorageTracker() as t:
+        t.track([hidden, labels, head.weight])
+        start = t.live_bytes
+        got = chunked_cross_entropy(hidden, labels, head, chunk=chunk)
+        rise = t.peak_bytes - start
+    (g_got,) = torch.autograd.grad(got, hidden)
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    assert torch.allclose(got.float(), want, **tol)
+    assert torch.allclose(g_got.float(), g_want.float(), **tol)
+    one_chunk = chunk * vocab * (4 if dtype == torch.float32 else 4 + 2)  # bytes
+    small = 2 * hidden.numel() * hidden.element_size() + 64 * chunk * 8  # gradients, per-row terms
+    assert one_chunk <= rise <= one_chunk + small, (rise, one_chunk)

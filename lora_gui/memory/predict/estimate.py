@@ -265,9 +265,11 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     head_in = (d if lean_norm else F32) * s["h"] + F32 + 2 * d * s["hd"]  # final norm + rotary cos/sin
     temporaries = 12 * tokens * s["V"]  # bytes: see module docstring
     if loss_chunk:  # one chunk's logits, plus the hidden-state gradient kept and then scaled
-        # fused loss: a chunk's logits (d bytes), float32 log-probs and their gradient (8 bytes)
-        # (+ 256 bytes a chunk row: targets, masks and gathered log-probs, rounded up)
-        temporaries = ((8 + d) * s["V"] + 256) * min(tokens, loss_chunk) + 2 * tokens * s["h"] * d
+        # fused loss: a chunk's logits (d bytes) and, for 16-bit logits, their float32 copy that
+        # becomes the gradient in place (+ 256 bytes a chunk row: targets, masks and gathered
+        # logits, rounded up)
+        logit_bytes = d if d == F32 else d + F32
+        temporaries = (logit_bytes * s["V"] + 256) * min(tokens, loss_chunk) + 2 * tokens * s["h"] * d
     # Backward of one layer frees its saved tensors while it allocates gradients; the net rise
     # above "everything saved" measured with the trace on Llama-family configs is 0.1-0.33 x the
     # layer's saved bytes (0.25 used); with recompute, the recomputed layer plus 0.06-0.3 x (0.28:
