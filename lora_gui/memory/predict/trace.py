@@ -122,23 +122,30 @@ def _cuda_like_dropout(enabled: bool) -> Iterator[None]:
 
 
 def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTracker,
-              forward_loss: Callable[[], torch.Tensor], head: nn.Module | None) -> None:
-    """One training step with phase markers: forward, loss, backward, optimizer step."""
+              make_inputs: Callable[[], dict],
+              loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
+              hold_inputs: bool) -> None:
+    """One training step with phase markers: forward, loss, backward, optimizer step.
+    ``hold_inputs``: the batch stays alive through the backward, as the text loop holds it."""
     hooks = []
     tracker.category = tracker.phase = "activations"
     tracker.head_entered = False
     if head is not None:
         hooks.append(head.register_forward_pre_hook(lambda _m, args: tracker.enter_head(args[0])))
     try:
-        loss = forward_loss()
+        inputs: dict | None = make_inputs()
+        loss = loss_fn(model, inputs, tracker)
+        if not hold_inputs:
+            inputs = None
     finally:
         for h in hooks:
             h.remove()
     tracker.phase = "backward"
     # the loss/logits gradients come first; the head input's gradient hook ends them
     tracker.category = "temporaries" if tracker.head_entered else "activations"
-    loss.backward()
-    del loss
+    scaled = loss / 1  # accelerate's backward divides by its accumulation steps (1): a scalar more
+    scaled.backward()
+    del scaled, loss, inputs
     for p in model.parameters():
         if p.grad is not None and (rec := tracker.record_of(p.grad)) is not None:
             rec.category = "gradients"
@@ -153,7 +160,8 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
            gradient_checkpointing: bool, warm_steps: int,
            setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
            cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False,
-           long_context: dict[str, Any] | None = None, autocast: torch.dtype | None = None) -> TraceResult:
+           long_context: dict[str, Any] | None = None, autocast: torch.dtype | None = None,
+           hold_inputs: bool = False) -> TraceResult:
     """Materializes ``model`` (fake or real), runs one steady-state step and breaks its peak down.
 
     ``setup(model, make)``: materializes what is neither a parameter nor a buffer (quantization
@@ -166,6 +174,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
     copies are counted apart (``info["host_bytes"]``), not in the device peak.
     ``autocast``: the model's forward runs as a run's does under that mixed precision on
     ``device`` (:func:`lora_gui.models.cuda_autocast.forward_under`); None: no autocast.
+    ``hold_inputs``: the batch's tensors stay alive until the backward ends (the text loop's).
     """
     from lora_gui.memory.predict import quant
     t0 = time.perf_counter()
@@ -198,7 +207,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
                 kernel_watch(kernels, device, workspaces), quant.cuda_like_int8(cuda_int8), \
                 adapter_always_on(fake), quantized_dora(), forward_under(model, autocast, device):
             for _ in range(warm_steps):  # real steps that create the optimizer state themselves
-                _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
+                _run_step(model, opt, tracker, make_inputs, loss_fn, head, hold_inputs)
             if warm_steps == 0 and optimizer == "adamw":
                 _materialize_adamw_state(opt)
             elif warm_steps == 0:
@@ -211,7 +220,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
             tracker.peak_event, tracker.peak_phase = tracker.events, "start"
             tracker.start_event = tracker.events
             workspaces.clear()  # the measured step's calls only
-            _run_step(model, opt, tracker, lambda: loss_fn(model, make_inputs(), tracker), head)
+            _run_step(model, opt, tracker, make_inputs, loss_fn, head, hold_inputs)
     result = _result(tracker, device, time.perf_counter() - t0, model, trainable)
     result.info["sdpa_kernels"] = sorted(kernels)
     result.info["attention_workspace_bytes"] = max(workspaces, default=0)  # one layer's, largest
@@ -433,7 +442,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                  long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
                                "embeddings_on_host": embeddings_on_host,
                                "attention_head_groups": attention_head_groups},
-                 autocast=run_autocast(device, as_dtype(dtype), cpu_autocast))
+                 autocast=run_autocast(device, as_dtype(dtype), cpu_autocast),
+                 hold_inputs=True)  # the text loops hold their batch until the backward ends
     kernel = attn_implementation if attn_implementation != "sdpa" else "+".join(res.info["sdpa_kernels"])
     res.info.update(model_type=cfg.model_type, batch_size=batch_size, seq_len=seq_len, mask=mask,
                     attn_implementation=attn_implementation, kernel=kernel or "sdpa",
