@@ -46,8 +46,9 @@ def optimizer_step(run: RunSession, step: Step, runner: Callable[[Step], dict[st
         agree_across_ranks: every rank learns of any rank's out-of-memory error and splits the
             same way (off under FSDP, where a rank cannot stop inside the all-gathers).
         shape: the step's shape (:func:`step_shape`) for the CPU memory meter, which measures
-            the first steps of each shape and none within a larger measured one (with the
-            micro-batch caps, which re-cut a step; with several ranks, exact shapes only);
+            the first steps of each shape and none whose micro-batches are each within a
+            measured one (with the micro-batch caps, which re-cut a step; with several ranks,
+            exact shapes only);
             None: measured.
 
     Returns:

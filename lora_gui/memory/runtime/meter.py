@@ -14,15 +14,16 @@ steps of each distinct shape and later steps of a measured shape run without it:
 step. A gradient-accumulated step is one optimizer step here (all its micro-batches run inside
 it), so each measured step includes its accumulation and its optimizer update.
 
-A step no larger than one already measured with the optimizer state resident is not measured
-either (:meth:`StepShape.within`): the same code runs on tensors that are each no larger, so
-its live bytes are no larger at any point. Packed rows and mixed-length buckets rarely repeat a
-shape exactly; most of their steps are within an earlier one.
+A step whose micro-batches are each no larger than one of a step already measured with the
+optimizer state resident is not measured either (:meth:`StepShape.covered_by`; the measured
+micro-batches may come from different steps): the same code runs on tensors that are each no
+larger, so its live bytes are no larger at any point. Packed rows and mixed-length buckets
+rarely repeat a shape exactly; most of their steps are covered by earlier ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,18 +49,27 @@ class StepShape:
     other: Hashable = None
 
     def within(self, larger: StepShape) -> bool:
-        """Whether this step's peak is at most ``larger``'s: each of its micro-batches has no more
-        rows, no longer rows and the same kind as one of ``larger``'s. Every micro-batch after a
-        step's first runs with the adapter's gradients resident (they are freed between steps),
-        so those must be matched by one of ``larger``'s later micro-batches."""
-        if self.other != larger.other or not self.micro or not larger.micro:
+        """Whether this step's peak is at most ``larger``'s (:meth:`covered_by` one step)."""
+        return self.covered_by([larger])
+
+    def covered_by(self, measured: Sequence[StepShape]) -> bool:
+        """Whether each of this step's micro-batches is no larger than one of ``measured``'s: no
+        more rows, no longer rows, the same kind and ``other``. Then each micro-batch peaks no
+        higher than that one did, and the step no higher than the largest of those steps.
+
+        The first micro-batch of a step runs without the adapter's gradients (they are freed
+        between steps), every later one with them: a later micro-batch is matched only by a
+        later one."""
+        pool = [step for step in measured if step.other == self.other and step.micro]
+        if not self.micro or not pool:
             return False
 
         def fits(a: MicroKey, b: MicroKey) -> bool:
             return a[2] == b[2] and a[0] <= b[0] and a[1] <= b[1]
 
-        later = larger.micro[1:]
-        return (any(fits(self.micro[0], b) for b in larger.micro)
+        anywhere = [b for step in pool for b in step.micro]
+        later = [b for step in pool for b in step.micro[1:]]
+        return (any(fits(self.micro[0], b) for b in anywhere)
                 and all(any(fits(a, b) for b in later) for a in self.micro[1:]))
 
 
@@ -131,7 +141,7 @@ class PeakMeter:
         seen = self._shape_counts.get(shape, 0)
         measure = self.every_step or shape is None or seen < SHAPE_STEPS
         if measure and not self.every_step and isinstance(shape, StepShape):
-            measure = not any(shape.within(big) for big in self._settled)  # itself included
+            measure = not shape.covered_by(self._settled)  # itself included
         if measure and settled and isinstance(shape, StepShape):
             self._settled.append(shape)
         if shape is not None:  # a training step (not the caching pass): counted in coverage()
@@ -164,8 +174,8 @@ class PeakMeter:
         """How the steps' peaks were measured, for run.json."""
         if self.tracker is None or self.every_step:
             return {"measured_steps": "every step"}
-        return {"measured_steps": f"the first {SHAPE_STEPS} of each step shape, and none within a "
-                                  "larger measured one",
+        return {"measured_steps": f"the first {SHAPE_STEPS} of each step shape, and none whose "
+                                  "micro-batches are each within a measured one",
                 "steps_measured": self.measured_steps, "steps_not_measured": self.unmeasured_steps,
                 "step_shapes": len(self._shape_counts)}
 
