@@ -5,7 +5,8 @@ Groups (by op name, input shapes and the op's ancestors in the profiler's tree):
 - attention: scaled-dot-product attention kernels, forward and backward;
 - matmuls (frozen weights): mm / addmm / bmm / linear whose operands have no LoRA-rank dimension;
 - LoRA: matmuls with a dimension equal to the LoRA rank (A and B, forward and backward);
-- loss: cross entropy, log-softmax, NLL (forward and backward; the LM head's matmul is a matmul);
+- loss: cross entropy, log-softmax, NLL, and every op of lora_gui's fused chunked loss (forward
+  and backward; the LM head's matmul is a matmul);
 - optimizer: every op under ``Optimizer.step`` (AdamW, clipping apart) and ``zero_grad``;
 - other ops: norms, activations, rotary, copies, casts, elementwise adds;
 - python / framework: the loop's wall time not inside any op (Python, autograd bookkeeping,
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+FUSED_LOSS = "_FusedLinearCrossEntropy"  # lora_gui's chunked loss (an autograd Function)
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
 GROUPS = ("attention", "matmuls (frozen weights)", "LoRA", "loss", "optimizer", "other ops",
           "python / framework")
@@ -48,6 +50,8 @@ def _group(event: Any, rank: int) -> str:
         if any(rank in s for s in shapes if s):
             return "LoRA"
         return "matmuls (frozen weights)"
+    if any(FUSED_LOSS in a for a in above):  # the chunked loss's own ops, its head matmuls apart
+        return "loss"
     if name.startswith("aten::") or name.startswith("autograd::"):
         return "other ops"
     return "python / framework"  # autograd nodes' and record ranges' own time
