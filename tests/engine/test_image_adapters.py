@@ -21,7 +21,7 @@ from lora_gui.models.diffusion import load_pipeline, resolve_pipeline_source
 from lora_gui.presets import load_config
 
 BUILTIN = resolve_pipeline_source("builtin")
-LOW, HIGH = -0.01, 0.03  # predicted / measured - 1
+LOW, HIGH = 0.0, 0.03  # predicted / measured - 1
 BASE = {"max_steps": 2, "batch_size": 2, "monitor_hz": 0, "eval_fraction": 0.2, "sample_images": 0,
         "precision": "fp32", "resolution": 256, "lr": 1e-2}
 # LoKr at rank 2 keeps its large factor low-rank (lokr_w2_a / _b); at rank 4 both factors of the

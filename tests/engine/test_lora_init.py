@@ -19,7 +19,7 @@ from lora_gui.engine.text import train as text_train
 from lora_gui.memory.predict.init_trace import init_peak_bytes, measured_init
 from lora_gui.models.adapters import INIT_FILE, AdapterSpec, attach_adapter
 
-LOW, HIGH = -0.01, 0.03
+LOW, HIGH = 0.0, 0.03
 # batch 1 of 16 tokens with checkpointing: the SVD of the widest weight is above the steps' peak
 TINY = dict(max_steps=2, batch_size=1, max_seq_len=16, monitor_hz=0.0, eval_fraction=0.05,
             checkpoint_every=1, gradient_checkpointing=True, precision="fp32", warmup_steps=0, lr=1e-2,

@@ -15,7 +15,7 @@ from lora_gui.memory.predict import predict
 from lora_gui.presets import load_config
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
-LOW, HIGH = -0.01, 0.03  # predicted / measured - 1, the bound of every mode
+LOW, HIGH = 0.0, 0.03  # predicted / measured - 1, the bound of every mode
 
 
 def _build(kind: str, out):

@@ -79,7 +79,7 @@ def run_pair_step(model, accelerator, data, step: Step, n_targets: int | None = 
             sums["rewards_chosen"] += chosen.sum().item()
             sums["rewards_rejected"] += rejected.sum().item()
             sums["reward_accuracy"] += (chosen > rejected).sum().item()
-        del loss, losses, batch
+        del loss, losses, chosen, rejected, batch  # none of them outlives its micro-batch
     pairs = max(1, len(step.indices))
     real = sum(len(data.train[i].chosen) + len(data.train[i].rejected) for i in step.indices)
     padded = sum(2 * len(mb.indices) * mb.seq_len for mb in step.micro_batches)

@@ -84,8 +84,8 @@ def corda_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, sp
     while layer i is decomposed, the full factors kept for layers before it (U: out x m,
     S: m, V: in x m, m = min(out, in), float32, cropped to rank r only after the last layer),
     and layer i's own temporaries at the larger of two moments: the inversion check (damping,
-    damped covariance, inverse, identity and their product: 5 in x in) or after the SVD
-    (damping, damped covariance, inverse, ``W C``, U, S, Vh and ``Vh C^-1``), plus a float32
+    damped covariance, inverse, identity and their product: 5 in x in, and their distance) or
+    after the SVD (damping, damped covariance, inverse, ``W C``, U, S, Vh and ``Vh C^-1``), plus a float32
     copy of the weight when it is not float32; and the end of each forward over one sample of
     ``tokens`` (at most ``max_seq_len``): every covariance and the sample's logits (tokens x
     vocabulary in ``dtype``). Not modelled: the forward's other activations (one row, freed
@@ -109,7 +109,7 @@ def corda_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, sp
     for out, inp in shapes:
         m = min(out, inp)
         copy = out * inp * f32 if dtype != torch.float32 else 0
-        check = 5 * inp * inp
+        check = 5 * inp * inp + 1  # and torch.dist's result, one float32 beside them
         after = 3 * inp * inp + out * inp + out * m + m + 2 * m * inp
         peak = max(peak, live + copy + max(check, after) * f32)
         live += (out * m + m + inp * m) * f32  # this layer's full U, S, V stay until the crop

@@ -258,10 +258,20 @@ def predict_text_run(cfg: RunConfig, device: str = "cuda", source: str | None = 
             best = (step, shape)
     step, shape = best
     step = per_gpu(step, config, parallel)
-    log.info("predicted peak %.1f MiB on %s: %s (%d shapes, %d traced)", step.peak_bytes / 2**20,
+    table = reference_table_bytes(cfg, device, len(lengths) if lengths else 0)
+    step.info["reference_table_bytes"] = table
+    log.info("predicted peak %.1f MiB on %s: %s (%d shapes, %d traced)", (step.peak_bytes + table) / 2**20,
              device, shape, len(shapes), len(candidates))
-    return RunPrediction(step.peak_bytes, device, step.info.get("kernel", ""), shape, bool(lengths),
+    return RunPrediction(step.peak_bytes + table, device, step.info.get("kernel", ""), shape, bool(lengths),
                          len(shapes), len(candidates), step, dict(caps.caps))
+
+
+def reference_table_bytes(cfg: RunConfig, device: str, pairs: int) -> int:
+    """Bytes of a DPO run's precomputed reference log-probabilities (pairs x 2 float32), which
+    the run keeps in host memory for all its steps: on a CPU that is the device, so the plan
+    counts them; on a GPU they are not on the card."""
+    dpo_table = cfg.objective == "dpo" and cfg.ref_logps == "precomputed"
+    return 2 * 4 * pairs if dpo_table and device == "cpu" else 0
 
 
 def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,

@@ -424,6 +424,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
         return batch
 
     def loss_fn(m: nn.Module, batch: dict, tracker: _PhaseTracker) -> torch.Tensor:
+        inputs = batch  # held by the step until its backward ends
         if preference is not None:  # the preference run's own step (models.preference_loss)
             from lora_gui.models.preference_loss import REF_KEY, pair_losses, reference_logps
 
@@ -431,7 +432,9 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                 ref = reference_logps(m, batch, preference.chunk)  # policy's layers count as
                 batch = {**batch, REF_KEY: ref}  # activations
                 tracker.category, tracker.head_entered = "activations", False
-            return pair_losses(m, batch, preference)[0].sum() / batch_size
+            losses, chosen, rejected = pair_losses(m, batch, preference)
+            inputs["held"] = (losses, chosen, rejected)  # the pair loop holds them through its backward
+            return losses.sum() / batch_size
         return m(**batch, use_cache=False).loss
 
     head = model.get_output_embeddings()
