@@ -134,19 +134,19 @@ def test_a_text_run_measures_the_first_steps_of_each_shape_and_the_same_peak(tmp
     assert shapes["steps_not_measured"] >= 1
 
 
-def test_a_step_is_within_another_when_each_micro_batch_fits_one_of_the_same_kind():
+def test_a_step_is_covered_by_another_when_each_micro_batch_fits_one_of_the_same_kind():
     big = StepShape(((4, 64, "rows"), (2, 32, "rows")), other="bucket")
-    assert StepShape(((4, 64, "rows"),), "bucket").within(big)
-    assert StepShape(((3, 56, "rows"), (2, 24, "rows")), "bucket").within(big)
-    assert StepShape(((2, 32, "rows"), (1, 32, "rows"), (2, 16, "rows")), "bucket").within(big)
-    assert not StepShape(((5, 64, "rows"),), "bucket").within(big)  # more rows
-    assert not StepShape(((4, 72, "rows"),), "bucket").within(big)  # longer rows
-    assert not StepShape(((4, 64, "padded"),), "bucket").within(big)  # another code path
-    assert not StepShape(((4, 64, "rows"),), "other bucket").within(big)
+    assert StepShape(((4, 64, "rows"),), "bucket").covered_by([big])
+    assert StepShape(((3, 56, "rows"), (2, 24, "rows")), "bucket").covered_by([big])
+    assert StepShape(((2, 32, "rows"), (1, 32, "rows"), (2, 16, "rows")), "bucket").covered_by([big])
+    assert not StepShape(((5, 64, "rows"),), "bucket").covered_by([big])  # more rows
+    assert not StepShape(((4, 72, "rows"),), "bucket").covered_by([big])  # longer rows
+    assert not StepShape(((4, 64, "padded"),), "bucket").covered_by([big])  # another code path
+    assert not StepShape(((4, 64, "rows"),), "other bucket").covered_by([big])
     # a step's later micro-batches run with the adapter's gradients resident: matched by a later one
-    assert not StepShape(((2, 32, "rows"), (4, 64, "rows")), "bucket").within(big)
+    assert not StepShape(((2, 32, "rows"), (4, 64, "rows")), "bucket").covered_by([big])
     one = StepShape(((4, 64, "rows"),), "bucket")
-    assert not StepShape(((1, 8, "rows"), (1, 8, "rows")), "bucket").within(one)
+    assert not StepShape(((1, 8, "rows"), (1, 8, "rows")), "bucket").covered_by([one])
 
 
 def test_only_steps_measured_with_the_optimizer_state_cover_smaller_ones():
@@ -182,7 +182,7 @@ def test_a_step_is_covered_by_micro_batches_of_several_measured_steps():
     long_rows = StepShape(((1, 64, "rows"), (1, 64, "rows")), "bucket")
     many_rows = StepShape(((8, 16, "rows"), (8, 16, "rows")), "bucket")
     mixed = StepShape(((1, 48, "rows"), (8, 8, "rows")), "bucket")
-    assert not mixed.within(long_rows) and not mixed.within(many_rows)
+    assert not mixed.covered_by([long_rows]) and not mixed.covered_by([many_rows])
     assert mixed.covered_by([long_rows, many_rows])
     assert not StepShape(((2, 64, "rows"),), "bucket").covered_by([long_rows, many_rows])
     assert not mixed.covered_by([StepShape(((1, 64, "rows"), (8, 16, "rows")), "other")])

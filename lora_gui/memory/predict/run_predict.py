@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lora_gui.config import RunConfig
@@ -257,21 +257,22 @@ def predict_text_run(cfg: RunConfig, device: str = "cuda", source: str | None = 
         if best is None or step.peak_bytes > best[0].peak_bytes:
             best = (step, shape)
     step, shape = best
-    step = per_gpu(step, config, parallel)
-    table = reference_table_bytes(cfg, device, len(lengths) if lengths else 0)
-    step.info["reference_table_bytes"] = table
-    log.info("predicted peak %.1f MiB on %s: %s (%d shapes, %d traced)", (step.peak_bytes + table) / 2**20,
+    step = with_reference_table(per_gpu(step, config, parallel), cfg, device, len(lengths) if lengths else 0)
+    log.info("predicted peak %.1f MiB on %s: %s (%d shapes, %d traced)", step.peak_bytes / 2**20,
              device, shape, len(shapes), len(candidates))
-    return RunPrediction(step.peak_bytes + table, device, step.info.get("kernel", ""), shape, bool(lengths),
+    return RunPrediction(step.peak_bytes, device, step.info.get("kernel", ""), shape, bool(lengths),
                          len(shapes), len(candidates), step, dict(caps.caps))
 
 
-def reference_table_bytes(cfg: RunConfig, device: str, pairs: int) -> int:
-    """Bytes of a DPO run's precomputed reference log-probabilities (pairs x 2 float32), which
-    the run keeps in host memory for all its steps: on a CPU that is the device, so the plan
-    counts them; on a GPU they are not on the card."""
-    dpo_table = cfg.objective == "dpo" and cfg.ref_logps == "precomputed"
-    return 2 * 4 * pairs if dpo_table and device == "cpu" else 0
+def with_reference_table(step: TraceResult, cfg: RunConfig, device: str, pairs: int) -> TraceResult:
+    """``step`` with a DPO run's precomputed reference log-probabilities (pairs x 2 float32) in
+    its breakdown: the run keeps that table in host memory for all its steps, which on a CPU is
+    the device; on a GPU it is not on the card (``step`` unchanged)."""
+    if not (cfg.objective == "dpo" and cfg.ref_logps == "precomputed" and device == "cpu" and pairs):
+        return step
+    table = 2 * 4 * pairs
+    return replace(step, peak_bytes=step.peak_bytes + table, traced_peak_bytes=step.traced_peak_bytes + table,
+                   breakdown={**step.breakdown, "reference_logps": table})
 
 
 def plan_and_predict(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,

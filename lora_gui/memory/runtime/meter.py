@@ -48,10 +48,6 @@ class StepShape:
     micro: tuple[MicroKey, ...]
     other: Hashable = None
 
-    def within(self, larger: StepShape) -> bool:
-        """Whether this step's peak is at most ``larger``'s (:meth:`covered_by` one step)."""
-        return self.covered_by([larger])
-
     def covered_by(self, measured: Sequence[StepShape]) -> bool:
         """Whether each of this step's micro-batches is no larger than one of ``measured``'s: no
         more rows, no longer rows, the same kind and ``other``. Then each micro-batch peaks no
