@@ -185,6 +185,8 @@ class RunConfig(PreferenceSettings):
     lean_backward: str = option("auto", "Keep for the backward only what it reads: LoRA layers keep "
                                 "their 16-bit input once instead of a copy per adapter, and norms "
                                 "their 16-bit input instead of a float32 copy (bf16 / fp16 runs); "
+                                "a decoder's gated MLP keeps two of its four intermediate tensors "
+                                "and recomputes the others (without checkpointing); "
                                 "in a UNet, frozen convolutions keep no input and the normalised "
                                 "and GELU activations are recomputed instead of kept. The same "
                                 "gradients, less memory; auto: off (traditional), on (optimized).",

@@ -32,6 +32,9 @@ frozen some of that is never read, yet stays alive from the forward to the backw
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
+- transformers' gated MLP (Llama, Mistral, Qwen, Gemma ...) keeps ``act(gate)`` and the
+  product ``down_proj``'s adapter reads; both are recomputed from ``gate`` and ``up`` instead
+  (:mod:`lora_gui.models.lean_mlp`): two of the four intermediate-width tensors a token.
 
 Each runs torch's own ops and backward: a saved-tensor hook swaps what the op saves for a
 stand-in (the convolution's input: its sizes only, all its backward reads for the input's
@@ -115,8 +118,8 @@ def _other_hooks_active() -> bool:
 def _unpack(saved: object) -> torch.Tensor:
     if type(saved) is _Sizes:  # an expanded 1-element tensor: the sizes, no storage of that size
         return torch.empty(1, dtype=saved.dtype, device=saved.device).expand(saved.shape)
-    if type(saved) is _Recompute:
-        return saved.fn(saved.arg)
+    if type(saved) is _Recompute:  # its argument may be a recompute too (a rebuilt input's view)
+        return saved.fn(_unpack(saved.arg) if type(saved.arg) is _Recompute else saved.arg)
     return saved  # type: ignore[return-value]
 
 
@@ -214,7 +217,8 @@ class _Casts:
         made = self.made.get(id(base))
         if made is None or made[0] is not base:
             return t
-        return _Recompute(_CastView(t, base.dtype), made[1])
+        # the copy's source, or how the source itself is rebuilt when nothing else keeps it
+        return _Recompute(_CastView(t, base.dtype), getattr(made[1], "_lean_rebuild", None) or made[1])
 
 
 class _CastView:
@@ -228,6 +232,34 @@ class _CastView:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.dtype).as_strided(self.shape, self.stride, self.offset)
+
+
+class _Rebuilt:
+    """Pack hook for one LoRA layer's forward whose input ``x`` carries ``_lean_rebuild`` (a
+    recompute of ``x`` from tensors the graph keeps anyway: the gated MLP's product): what the
+    adapter saves of ``x`` itself (``lora_A``'s input, or a 2D view of it) leaves as that
+    recompute, so ``x`` is freed once the layer has run."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x: torch.Tensor | None = x
+
+    def pack(self, t: torch.Tensor) -> object:
+        x = self.x
+        if x is None or (t is not x and t._base is not x):
+            return t
+        return _Recompute(_CastView(t, t.dtype), x._lean_rebuild)
+
+    def run(self, inner: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``inner(x, *args, **kwargs)`` with this pack hook when ``x`` can be rebuilt."""
+        if getattr(x, "_lean_rebuild", None) is None:
+            return inner(x, *args, **kwargs)
+        try:
+            with saved_tensors_hooks(self.pack, _unpack):
+                return inner(x, *args, **kwargs)
+        finally:
+            self.x = None  # autograd keeps the pack hook: it must not keep x
 
 
 def _no_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -275,8 +307,10 @@ def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: A
     cast = autocast_dtype(x.device.type)
     if cast is not None:  # a GPU run's mixed precision
         return _lora_under_autocast(self, inner, x, cast, args, kwargs)
-    if all(a.weight.dtype == x.dtype for a in self.lora_A.values()) or _other_hooks_active():
-        return inner(x, *args, **kwargs)  # nothing is cast / checkpointing decides
+    if _other_hooks_active():
+        return inner(x, *args, **kwargs)  # checkpointing decides
+    if all(a.weight.dtype == x.dtype for a in self.lora_A.values()):
+        return _Rebuilt(x).run(inner, x, args, kwargs)  # nothing is cast: lora_A keeps x itself
     casts = _Casts()
     self._cast_input_dtype = lambda t, dtype: casts.cast(self, t, dtype)
     try:
@@ -297,7 +331,8 @@ def _lora_under_autocast(self: nn.Module, inner: Any, x: torch.Tensor, cast: tor
         # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
         self._cast_input_dtype = _no_cast
         try:
-            return inner(x, *args, **kwargs)
+            return _Rebuilt(x).run(inner, x, args, kwargs) if not _other_hooks_active() else inner(
+                x, *args, **kwargs)
         finally:
             del self._cast_input_dtype
     if x.dtype != torch.float32 or _other_hooks_active():
@@ -407,15 +442,17 @@ def _lean_geglu_class() -> type[nn.Module]:
 def lean_frozen_layers(module: nn.Module) -> int:
     """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.SiLU`` and
     diffusers ``GEGLU`` in ``module`` into its lean subclass, and gives plain peft LoRA
-    ``Linear`` layers the lean forward (same parameters, state dict and output; see the module
-    doc). Call after the adapter
+    ``Linear`` layers, RMSNorms and transformers' gated MLPs (:mod:`lora_gui.models.lean_mlp`)
+    the lean forward (same parameters, state dict and output; see the module doc). Call after the adapter
     is attached (and after any other forward override). Returns how many layers changed."""
     swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
                                       (nn.LayerNorm, LeanLayerNorm), (nn.SiLU, LeanSiLU)]
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))
-    count = _lean_lora_layers(module) + _lean_rms_norms(module)
+    from lora_gui.models.lean_mlp import lean_gated_mlps  # it builds on this module's hooks
+
+    count = _lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
     for m in module.modules():
         for plain, lean in swaps:
             if type(m) is plain:  # exact type: a subclass may change what its forward computes

@@ -161,7 +161,7 @@ def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
     lean = copy.deepcopy(plain)
     if fused:  # the engine's fused forward (its fallback path here: bf16 input, float32 adapter)
         fuse_lora(plain), fuse_lora(lean)
-    assert lean_frozen_layers(lean) == 14 + 5  # 2 layers x 7 adapted linears, 2 x 2 + 1 RMSNorms
+    assert lean_frozen_layers(lean) == 14 + 5 + 2  # 2 layers x 7 adapted linears, 2 x 2 + 1 RMSNorms, 2 MLPs
     plain_kept, plain_loss, plain_grads = _text_step(plain)
     lean_kept, lean_loss, lean_grads = _text_step(lean)
     assert lean_loss == plain_loss and plain_grads.keys() == lean_grads.keys()
@@ -172,15 +172,17 @@ def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
 
 def test_dora_keeps_peft_s_path():
     """DoRA (an adapter variant) runs peft's forward as is: the same loss and gradients, and the
-    same bytes as with the lean RMSNorms alone."""
+    same bytes as with the lean RMSNorms and MLPs alone (the MLP recomputes act(gate) whatever
+    its adapters; the product stays, kept by DoRA's own path)."""
     from lora_gui.models.lean_backward import _lean_rms_norms
+    from lora_gui.models.lean_mlp import lean_gated_mlps
 
     dora = _tiny_llama_lora("dora")
-    lean, norms_only = copy.deepcopy(dora), copy.deepcopy(dora)
+    lean, outside = copy.deepcopy(dora), copy.deepcopy(dora)
     lean_frozen_layers(lean)
-    assert _lean_rms_norms(norms_only) == 5
+    assert _lean_rms_norms(outside) == 5 and lean_gated_mlps(outside) == 2
     (kept, loss, grads), (lean_kept, lean_loss, lean_grads) = _text_step(dora), _text_step(lean)
-    assert lean_kept == _text_step(norms_only)[0] < kept and lean_loss == loss
+    assert lean_kept == _text_step(outside)[0] < kept and lean_loss == loss
     assert all(torch.equal(g, lean_grads[n]) for n, g in grads.items())
 
 

@@ -12,7 +12,9 @@ against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
   copy recomputed), plus the rank-r output of ``lora_A`` (4*r bytes per token);
 - RMSNorm saves its float32 input copy (with ``lean_backward``: the ``dtype`` input, the copy
   recomputed) and a float32 rsqrt per token;
-- SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token);
+- SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token); with ``lean_backward``
+  gate and up (act(gate) recomputed), and the product ``down_proj``'s LoRA reads is recomputed
+  too instead of kept (plain LoRA, unquantized; :mod:`lora_gui.models.lean_mlp`);
 - SDPA (flash / memory-efficient on CUDA, flash on CPU) saves q, k, v, out and a float32
   logsumexp: no S x S term. Eager saves the float32 softmax and its ``dtype`` copy
   (nh * S * (4 + d) bytes per token) and GQA-repeated k/v;
@@ -106,15 +108,16 @@ def _variant(adapter: Any, s: dict[str, int], d: int, targets: tuple[str, ...], 
 
 def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
                            seq: int, variant: dict[str, Any] | None = None, lean: bool = False,
-                           lean_norms: bool = False) -> int:
+                           lean_norms: bool = False, lean_mlp: tuple[bool, bool] = (False, False)) -> int:
     """Bytes autograd saves per token in one decoder layer (Llama family, LoRA, no recompute);
     ``lean``: plain LoRA keeps its ``d``-byte input once per distinct input instead of a float32
     copy per adapted module; ``lean_norms``: the RMSNorms keep their ``d``-byte input instead of
-    its float32 copy (:mod:`lora_gui.models.lean_backward`)."""
+    its float32 copy (:mod:`lora_gui.models.lean_backward`); ``lean_mlp``: (act(gate)
+    recomputed, the product ``down_proj``'s LoRA reads recomputed) (:mod:`lora_gui.models.lean_mlp`)."""
     h, i, q, kv, nh = s["h"], s["I"], s["q"], s["kv"], s["nh"]
     dims = _linear_dims(s)
     total = 2 * ((d if lean_norms else F32) * h + F32)  # two RMSNorms: float32 input copy + rsqrt
-    total += 3 * d * i  # SwiGLU: gate (for act), act(gate) and up (for the product)
+    total += (2 if lean_mlp[0] else 3) * d * i  # SwiGLU: gate (for act), act(gate) and up
     total += d * q + d * kv  # rotated q and k
     if attn == "sdpa":
         total += d * kv + d * q + F32 * nh  # v, output, float32 logsumexp
@@ -133,21 +136,23 @@ def _layer_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], 
         groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gu": ("gate_proj", "up_proj"),
                   "down": ("down_proj",)}
         total += sum(d * dims[g[0]][0] for g in groups.values() if any(n in targets for n in g))
+        if lean_mlp[1] and "down_proj" in targets:
+            total -= d * dims["down_proj"][0]  # the product is recomputed for down_proj's LoRA
         if attn == "sdpa" and "o_proj" in targets:
             total -= d * q  # the o_proj input is the SDPA output itself
     return total
 
 
 def _mlp_bytes_per_token(s: dict[str, int], d: int, targets: tuple[str, ...], r: int,
-                         lean: bool = False) -> int:
+                         lean: bool = False, lean_mlp: tuple[bool, bool] = (False, False)) -> int:
     """The part of :func:`_layer_bytes_per_token` that the gated MLP saves (and its LoRA)."""
     h, i = s["h"], s["I"]
     gate, up, down = ("gate_proj" in targets), ("up_proj" in targets), ("down_proj" in targets)
-    total = 3 * d * i + F32 * r * (gate + up + down)  # SwiGLU products + lora_A outputs
+    total = (2 if lean_mlp[0] else 3) * d * i + F32 * r * (gate + up + down)  # SwiGLU + lora_A outputs
     if d != F32 and not lean:  # each adapted module keeps its own float32 input copy
         total += F32 * (h * (gate + up) + i * down)
     else:  # float32 (or lean 16-bit) inputs kept once per distinct input
-        total += d * (h * (gate or up) + i * down)
+        total += d * (h * (gate or up) + i * down * (not lean_mlp[1]))
     return total
 
 
@@ -256,9 +261,13 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     variant = _variant(adapter, s, d, targets, lora_rank, optimizer, params) if family else None
     lean = lean_backward and variant is None and not gradient_checkpointing and not mlp_chunk
     lean_norm = lean_backward and d != F32  # outside checkpointed layers (the final norm): always
+    # the gated MLP: act(gate) recomputed in any adapter's run; the product for a plain LoRA
+    # down_proj (a quantized layer keeps peft's own forward)
+    lean_mlp = (lean_backward and not gradient_checkpointing and not mlp_chunk,
+                lean and quantization == "none")
     if family:
         layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant, lean,
-                                       lean_norm and not gradient_checkpointing)
+                                       lean_norm and not gradient_checkpointing, lean_mlp)
         layer += q["saved_per_token"]
     else:
         layer = _generic_layer_bytes(s, d, attn_implementation, keys)
@@ -277,7 +286,7 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     # Eager adds the gradients of the S x S scores (measured 1.3-5.2 bytes per head per key
     # position per token; 4 used for float32, 2.5 for 16-bit weights).
     eager_grad = (4.0 if d == F32 else 2.5) * s["nh"] * keys if attn_implementation == "eager" else 0
-    mlp = _mlp_bytes_per_token(s, d, targets, lora_rank, lean) if family else 0
+    mlp = _mlp_bytes_per_token(s, d, targets, lora_rank, lean, lean_mlp) if family else 0
     long = long_context_terms(s, d, layer, mlp, tokens, offload_checkpoints and gradient_checkpointing,
                               mlp_chunk if family else 0, embeddings_on_host)
     layer, params["frozen_weights"] = long["layer"], params["frozen_weights"] - long["frozen_on_host"]
