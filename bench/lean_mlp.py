@@ -63,12 +63,12 @@ def planned() -> None:
               f"{a_on / a_off - 1:+.1%} |", flush=True)
 
 
-def measured(rounds: int, docs: int) -> None:
+def measured(rounds: int, docs: int, precisions: list[str]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="lean_mlp_"))
     print("\n| precision | MLPs | peak MiB (tracker) | plan vs peak | real tok/s per round | median |"
           " speed on / off, median of rounds |")
     print("|---|---|---|---|---|---|---|")
-    for precision in ("fp32", "bf16"):
+    for precision in precisions:
         cfg = bench_run_config(docs, precision, folder)
         run_lora("lora", cfg, folder)  # warm-up: the first run of a process builds its kernels
         rows: dict[bool, list[dict]] = {True: [], False: []}
@@ -91,11 +91,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--docs", type=int, default=192, help="training documents (one epoch)")
     parser.add_argument("--skip-plans", action="store_true")
+    parser.add_argument("--precisions", default="fp32,bf16")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.skip_plans:
         planned()
-    measured(args.rounds, args.docs)
+    measured(args.rounds, args.docs, args.precisions.split(","))
 
 
 if __name__ == "__main__":

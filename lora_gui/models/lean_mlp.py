@@ -7,15 +7,17 @@ between a layer's forward and its backward: ``gate`` (the activation's backward 
 product itself, which the ``down_proj`` adapter's ``lora_A`` keeps for its weight gradient. Two
 of them are one elementwise pass away from the other two:
 
-- ``act(gate)`` is recomputed from ``gate`` when the product's backward asks for it;
 - the product is recomputed from ``gate`` and ``up`` when ``lora_A``'s backward asks for it
-  (plain LoRA on ``down_proj``; :class:`lora_gui.models.lean_backward._Rebuilt`).
+  (plain LoRA on ``down_proj``; :class:`lora_gui.models.lean_backward._Rebuilt`);
+- ``act(gate)`` is recomputed from ``gate`` when the product's backward asks for it, which
+  comes next: the one the product's recompute made is handed over.
 
 So an MLP keeps two intermediate-width tensors a token instead of four: in a decoder layer
 without checkpointing that is about a third of what it saves (Unsloth's and Liger's fused
 SwiGLU keep the same two). The cost is two elementwise passes of the intermediate width in the
-backward (the activation twice, the product once). The ops and their order are torch's own, so
-the loss and gradients are the same, bit for bit. A module is changed only where that is certain:
+backward (the activation and the product; the activation alone without an adapter on
+``down_proj``). The ops and their order are torch's own, so the loss and gradients are the same,
+bit for bit. A module is changed only where that is certain:
 its class's ``forward`` is exactly transformers' gated form and its activation is one torch op
 that keeps its own input (SiLU, GELU); not inside a checkpointed layer or a tiled MLP, whose own
 saved-tensor hook decides there. The run and the memory planner's trace apply the same function.
@@ -67,17 +69,25 @@ def _single_op_activation(act: Any) -> bool:
     return False
 
 
-class _Product:
-    """Recomputes the gated product ``act(gate) * up`` from ``(gate, up)``."""
+class _Recomputed:
+    """One MLP's recomputes in the backward: the product ``act(gate) * up`` (read first, by
+    ``down_proj``'s adapter) keeps the ``act(gate)`` it made for the product's own backward,
+    which reads it next, so the activation runs once (two passes, not three)."""
 
-    __slots__ = ("act",)
+    __slots__ = ("act", "act_fn")
 
-    def __init__(self, act: Any) -> None:
-        self.act = act
+    def __init__(self, act_fn: Any) -> None:
+        self.act_fn = act_fn
+        self.act: torch.Tensor | None = None
 
-    def __call__(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def product(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         gate, up = pair
-        return self.act(gate) * up
+        self.act = self.act_fn(gate)
+        return self.act * up
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        act, self.act = self.act, None
+        return self.act_fn(gate) if act is None else act
 
 
 def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -88,13 +98,14 @@ def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     up = self.up_proj(x)
     if not (act.requires_grad or up.requires_grad):
         return self.down_proj(act * up)
-    device = gate.device.type
+    device, recomputed = gate.device.type, _Recomputed(self.act_fn)
     # the product saves act and up; act goes (recomputed from gate, which its backward keeps)
-    product = _Swap(act, _Recompute(same_autocast(self.act_fn, device), gate)).run(torch.mul, act, up)
+    product = _Swap(act, _Recompute(same_autocast(recomputed.activation, device), gate)).run(
+        torch.mul, act, up)
     del act
     if product.requires_grad and product.is_contiguous():
         # read by the down_proj adapter (lean_backward._Rebuilt): it keeps this, not the product
-        product._lean_rebuild = _Recompute(same_autocast(_Product(self.act_fn), device), (gate, up))
+        product._lean_rebuild = _Recompute(same_autocast(recomputed.product, device), (gate, up))
     return self.down_proj(product)
 
 

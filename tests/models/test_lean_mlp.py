@@ -119,3 +119,17 @@ def test_other_mlps_and_activations_keep_their_forward():
             return self.down_proj(self.act_fn(self.gate_proj(x)) + self.up_proj(x))
 
     assert lean_gated_mlps(Other()) == 0
+
+
+def test_the_backward_runs_the_activation_once_a_layer(monkeypatch):
+    """The product's recompute (read first, by down_proj's adapter) hands its act(gate) to the
+    product's own backward: one activation a layer in the backward, not two."""
+    model = _model(torch.float32, True)
+    lean_frozen_layers(model)
+    ids = torch.randint(0, 500, (2, 64), generator=torch.Generator().manual_seed(3))
+    loss = model(input_ids=ids, labels=ids).loss
+    calls = []
+    silu = torch.nn.functional.silu
+    monkeypatch.setattr(torch.nn.functional, "silu", lambda *a, **k: calls.append(1) or silu(*a, **k))
+    loss.backward()
+    assert len(calls) == LAYERS
