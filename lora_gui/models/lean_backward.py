@@ -63,64 +63,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from lora_gui.models.cuda_autocast import autocast_dtype, norms_in_float32, same_autocast
-
-
-class _Sizes:
-    """Stands in for a saved tensor whose values the backward never reads."""
-
-    __slots__ = ("device", "dtype", "shape")
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
-
-
-class _Recompute:
-    """Stands in for a saved tensor that the backward recomputes: ``fn(arg)``."""
-
-    __slots__ = ("arg", "fn")
-
-    def __init__(self, fn: Any, arg: torch.Tensor) -> None:
-        self.fn, self.arg = fn, arg
-
-
-class _Swap:
-    """Pack hook: ``target`` (by identity) leaves as ``stand_in``; anything else is kept.
-
-    autograd keeps each saved tensor's pack hook beside its unpack hook until the backward, so
-    :meth:`run` drops the reference to ``target`` once the op has saved what it saves."""
-
-    __slots__ = ("stand_in", "target")
-
-    def __init__(self, target: torch.Tensor, stand_in: object) -> None:
-        self.target: torch.Tensor | None = target
-        self.stand_in = stand_in
-
-    def pack(self, t: torch.Tensor) -> object:
-        return self.stand_in if t is self.target else t
-
-    def run(self, op: Any, *args: Any) -> torch.Tensor:
-        """``op(*args)`` with this pack hook; ``target`` is let go afterwards."""
-        try:
-            with saved_tensors_hooks(self.pack, _unpack):
-                return op(*args)
-        finally:
-            self.target = None
-
-
-def _other_hooks_active() -> bool:
-    """True inside another saved-tensor hook (non-reentrant checkpointing, offloading): that one
-    decides what is kept there, and a stand-in holding the norm's input or the projection would
-    keep alive what a checkpointed block lets go. Unknown (no such torch API): True."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is None or top(False) is not None
-
-
-def _unpack(saved: object) -> torch.Tensor:
-    if type(saved) is _Sizes:  # an expanded 1-element tensor: the sizes, no storage of that size
-        return torch.empty(1, dtype=saved.dtype, device=saved.device).expand(saved.shape)
-    if type(saved) is _Recompute:  # its argument may be a recompute too (a rebuilt input's view)
-        return saved.fn(_unpack(saved.arg) if type(saved.arg) is _Recompute else saved.arg)
-    return saved  # type: ignore[return-value]
+from lora_gui.models.lean_mlp import lean_gated_mlps
+from lora_gui.models.stand_ins import Recompute, Sizes, Swap, other_hooks_active, unpack
 
 
 class LeanConv2d(nn.Conv2d):
@@ -130,14 +74,14 @@ class LeanConv2d(nn.Conv2d):
                       bias: torch.Tensor | None) -> torch.Tensor:
         frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
         if (self.padding_mode != "zeros" or not frozen or not input.requires_grad
-                or not torch.is_grad_enabled() or _other_hooks_active()):
+                or not torch.is_grad_enabled() or other_hooks_active()):
             return super()._conv_forward(input, weight, bias)
         cast = autocast_dtype(input.device.type)
         if cast is not None and input.dtype != cast:
             # the copy autocast would make for the convolution (and keep): made here, so that it
             # is the input this hook leaves out
             input = input.to(cast)
-        return _Swap(input, _Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
+        return Swap(input, Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
                                                 self.dilation, self.groups)
 
 
@@ -151,10 +95,10 @@ def _norm_in_float32(input: torch.Tensor, norm: Any) -> torch.Tensor:
     instead (the copy is recomputed, exactly, in the backward): half the bytes."""
     half = input.dtype in (torch.float16, torch.bfloat16)
     if (not half or not norms_in_float32(input.device.type) or not input.requires_grad
-            or not torch.is_grad_enabled() or _other_hooks_active()):
+            or not torch.is_grad_enabled() or other_hooks_active()):
         return norm(input)
     wide = input.float()
-    return _Swap(wide, _Recompute(_to_float32, input)).run(norm, wide)
+    return Swap(wide, Recompute(_to_float32, input)).run(norm, wide)
 
 
 class LeanGroupNorm(nn.GroupNorm):
@@ -189,11 +133,11 @@ class LeanSiLU(nn.SiLU):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         norm = getattr(input, "_lean_norm", None)
-        if norm is None or self.inplace or not torch.is_grad_enabled() or _other_hooks_active():
+        if norm is None or self.inplace or not torch.is_grad_enabled() or other_hooks_active():
             return F.silu(input, inplace=self.inplace)
         module, source = norm
         recompute = same_autocast(module.recompute, input.device.type)
-        return _Swap(input, _Recompute(recompute, source)).run(F.silu, input)
+        return Swap(input, Recompute(recompute, source)).run(F.silu, input)
 
 
 class _Casts:
@@ -218,7 +162,7 @@ class _Casts:
         if made is None or made[0] is not base:
             return t
         # the copy's source, or how the source itself is rebuilt when nothing else keeps it
-        return _Recompute(_CastView(t, base.dtype), getattr(made[1], "_lean_rebuild", None) or made[1])
+        return Recompute(_CastView(t, base.dtype), getattr(made[1], "_lean_rebuild", None) or made[1])
 
 
 class _CastView:
@@ -249,14 +193,14 @@ class _Rebuilt:
         x = self.x
         if x is None or (t is not x and t._base is not x):
             return t
-        return _Recompute(_CastView(t, t.dtype), x._lean_rebuild)
+        return Recompute(_CastView(t, t.dtype), x._lean_rebuild)
 
     def run(self, inner: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         """``inner(x, *args, **kwargs)`` with this pack hook when ``x`` can be rebuilt."""
         if getattr(x, "_lean_rebuild", None) is None:
             return inner(x, *args, **kwargs)
         try:
-            with saved_tensors_hooks(self.pack, _unpack):
+            with saved_tensors_hooks(self.pack, unpack):
                 return inner(x, *args, **kwargs)
         finally:
             self.x = None  # autograd keeps the pack hook: it must not keep x
@@ -307,14 +251,14 @@ def _lean_lora_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: A
     cast = autocast_dtype(x.device.type)
     if cast is not None:  # a GPU run's mixed precision
         return _lora_under_autocast(self, inner, x, cast, args, kwargs)
-    if _other_hooks_active():
+    if other_hooks_active():
         return inner(x, *args, **kwargs)  # checkpointing decides
     if all(a.weight.dtype == x.dtype for a in self.lora_A.values()):
         return _Rebuilt(x).run(inner, x, args, kwargs)  # nothing is cast: lora_A keeps x itself
     casts = _Casts()
     self._cast_input_dtype = lambda t, dtype: casts.cast(self, t, dtype)
     try:
-        with saved_tensors_hooks(casts.pack, _unpack):
+        with saved_tensors_hooks(casts.pack, unpack):
             return inner(x, *args, **kwargs)
     finally:
         del self._cast_input_dtype  # the class's own method again
@@ -331,16 +275,16 @@ def _lora_under_autocast(self: nn.Module, inner: Any, x: torch.Tensor, cast: tor
         # values: the round trip is exact) and keeps that second copy: lora_A reads x itself
         self._cast_input_dtype = _no_cast
         try:
-            return _Rebuilt(x).run(inner, x, args, kwargs) if not _other_hooks_active() else inner(
+            return _Rebuilt(x).run(inner, x, args, kwargs) if not other_hooks_active() else inner(
                 x, *args, **kwargs)
         finally:
             del self._cast_input_dtype
-    if x.dtype != torch.float32 or _other_hooks_active():
+    if x.dtype != torch.float32 or other_hooks_active():
         return inner(x, *args, **kwargs)
     shared = _SharedCasts(x, cast)
     self._cast_input_dtype = shared.cast
     try:
-        with saved_tensors_hooks(shared.pack, _unpack):
+        with saved_tensors_hooks(shared.pack, unpack):
             return inner(x, *args, **kwargs)
     finally:
         del self._cast_input_dtype
@@ -366,7 +310,7 @@ class _Upcasts(TorchFunctionMode):
 
     def pack(self, t: torch.Tensor) -> object:
         if self.copies.get(id(t)) is t:
-            return _Recompute(_to_float32, self.source)
+            return Recompute(_to_float32, self.source)
         return t
 
 
@@ -376,11 +320,11 @@ _UPCASTS = (torch.Tensor.to, torch.Tensor.float)
 def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     inner = self._lean_inner_forward
     if (x.dtype not in (torch.float16, torch.bfloat16) or not x.requires_grad or not torch.is_grad_enabled()
-            or _other_hooks_active()):
+            or other_hooks_active()):
         return inner(x, *args, **kwargs)
     watch = _Upcasts(x)
     try:
-        with watch, saved_tensors_hooks(watch.pack, _unpack):
+        with watch, saved_tensors_hooks(watch.pack, unpack):
             return inner(x, *args, **kwargs)
     finally:
         watch.copies.clear()  # autograd keeps the pack hook: it must not keep the copies
@@ -400,16 +344,24 @@ def _lean_rms_norms(module: nn.Module) -> int:
     return count
 
 
-def _lean_lora_layers(module: nn.Module) -> int:
-    """Gives every plain peft LoRA ``Linear`` the forward above, around whatever forward it has
-    (peft's, or the fused one). Returns how many."""
+def _lora_linear_types() -> tuple[type, ...]:
+    """peft's LoRA ``Linear`` and its bitsandbytes (QLoRA) forms, whose adapters read their input
+    the same way (``_cast_input_dtype``, then ``lora_A``)."""
     try:
         from peft.tuners.lora.layer import Linear
     except ImportError:
-        return 0
+        return ()
+    bnb = sys.modules.get("peft.tuners.lora.bnb")  # not imported: no QLoRA layer exists
+    return (Linear, *(getattr(bnb, n) for n in ("Linear4bit", "Linear8bitLt") if hasattr(bnb, n)))
+
+
+def _lean_lora_layers(module: nn.Module) -> int:
+    """Gives every plain peft LoRA ``Linear`` (and QLoRA's) the forward above, around whatever
+    forward it has (peft's, or the fused one). Returns how many."""
+    types_ = _lora_linear_types()
     count = 0
     for m in module.modules():
-        if type(m) is Linear and "_lean_inner_forward" not in m.__dict__:
+        if type(m) in types_ and "_lean_inner_forward" not in m.__dict__:
             m._lean_inner_forward = m.forward  # bound: the class's or an instance override
             m.forward = types.MethodType(_lean_lora_forward, m)
             count += 1
@@ -428,12 +380,12 @@ def _lean_geglu_class() -> type[nn.Module]:
             hidden, gate = proj.chunk(2, dim=-1)
             kernels_here = proj.device.type in ("cpu", "cuda", "meta")  # diffusers' own path elsewhere
             if (not hidden.requires_grad or not torch.is_grad_enabled() or not kernels_here
-                    or _other_hooks_active()):
+                    or other_hooks_active()):
                 return hidden * self.gelu(gate)
             act = F.gelu(gate)
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
             recompute = same_autocast(F.gelu, gate.device.type)
-            return _Swap(act, _Recompute(recompute, gate)).run(torch.mul, hidden, act)
+            return Swap(act, Recompute(recompute, gate)).run(torch.mul, hidden, act)
 
     LeanGEGLU.__name__ = LeanGEGLU.__qualname__ = "LeanGEGLU"
     return LeanGEGLU
@@ -450,8 +402,6 @@ def lean_frozen_layers(module: nn.Module) -> int:
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))
-    from lora_gui.models.lean_mlp import lean_gated_mlps  # it builds on this module's hooks
-
     count = _lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
     for m in module.modules():
         for plain, lean in swaps:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lora_gui.models.cuda_autocast import same_autocast
-from lora_gui.models.lean_backward import _other_hooks_active, _Recompute, _Swap
+from lora_gui.models.stand_ins import Recompute, Swap, other_hooks_active
 
 _GATED_FORWARD = ["def forward(self, x):",
                   "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",
@@ -91,7 +91,7 @@ class _Recomputed:
 
 
 def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if not torch.is_grad_enabled() or _other_hooks_active():
+    if not torch.is_grad_enabled() or other_hooks_active():
         return self._lean_inner_forward(x)
     gate = self.gate_proj(x)  # the same ops in the same order as transformers' forward
     act = self.act_fn(gate)
@@ -100,12 +100,12 @@ def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(act * up)
     device, recomputed = gate.device.type, _Recomputed(self.act_fn)
     # the product saves act and up; act goes (recomputed from gate, which its backward keeps)
-    product = _Swap(act, _Recompute(same_autocast(recomputed.activation, device), gate)).run(
+    product = Swap(act, Recompute(same_autocast(recomputed.activation, device), gate)).run(
         torch.mul, act, up)
     del act
     if product.requires_grad and product.is_contiguous():
         # read by the down_proj adapter (lean_backward._Rebuilt): it keeps this, not the product
-        product._lean_rebuild = _Recompute(same_autocast(recomputed.product, device), (gate, up))
+        product._lean_rebuild = Recompute(same_autocast(recomputed.product, device), (gate, up))
     return self.down_proj(product)
 
 

@@ -133,3 +133,30 @@ def test_the_backward_runs_the_activation_once_a_layer(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "silu", lambda *a, **k: calls.append(1) or silu(*a, **k))
     loss.backward()
     assert len(calls) == LAYERS
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_qlora_layers_get_the_same_lean_path(tmp_path, quantization):
+    """bitsandbytes-quantized projections (QLoRA): the same loss and gradients; nf4's down_proj
+    adapter keeps no product either (two intermediate-width float32 tensors a token fewer a
+    layer); int8's base layer keeps its input itself (bitsandbytes holds it), so only act(gate) goes."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from lora_gui.models.quant import load_quantized, prepare_for_training
+    from lora_gui.presets import load_config
+
+    cfg = LlamaConfig(vocab_size=500, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                      num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    run = load_config("text-demo", {"quantization": quantization})
+    base = load_quantized(str(tmp_path), run, "sdpa", torch.float32, torch.device("cpu"))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights="gaussian"))
+    prepare_for_training(model)
+    plain, lean = _without_mlps(model), copy.deepcopy(model)
+    lean_frozen_layers(lean)
+    (plain_kept, loss, grads), (lean_kept, lean_loss, lean_grads) = _step(plain, False), _step(lean, False)
+    assert loss == lean_loss and grads.keys() == lean_grads.keys()
+    assert all(torch.equal(g, lean_grads[n]) for n, g in grads.items())
+    fewer = 2 if quantization == "nf4" else 1
+    assert plain_kept - lean_kept == LAYERS * fewer * TOKENS * INTERMEDIATE * 4, (plain_kept, lean_kept)

@@ -14,7 +14,7 @@ against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
   recomputed) and a float32 rsqrt per token;
 - SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token); with ``lean_backward``
   gate and up (act(gate) recomputed), and the product ``down_proj``'s LoRA reads is recomputed
-  too instead of kept (plain LoRA, unquantized; :mod:`lora_gui.models.lean_mlp`);
+  too instead of kept (plain LoRA, not int8; :mod:`lora_gui.models.lean_mlp`);
 - SDPA (flash / memory-efficient on CUDA, flash on CPU) saves q, k, v, out and a float32
   logsumexp: no S x S term. Eager saves the float32 softmax and its ``dtype`` copy
   (nh * S * (4 + d) bytes per token) and GQA-repeated k/v;
@@ -262,9 +262,9 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
     lean = lean_backward and variant is None and not gradient_checkpointing and not mlp_chunk
     lean_norm = lean_backward and d != F32  # outside checkpointed layers (the final norm): always
     # the gated MLP: act(gate) recomputed in any adapter's run; the product for a plain LoRA
-    # down_proj (a quantized layer keeps peft's own forward)
+    # down_proj (int8's base layer keeps its input itself: bitsandbytes holds it)
     lean_mlp = (lean_backward and not gradient_checkpointing and not mlp_chunk,
-                lean and quantization == "none")
+                lean and quantization != "int8")
     if family:
         layer = _layer_bytes_per_token(s, d, targets, lora_rank, attn_implementation, keys, variant, lean,
                                        lean_norm and not gradient_checkpointing, lean_mlp)

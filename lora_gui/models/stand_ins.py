@@ -1,0 +1,69 @@
+"""Stand-ins for saved tensors: what an op's saved-tensor pack hook keeps instead of a tensor
+whose values the backward can get another way (its sizes alone, or a recompute from tensors the
+graph keeps anyway), and the unpack hook that turns them back into tensors
+(:mod:`lora_gui.models.lean_backward`, :mod:`lora_gui.models.lean_mlp`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+
+class Sizes:
+    """Stands in for a saved tensor whose values the backward never reads."""
+
+    __slots__ = ("device", "dtype", "shape")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
+
+
+class Recompute:
+    """Stands in for a saved tensor that the backward recomputes: ``fn(arg)``."""
+
+    __slots__ = ("arg", "fn")
+
+    def __init__(self, fn: Any, arg: torch.Tensor) -> None:
+        self.fn, self.arg = fn, arg
+
+
+class Swap:
+    """Pack hook: ``target`` (by identity) leaves as ``stand_in``; anything else is kept.
+
+    autograd keeps each saved tensor's pack hook beside its unpack hook until the backward, so
+    :meth:`run` drops the reference to ``target`` once the op has saved what it saves."""
+
+    __slots__ = ("stand_in", "target")
+
+    def __init__(self, target: torch.Tensor, stand_in: object) -> None:
+        self.target: torch.Tensor | None = target
+        self.stand_in = stand_in
+
+    def pack(self, t: torch.Tensor) -> object:
+        return self.stand_in if t is self.target else t
+
+    def run(self, op: Any, *args: Any) -> torch.Tensor:
+        """``op(*args)`` with this pack hook; ``target`` is let go afterwards."""
+        try:
+            with saved_tensors_hooks(self.pack, unpack):
+                return op(*args)
+        finally:
+            self.target = None
+
+
+def other_hooks_active() -> bool:
+    """True inside another saved-tensor hook (non-reentrant checkpointing, offloading): that one
+    decides what is kept there, and a stand-in holding the norm's input or the projection would
+    keep alive what a checkpointed block lets go. Unknown (no such torch API): True."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
+def unpack(saved: object) -> torch.Tensor:
+    if type(saved) is Sizes:  # an expanded 1-element tensor: the sizes, no storage of that size
+        return torch.empty(1, dtype=saved.dtype, device=saved.device).expand(saved.shape)
+    if type(saved) is Recompute:  # its argument may be a recompute too (a rebuilt input's view)
+        return saved.fn(unpack(saved.arg) if type(saved.arg) is Recompute else saved.arg)
+    return saved  # type: ignore[return-value]
