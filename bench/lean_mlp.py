@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-import lora_gui.models.lean_mlp as lean_mlp
+import lora_gui.models.lean_backward as lean_backward
 from bench.peer_trl import bench_run_config, run_lora
 from lora_gui.memory.predict.trace import trace_text_step
 
@@ -33,17 +33,17 @@ MiB = 2**20
 PLANS = (("qwen2.5-0.5b", {"seq_len": 4096}), ("llama-3.1-8b", {"seq_len": 2048}),
          ("llama-3.1-8b", {"seq_len": 8192}),
          ("llama-3.1-8b", {"seq_len": 8192, "gradient_checkpointing": True}))
-_LEAN = lean_mlp.lean_gated_mlps
+_LEAN = lean_backward.lean_gated_mlps  # what lean_frozen_layers calls
 
 
 @contextlib.contextmanager
 def mlps(on: bool) -> Iterator[None]:
     """The gated MLPs lean (the engine's default) or as transformers runs them."""
-    lean_mlp.lean_gated_mlps = _LEAN if on else (lambda module: 0)
+    lean_backward.lean_gated_mlps = _LEAN if on else (lambda module: 0)
     try:
         yield
     finally:
-        lean_mlp.lean_gated_mlps = _LEAN
+        lean_backward.lean_gated_mlps = _LEAN
 
 
 def planned() -> None:
