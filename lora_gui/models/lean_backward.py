@@ -82,7 +82,7 @@ class LeanConv2d(nn.Conv2d):
             # is the input this hook leaves out
             input = input.to(cast)
         return Swap(input, Sizes(input)).run(F.conv2d, input, weight, bias, self.stride, self.padding,
-                                                self.dilation, self.groups)
+                                              self.dilation, self.groups)
 
 
 def _to_float32(t: torch.Tensor) -> torch.Tensor:

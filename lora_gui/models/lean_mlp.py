@@ -110,8 +110,8 @@ def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def lean_gated_mlps(module: nn.Module) -> int:
-    """Gives every gated MLP of ``module`` (transformers' form, a one-op activation) the forward
-    above, around whatever forward it has. Returns how many."""
+    """Gives every gated MLP of ``module`` (transformers' form, a one-op activation, no forward
+    set on the instance by other code) the forward above, around its class's. Returns how many."""
     count = 0
     for m in module.modules():
         if (all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
