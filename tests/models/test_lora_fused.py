@@ -89,3 +89,76 @@ def test_fused_under_cpu_autocast_with_lean_layers_keeps_no_more_than_peft():
         peaks.append(tracker.peak_bytes)
     assert peaks[1] <= peaks[0], peaks
     assert abs(results[0][0] - results[1][0]) < 2e-2  # bf16 rounding differs in the summation order
+
+
+def _one_layer(rank: int = 4):
+    torch.manual_seed(0)
+    model = get_peft_model(torch.nn.Sequential(torch.nn.Linear(64, 256)),
+                           LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["0"]))
+    layer = model.base_model.model[0]
+    torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)
+    assert fuse_lora(model) == 1
+    return model, layer
+
+
+def test_adapter_product_is_added_into_the_base_output_in_place():
+    """The forward makes the base output and ``A x``, nothing else: an out-of-place ``addmm``
+    would copy the base output into a second full-width tensor."""
+    model, layer = _one_layer()
+    x = torch.randn(3, 32, 64, requires_grad=True)
+    tracker = StorageTracker()
+    tracker.track([*model.parameters(), x])
+    held = tracker.live_bytes
+    with tracker:
+        y = model(x)
+    assert tracker.peak_bytes - held == 3 * 32 * 256 * 4 + 3 * 32 * 4 * 4  # output + A x, float32
+    assert y.shape == (3, 32, 256)
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    expected = layer.base_layer(x) + (x @ a.t() @ b.t()) * layer.scaling["default"]
+    torch.testing.assert_close(y, expected)
+    y.square().sum().backward()
+    grad_x, grad_a = x.grad.clone(), a.grad.clone()
+    x.grad = a.grad = b.grad = None
+    expected.square().sum().backward()
+    torch.testing.assert_close(x.grad, grad_x)
+    torch.testing.assert_close(a.grad, grad_a)
+
+
+def test_a_hook_on_the_base_layer_keeps_the_base_output():
+    """A forward hook handed the base layer's output (a user's probe) sees the base's values:
+    the adapter's product goes into a new tensor there."""
+    model, layer = _one_layer()
+    seen = []
+    layer.base_layer.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    x = torch.randn(5, 64)
+    y = model(x)
+    torch.testing.assert_close(seen[0], x @ layer.base_layer.weight.t() + layer.base_layer.bias)
+    assert not torch.equal(seen[0], y)  # the adapter's product is in y only
+
+
+def test_under_autocast_the_product_goes_in_place_with_autocast_values(monkeypatch):
+    """Under CPU autocast (a float32 layer, bfloat16 compute) the operands are cast as autocast's
+    own ``addmm`` casts them: the same output and gradients as the copying form, and one
+    full-width bfloat16 tensor less at the peak."""
+    import lora_gui.models.lora_fused as fused_module
+
+    model, layer = _one_layer()
+    x = torch.randn(2, 48, 64, requires_grad=True)
+    runs = []
+    for in_place in (True, False):
+        if not in_place:
+            monkeypatch.setattr(fused_module, "_in_place_operands", lambda *a: None)
+        tracker = StorageTracker()
+        tracker.track([*model.parameters(), x])
+        held = tracker.live_bytes
+        with tracker, torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x)
+        assert y.dtype == torch.bfloat16
+        y.float().square().sum().backward()
+        runs.append((y.detach(), x.grad.clone(), layer.lora_B["default"].weight.grad.clone(),
+                     tracker.peak_bytes - held))
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+    (y1, gx1, gb1, peak1), (y0, gx0, gb0, peak0) = runs
+    assert torch.equal(y1, y0) and torch.equal(gx1, gx0) and torch.equal(gb1, gb0)
+    assert peak0 - peak1 >= 2 * 48 * 256 * 2  # the copy of the base output, bfloat16
