@@ -70,8 +70,10 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     "lora": {"gradient_checkpointing": False},
     "lora-gc": {"gradient_checkpointing": True},
     "lora-gc-packed": {"gradient_checkpointing": True, "batching": "packed"},
-    # the packed peer with TRL's own micro-batch (one packed row of max_length = 1,024 tokens)
-    # instead of lora_gui's default token budget (2,048): --peer trl-mb1x8-gc-packed=lora-gc-packed-1024
+    # the peers with TRL's own micro-batch (one row of at most max_length = 1,024 tokens) as their
+    # token budget instead of lora_gui's default (2,048): --peer trl-mb1x8-gc-packed=lora-gc-packed-1024
+    "lora-1024": {"gradient_checkpointing": False, "token_budget": 1024},
+    "lora-gc-1024": {"gradient_checkpointing": True, "token_budget": 1024},
     "lora-gc-packed-1024": {"gradient_checkpointing": True, "batching": "packed", "token_budget": 1024},
     # the speed switches off, to measure each on / off (not paired with a TRL configuration)
     "lora-unfused": {"gradient_checkpointing": False, "lora_fused": False},
