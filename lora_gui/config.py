@@ -105,6 +105,11 @@ class RunConfig(PreferenceSettings):
                                 "query also sees.", "memory", low=0, high=1 << 20, tasks=TEXT)
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
+    checkpoint_layers: int = option(0, "Gradient checkpointing: checkpoint only this many of the "
+                                    "model's first decoder layers; the last ones keep their "
+                                    "activations and are not recomputed (faster, more memory; the "
+                                    "plan shows how much). 0 = every layer.", "memory", low=0,
+                                    high=1 << 16, tasks=TEXT)
     loss_chunk: int = option(-1, "Chunked loss: compute the cross-entropy over this many token "
                              "positions at a time instead of the whole batch's float32 logits (same "
                              "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "
@@ -395,6 +400,9 @@ class RunConfig(PreferenceSettings):
         self._check_adapter()
         if problem := self.preference_problem():
             raise ConfigError(problem)
+        if self.checkpoint_layers and not self.gradient_checkpointing:
+            raise ConfigError("checkpoint_layers: needs gradient_checkpointing: true (it says how "
+                              "many layers are checkpointed)")
         if self.offload_checkpoints and not self.gradient_checkpointing:
             raise ConfigError("offload_checkpoints: needs gradient_checkpointing: true (the "
                               "offloaded tensors are the checkpointed layer inputs)")

@@ -12,6 +12,15 @@ compute dtype: 8 KB a token for an 8B Llama in bf16, 2.8 GB at 340k tokens. The 
 The recompute runs under the autocast its forward ran under, emulated or real
 (:func:`lora_gui.models.cuda_autocast.checkpoint_contexts`): a plan's trace of a GPU step
 recomputes what the card recomputes.
+
+``layers``: only the first N decoder layers are checkpointed; the last ones keep their activations
+as without checkpointing and are not recomputed (one forward of each such layer saved a step).
+The backward reaches them first, so their activations are freed before any checkpointed layer is
+recomputed: a recompute holds what it held with every layer checkpointed (and the kept layers'
+LoRA gradients); the cost is the kept activations at the start of the backward. The planner
+traces the same split, so a plan says what each choice holds. transformers 5.x can skip layers
+too (``every_n_layers``), but it keeps the activations of layers between checkpointed ones,
+which are still alive when those are recomputed: a higher peak for the same forwards saved.
 """
 
 from __future__ import annotations
@@ -19,13 +28,24 @@ from __future__ import annotations
 from torch import nn
 
 from lora_gui.models.cuda_autocast import checkpoint, checkpoint_contexts
+from lora_gui.models.errors import ModelError
 
 
-def enable_checkpointing(model: nn.Module) -> None:
+def enable_checkpointing(model: nn.Module, layers: int = 0) -> None:
     """Switches on non-reentrant activation checkpointing: transformers' or diffusers' own
     switch (``model`` may be a peft wrapper); for a transformers model without the input hook
-    that non-reentrant checkpointing does not need (see the module doc)."""
+    that non-reentrant checkpointing does not need (see the module doc).
+
+    ``layers``: checkpoint only the first ``layers`` decoder layers (0: every layer).
+
+    Raises:
+        ModelError: ``layers`` is more than the model's decoder layers, or the model is not a
+            transformers decoder.
+    """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if layers and not hasattr(base, "gradient_checkpointing_enable"):
+        raise ModelError("checkpoint_layers: only a transformers decoder can checkpoint some of its "
+                         "layers; set 0 to checkpoint every block")
     if hasattr(base, "gradient_checkpointing_enable"):  # transformers
         kwargs = {"use_reentrant": False, "context_fn": checkpoint_contexts}
         if hasattr(base, "activation_checkpointing_enable"):  # the name since transformers 5.x
@@ -34,6 +54,26 @@ def enable_checkpointing(model: nn.Module) -> None:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if hasattr(base, "disable_input_require_grads"):
             base.disable_input_require_grads()
+        if layers:
+            _keep_last_layers(base, layers)
     else:  # diffusers: a module's own __call__, non-reentrant (as diffusers' default function)
         base.enable_gradient_checkpointing(lambda module, *args: checkpoint(module.__call__, *args,
                                                                             use_reentrant=False))
+
+
+def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformers decoder layers that recompute their forward in the backward, in order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules()
+            if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def _keep_last_layers(base: nn.Module, layers: int) -> None:
+    """Leaves every decoder layer after the first ``layers`` unchecked (module doc)."""
+    found = checkpointed_layers(base)
+    if layers > len(found):
+        raise ModelError(f"checkpoint_layers: {layers} is more than this model's {len(found)} decoder "
+                         f"layers; set at most {len(found)}, or 0 to checkpoint every layer")
+    for layer in found[layers:]:
+        layer.gradient_checkpointing = False

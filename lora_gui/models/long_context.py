@@ -116,15 +116,16 @@ def _unpack(packed: Any) -> torch.Tensor:
 
 
 def enable_offloaded_checkpoints(model: nn.Module) -> int:
-    """Keeps every checkpointed decoder layer input in host memory (see the module doc).
+    """Keeps every checkpointed decoder layer's input in host memory (see the module doc).
 
     Call after gradient checkpointing is switched on. Returns the number of layers changed.
 
     Raises:
         ModelError: checkpointing is not on, or the model has no checkpointable decoder layers.
     """
-    layers = [m for m in _decoder_layers(model) if hasattr(m, "_gradient_checkpointing_func")]
-    if not layers or not all(getattr(m, "gradient_checkpointing", False) for m in layers):
+    layers = [m for m in _decoder_layers(model) if hasattr(m, "_gradient_checkpointing_func")
+              and getattr(m, "gradient_checkpointing", False)]  # not the layers checkpoint_layers keeps
+    if not layers:
         raise ModelError("offload_checkpoints: needs gradient_checkpointing on a transformers "
                          "decoder (checkpointed layers); this model has none switched on")
     for layer in layers:

@@ -34,6 +34,10 @@ GRID = {
     "traditional-checkpointing": {"mode": "traditional", "gradient_checkpointing": True},
     "chunked-loss": {"loss_chunk": 64},
     "offloaded-checkpoints": {"gradient_checkpointing": True, "offload_checkpoints": True},
+    # the first layer checkpointed, the other three keep their activations; then with offload
+    "checkpoint-layers": {"gradient_checkpointing": True, "checkpoint_layers": 1},
+    "checkpoint-layers-offloaded": {"gradient_checkpointing": True, "checkpoint_layers": 2,
+                                    "offload_checkpoints": True},
     "tiled-mlp": {"mlp_chunk": 64},
     # CPU bf16 autocast: float32 weights, 16-bit copies of them and of the adapters' inputs
     "bf16": {"precision": "bf16"},

@@ -342,7 +342,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         dist.on_main(lambda: save_run_config(out, cfg))
     accelerator = new_accelerator(device, mixed)
     if cfg.gradient_checkpointing:
-        enable_checkpointing(model)
+        enable_checkpointing(model, cfg.checkpoint_layers)
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
                        embeddings_on_host=cfg.embeddings_on_host,
                        attention_head_groups=cfg.attention_head_groups)  # after checkpointing, before .to()

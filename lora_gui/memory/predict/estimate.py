@@ -197,7 +197,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                        optimizer: str = "adamw", offload_checkpoints: bool = False, mlp_chunk: int = 0,
                        embeddings_on_host: bool = False, adapter: Any = None,
                        preference: Any = None, attention_head_groups: int = 0,
-                       lean_backward: bool = True, cpu_autocast: str | None = None) -> TraceResult:
+                       lean_backward: bool = True, cpu_autocast: str | None = None,
+                       checkpoint_layers: int = 0) -> TraceResult:
     """Closed-form estimate of the peak of one LoRA training step of a causal LM.
 
     Args: as :func:`lora_gui.memory.predict.trace.trace_text_step` (no dropout, no fake run; a CPU
@@ -227,6 +228,10 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             copy per adapter (:mod:`lora_gui.models.lean_backward`). Counted only where the
             layers run outside another saved-tensor hook: not with gradient checkpointing or the
             chunked MLP, where the layers step aside (there the float32 copies are counted).
+        checkpoint_layers: with checkpointing, only the first N layers recompute; the others
+            keep their saved tensors as without checkpointing (:mod:`lora_gui.models.checkpointing`).
+            The peak is then either at the start of the backward (those kept, N layer inputs) or
+            in the last recompute, once the kept layers are freed. 0: every layer.
 
     Returns:
         A :class:`TraceResult` with the same breakdown keys as the trace; ``info["source"]`` is
@@ -291,14 +296,26 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                               mlp_chunk if family else 0, embeddings_on_host)
     layer, params["frozen_weights"] = long["layer"], params["frozen_weights"] - long["frozen_on_host"]
     transient = layer // 4 + int(eager_grad)
+    kept = 0  # layers left unchecked by checkpoint_layers (the last ones), and their saved bytes
+    if gradient_checkpointing and 0 < checkpoint_layers < s["L"]:
+        kept = s["L"] - checkpoint_layers
+        kept_layer = _unchecked_layer_bytes(s, d, targets, lora_rank, attn_implementation, keys, variant,
+                                            lean_backward, lean_norm, quantization, mlp_chunk, tokens,
+                                            family) + q["saved_per_token"]
     if gradient_checkpointing:
-        inputs = long["device_inputs"] if offload_checkpoints else s["L"]  # layer inputs on the device
-        base = inputs * d * s["h"] + s["L"] * q["kept_under_checkpointing"] + head_in
+        checkpointed = s["L"] - kept
+        inputs = long["device_inputs"] if offload_checkpoints else checkpointed  # layer inputs on the device
+        base = inputs * d * s["h"] + checkpointed * q["kept_under_checkpointing"] + head_in
         inside = long.get("inside", layer + layer * 7 // 25) + int(eager_grad) + long["reloaded"]
+        if kept:  # the kept layers' tensors at the backward's start; freed before any recompute
+            base += kept * kept_layer
+            inside = max(inside - kept * kept_layer, kept_layer // 4 + int(eager_grad))
     else:
         base = s["L"] * layer + head_in
         inside = transient  # backward of the last layer while all others are still saved
     grads = int(params["lora_params"] * long["grads_at_peak"])  # LoRA gradients at a backward peak
+    if kept and not offload_checkpoints:  # the kept layers' gradients exist at the last recompute
+        grads = params["lora_params"] * kept // s["L"]
     kernel, workspace = _cuda_attention(s, d, attn_implementation, batch_size, seq_len, device,
                                         attention_head_groups)
     dequantized = q["transient"]
@@ -326,6 +343,23 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
             "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation,
             "host_bytes": host_bytes, "kernel": kernel, "attention_workspace_bytes": workspace}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
+
+
+def _unchecked_layer_bytes(s: dict[str, int], d: int, targets: tuple[str, ...], r: int, attn: str,
+                           keys: int, variant: dict[str, Any] | None, lean_backward: bool,
+                           lean_norm: bool, quantization: str, mlp_chunk: int, tokens: int,
+                           family: bool) -> int:
+    """Bytes a token of a layer saves when checkpointing leaves it out (``checkpoint_layers``):
+    what it saves without checkpointing, the lean forms included; a tiled MLP still keeps only
+    its input (each chunk is checkpointed on its own)."""
+    if not family:
+        return _generic_layer_bytes(s, d, attn, keys)
+    lean = lean_backward and variant is None and not mlp_chunk
+    lean_mlp = (lean_backward and not mlp_chunk, lean and quantization != "int8")
+    layer = _layer_bytes_per_token(s, d, targets, r, attn, keys, variant, lean, lean_norm, lean_mlp)
+    if 0 < mlp_chunk < tokens:
+        layer += d * s["h"] - _mlp_bytes_per_token(s, d, targets, r, lean, lean_mlp)
+    return layer
 
 
 def cache_allowance(allocated: int) -> int:

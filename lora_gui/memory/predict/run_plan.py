@@ -54,6 +54,7 @@ def step_kwargs(cfg: RunConfig, device: str) -> dict[str, Any]:
             "quantization": cfg.quantization, "double_quant": cfg.double_quant,
             "optimizer": cfg.resolved_optimizer(device),
             "gradient_checkpointing": cfg.gradient_checkpointing, "loss_chunk": cfg.resolved_loss_chunk(),
+            "checkpoint_layers": cfg.checkpoint_layers if cfg.gradient_checkpointing else 0,
             "offload_checkpoints": cfg.offload_checkpoints, "mlp_chunk": cfg.mlp_chunk,
             "embeddings_on_host": cfg.embeddings_on_host, "adapter": adapter_spec(cfg),
             "preference": preference_loss_of(cfg),

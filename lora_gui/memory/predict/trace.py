@@ -157,7 +157,7 @@ def _run_step(model: nn.Module, opt: torch.optim.Optimizer, tracker: _PhaseTrack
 
 def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[], dict],
            loss_fn: Callable[[nn.Module, dict, _PhaseTracker], torch.Tensor], head: nn.Module | None,
-           gradient_checkpointing: bool, warm_steps: int,
+           gradient_checkpointing: bool, warm_steps: int, checkpoint_layers: int = 0,
            setup: Callable[[nn.Module, Callable], None] | None = None, optimizer: str = "adamw",
            cuda_int8: bool = False, packed_rows: bool = False, grads_before: bool = False,
            long_context: dict[str, Any] | None = None, autocast: torch.dtype | None = None,
@@ -185,7 +185,7 @@ def _trace(model: nn.Module, *, fake: bool, device: str, make_inputs: Callable[[
         if setup is not None:
             setup(model, make)
         if gradient_checkpointing:
-            enable_checkpointing(model)
+            enable_checkpointing(model, checkpoint_layers)
         if long_context:
             from lora_gui.models.long_context import apply_long_context
 
@@ -321,7 +321,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
                     embeddings_on_host: bool = False, added_tokens: int = 0,
                     adapter: Any = None, preference: Any = None,
                     attention_head_groups: int = 0, lean_backward: bool = True,
-                    cpu_autocast: str | None = None) -> TraceResult:
+                    cpu_autocast: str | None = None, checkpoint_layers: int = 0) -> TraceResult:
     """Traces one LoRA training step of a causal LM and returns its peak memory.
 
     Args:
@@ -373,6 +373,8 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
             optimized run's do (:mod:`lora_gui.models.lean_backward`).
         cpu_autocast: a CPU run's mixed precision, 'bf16' or 'fp16' (its weights stay float32
             and autocast keeps a 16-bit copy of each, as the run does); None: float32.
+        checkpoint_layers: with ``gradient_checkpointing``, only the first N decoder layers are
+            checkpointed (:mod:`lora_gui.models.checkpointing`); 0: every layer.
 
     Returns:
         A :class:`TraceResult`; ``info["kernel"]`` names the attention kernel on ``device``.
@@ -440,6 +442,7 @@ def trace_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank: in
     head = model.get_output_embeddings()
     res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=head,
                  gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps, setup=setup,
+                 checkpoint_layers=checkpoint_layers if gradient_checkpointing else 0,
                  optimizer=optimizer, cuda_int8=quantization == "int8" and device == "cuda",
                  packed_rows=mask == "packed", grads_before=grads_before,
                  long_context={"offload_checkpoints": offload_checkpoints, "mlp_chunk": mlp_chunk,
