@@ -69,3 +69,16 @@ def test_plan_card_and_budget_flags_are_checked():
     out = json.loads(res.stdout)
     short = f"{(CUDA_CONTEXT_BYTES - 0.3e9) / 1e9:.2f} GB"  # the context the plan counts, less the budget
     assert out["fits"] is False and "CUDA context alone" in out["message"] and short in out["message"]
+
+
+def test_plan_says_how_few_layers_a_checkpointing_run_can_checkpoint():
+    """With checkpointing on and room in the budget, the plan names the fewest layers to
+    checkpoint with the same micro-batches; a run that needs every layer gets no such line."""
+    args = ("--preset", "text-demo", "--set", "gradient_checkpointing=true", "--set", "precision=fp32",
+            "--device", "cpu")
+    roomy = plan(*args, "--budget-gb", "0.1")
+    assert roomy.returncode == 0, roomy.stderr
+    assert "Faster within the budget: checkpoint_layers=3 " in roomy.stdout
+    tight = plan(*args, "--budget-gb", "0.06")
+    assert tight.returncode == 0, tight.stderr
+    assert "checkpoint_layers=" not in tight.stdout

@@ -153,6 +153,15 @@ def test_prediction_panel_estimate_and_plan_name_their_source():
     assert "waits for valid settings" in text and fig is None
 
 
+@pytest.mark.slow
+def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
+    roomy = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.1)
+    text, _, _ = handle.prediction_view(roomy, 1, exact=True)
+    assert "**fits**" in text and "Faster within the budget: **checkpoint_layers 3**" in text
+    text, _, _ = handle.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint
+    assert "checkpoint_layers" not in text
+
+
 def test_a_plan_for_settings_the_page_has_since_changed_is_dropped():
     from lora_gui.ui.tabs import train
 

@@ -136,6 +136,22 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_l
     return lines + _budget_lines(pred, budget, "bucket (tokens)", 15, " per GPU", short)
 
 
+def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list[str]:
+    """With checkpointing on and room in the budget: the fewest layers to checkpoint
+    (``checkpoint_layers``) with the same micro-batches, so that the others skip their
+    recompute. Empty otherwise."""
+    from lora_gui.memory.predict.run import fewest_checkpointed_layers
+
+    found = fewest_checkpointed_layers(cfg, budget.bytes, device)
+    if found is None:
+        return []
+    n, pred = found
+    return [f"Faster within the budget: checkpoint_layers={n} checkpoints only the first "
+            f"{'decoder layer' if n == 1 else f'{n} decoder layers'}; the others keep their activations "
+            f"and are not recomputed. Predicted peak {pred.peak_bytes / MIB:,.0f} MiB (source: "
+            f"predicted) of {budget.bytes / MIB:,.0f} MiB, the same micro-batches."]
+
+
 def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget) -> list[str]:
     """What `plan` prints for an image run."""
     step = pred.step

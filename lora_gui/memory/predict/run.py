@@ -242,3 +242,30 @@ def longest(cfg: RunConfig, budget_bytes: int, device: str | None = None, **text
     from lora_gui.memory.predict.longest_text import longest_text
 
     return longest_text(cfg, budget_bytes, device, **text_options)
+
+
+def fewest_checkpointed_layers(cfg: RunConfig, budget_bytes: int, device: str | None = None,
+                               processes: int = 1, now: Prediction | None = None
+                               ) -> tuple[int, Prediction] | None:
+    """(N, its prediction): the fewest first decoder layers a checkpointing text run can
+    checkpoint (``checkpoint_layers``) with its plan (:func:`predict`, the run's own) still under
+    ``budget_bytes`` and the same micro-batch in every bucket; the later layers then keep their
+    activations and skip their recompute. None when the run does not checkpoint or no fewer
+    layers than it checkpoints now fit. One plan per probe, about log2(layers) of them; ``now``:
+    the run's plan as it stands, when the caller has it."""
+    if cfg.task != "text" or not cfg.gradient_checkpointing:
+        return None
+    from lora_gui.memory.predict.model_configs import load_model_config
+    from lora_gui.memory.predict.run_plan import model_config_for
+
+    now = now or predict(cfg, budget_bytes, device, processes=processes)
+    layers = getattr(load_model_config(model_config_for(cfg)).get_text_config(), "num_hidden_layers", 0)
+    low, high, best = 1, min(cfg.checkpoint_layers or layers, layers) - 1, None
+    while low <= high:  # fewer checkpointed layers: a higher peak or smaller micro-batches
+        mid = (low + high) // 2
+        pred = predict(replace(cfg, checkpoint_layers=mid), budget_bytes, device, processes=processes)
+        if pred.peak_bytes <= budget_bytes and pred.bucket_batches == now.bucket_batches:
+            best, high = (mid, pred), mid - 1
+        else:
+            low = mid + 1
+    return best

@@ -220,11 +220,30 @@ def _prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tup
         text += "\n\n" + gauge(pred.peak_bytes, budget)
     if budget and pred.peak_bytes > budget:
         text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
+    elif budget and exact and cfg.gradient_checkpointing:
+        text += _faster_hint(cfg, budget, n, pred)
     step = pred.step
     figure = charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget) if step else None
     rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
             for bucket, batch in pred.bucket_batches]
     return text, figure, rows
+
+
+def _faster_hint(cfg: RunConfig, budget: int, processes: int, pred: Any) -> str:
+    """The fewest layers a checkpointing run can checkpoint within the budget (the run's own
+    plan, the same micro-batches), or nothing."""
+    from lora_gui.memory.predict.run import fewest_checkpointed_layers
+
+    try:
+        found = fewest_checkpointed_layers(cfg, budget, pred.device, processes, now=pred)
+    except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS):
+        return ""  # the prediction above stands; the hint is only a hint
+    if found is None:
+        return ""
+    n, faster = found
+    return (f"\n\nFaster within the budget: **checkpoint_layers {n}** (the first "
+            f"{'layer' if n == 1 else f'{n} layers'} recompute, the others keep their activations): "
+            f"{faster.peak_bytes / 2**20:,.0f} MiB predicted, the same micro-batches.")
 
 
 def gauge(peak: int, budget: int, cells: int = 30) -> str:
