@@ -400,6 +400,9 @@ class RunConfig(PreferenceSettings):
         self._check_adapter()
         if problem := self.preference_problem():
             raise ConfigError(problem)
+        if self.checkpoint_layers and self.task == "image":
+            raise ConfigError("checkpoint_layers: applies to text runs (a decoder's layers); image runs "
+                              "checkpoint every block, leave it at 0")
         if self.checkpoint_layers and not self.gradient_checkpointing:
             raise ConfigError("checkpoint_layers: needs gradient_checkpointing: true (it says how "
                               "many layers are checkpointed)")

@@ -73,12 +73,8 @@ def test_plan_card_and_budget_flags_are_checked():
 
 def test_plan_says_how_few_layers_a_checkpointing_run_can_checkpoint():
     """With checkpointing on and room in the budget, the plan names the fewest layers to
-    checkpoint with the same micro-batches; a run that needs every layer gets no such line."""
-    args = ("--preset", "text-demo", "--set", "gradient_checkpointing=true", "--set", "precision=fp32",
-            "--device", "cpu")
-    roomy = plan(*args, "--budget-gb", "0.1")
+    checkpoint with the same micro-batches (the search itself: tests/models/test_checkpoint_layers.py)."""
+    roomy = plan("--preset", "text-demo", "--set", "gradient_checkpointing=true", "--set", "precision=fp32",
+                 "--device", "cpu", "--budget-gb", "0.1")
     assert roomy.returncode == 0, roomy.stderr
     assert "Faster within the budget: checkpoint_layers=3 " in roomy.stdout
-    tight = plan(*args, "--budget-gb", "0.06")
-    assert tight.returncode == 0, tight.stderr
-    assert "checkpoint_layers=" not in tight.stdout

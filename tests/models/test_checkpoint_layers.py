@@ -68,6 +68,8 @@ def test_more_layers_than_the_model_has_is_refused():
     with pytest.raises(ConfigError, match="checkpoint_layers: needs gradient_checkpointing"):
         RunConfig(checkpoint_layers=2).validate()
     RunConfig(checkpoint_layers=2, gradient_checkpointing=True).validate()
+    with pytest.raises(ConfigError, match="checkpoint_layers: applies to text runs"):
+        RunConfig(task="image", checkpoint_layers=2, gradient_checkpointing=True).validate()
 
 
 def test_offload_moves_only_the_checkpointed_inputs():
@@ -113,8 +115,8 @@ def test_fewest_layers_keep_the_plan_under_the_budget_with_the_same_micro_batche
 
     cfg = apply_overrides(load_config("text-demo", {}), {"gradient_checkpointing": True, "precision": "fp32"})
     budget = 100_000_000
-    n, pred = fewest_checkpointed_layers(cfg, budget, "cpu")
     now = predict(cfg, budget, "cpu")
+    n, pred = fewest_checkpointed_layers(cfg, budget, "cpu", now=now)
     assert pred.peak_bytes <= budget and pred.bucket_batches == now.bucket_batches and n < 4
     one_fewer = predict(replace(cfg, checkpoint_layers=n - 1), budget, "cpu") if n > 1 else None
     assert one_fewer is None or one_fewer.peak_bytes > budget \
