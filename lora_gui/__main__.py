@@ -117,7 +117,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(report.image_plan_lines(cfg, pred, budget)))
         return 0
     print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)))
-    if args.world_size == 1 and pred.step.peak_bytes <= budget.bytes:
+    if args.world_size == 1 and pred.peak_bytes <= budget.bytes:  # as the search compares
         print("\n".join(report.checkpoint_layers_lines(cfg, budget, args.device)))
     _print_fits(cfg, args.device)
     return 0
