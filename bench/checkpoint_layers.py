@@ -2,11 +2,13 @@
 by side in one process (CPU), with the run's own plan against its measured peak.
 
     OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python -m bench.checkpoint_layers [--docs 192]
-        [--rounds 2] [--token-budget 1024] [--layers 0,3,2,1] [--json FILE]
+        [--rounds 2] [--token-budget 1024] [--layers 0,3,2,1] [--batching bucketed[,packed]] [--json FILE]
 
 The built-in 4-layer Llama, one epoch of the TRL bench's documents (``bench.peer_trl``), fp32,
 bucketed batches, gradient checkpointing on, LoRA r8 on all linear layers. ``--layers``: the
-values to compare (0: every layer, the default). Each round runs every value, the order reversed
+values to compare (0: every layer, the default); ``--batching bucketed,packed`` runs every value
+with each batching (packed: documents packed into rows of the token budget, each attending to
+itself only). Each round runs every value, the order reversed
 every round; real tokens/s over the training loop (the same clock as the TRL bench), its median
 over rounds, and each value's per-round ratio to every layer checkpointed in the same round.
 Peak: the run's own tracker (source ``tracker``); plan: the run's own prediction
@@ -57,6 +59,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--token-budget", type=int, default=1024)
     parser.add_argument("--layers", default="0,3,2,1")
+    parser.add_argument("--batching", default="bucketed", help="bucketed, packed or both (comma-separated)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plans", default=None, help="a bundled model: print its CUDA plans instead")
     parser.add_argument("--seq", type=int, default=2048, help="--plans: tokens of the micro-batch")
@@ -66,9 +69,13 @@ def main() -> int:
     if args.plans:
         print_plans(args.plans, args.seq, values)
         return 0
-    arms = {f"checkpoint_layers={v}": {"gradient_checkpointing": True, "checkpoint_layers": v,
-                                       "token_budget": args.token_budget} for v in values}
-    arms["no checkpointing"] = {"gradient_checkpointing": False, "token_budget": args.token_budget}
+    arms: dict[str, dict] = {}
+    for batching in args.batching.split(","):
+        tag = "" if batching == "bucketed" else f", {batching}"
+        common = {"token_budget": args.token_budget, "batching": batching}
+        arms.update({f"checkpoint_layers={v}{tag}": {"gradient_checkpointing": True, "checkpoint_layers": v,
+                                                     **common} for v in values})
+        arms[f"no checkpointing{tag}"] = {"gradient_checkpointing": False, **common}
     folder = Path(tempfile.mkdtemp(prefix="checkpoint-layers-"))
     cfg = bench_run_config(args.docs, "fp32", folder)
     rows = []
@@ -81,7 +88,8 @@ def main() -> int:
                   f"{row['peak_bytes'] / MiB:.1f} MiB", flush=True)
     speed = {(x["run"], x["round"]): x["real_tokens_per_s"] for x in rows}
     every = next(iter(arms))
-    print(f"\n{args.docs} documents, token_budget {args.token_budget}, fp32, {args.rounds} rounds\n"
+    print(f"\n{args.docs} documents, token_budget {args.token_budget}, fp32, {args.rounds} rounds "
+          f"({args.batching})\n"
           "| configuration | peak MiB (tracker) | plan vs peak | real tok/s per round | median "
           f"| / {every}, per round |\n|---|---|---|---|---|---|")
     for name in arms:

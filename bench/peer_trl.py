@@ -75,10 +75,16 @@ LORA_CONFIGS: dict[str, dict[str, Any]] = {
     "lora-1024": {"gradient_checkpointing": False, "token_budget": 1024},
     "lora-gc-1024": {"gradient_checkpointing": True, "token_budget": 1024},
     "lora-gc-packed-1024": {"gradient_checkpointing": True, "batching": "packed", "token_budget": 1024},
+    # packed rows without checkpointing: TRL's micro-batch 1 x 8 trains one document a row; lora_gui
+    # packs documents into rows of its token budget, each document attending to itself only
+    "lora-packed": {"gradient_checkpointing": False, "batching": "packed"},
     # checkpointing only the first 2 (3 packed) of the model's 4 layers (checkpoint_layers): the
     # others keep their activations, for speed, within the memory of the day (76.6 MiB)
     "lora-gc2-1024": {"gradient_checkpointing": True, "checkpoint_layers": 2, "token_budget": 1024},
     "lora-gc3-packed-1024": {"gradient_checkpointing": True, "checkpoint_layers": 3, "batching": "packed",
+                             "token_budget": 1024},
+    # packed at TRL's micro-batch, checkpointing the first 2 layers (70.7 MiB, under the 76.6 above)
+    "lora-gc2-packed-1024": {"gradient_checkpointing": True, "checkpoint_layers": 2, "batching": "packed",
                              "token_budget": 1024},
     # the speed switches off, to measure each on / off (not paired with a TRL configuration)
     "lora-unfused": {"gradient_checkpointing": False, "lora_fused": False},
