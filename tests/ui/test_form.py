@@ -158,6 +158,11 @@ def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
     roomy = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.1)
     text, _, _ = handle.prediction_view(roomy, 1, exact=True)
     assert "**fits**" in text and "Faster within the budget: **checkpoint_layers 3**" in text
+    # on the page the plan comes first, the line after the search's further plans
+    (plan_text, figure, rows), (hinted, hinted_figure, hinted_rows) = handle.prediction_views(roomy, 1)
+    assert "**fits**" in plan_text and "checkpoint_layers" not in plan_text
+    assert hinted == text and hinted.startswith(plan_text)
+    assert (hinted_figure, hinted_rows) == (figure, rows)
     text, _, _ = handle.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint
     assert "checkpoint_layers" not in text
 
@@ -176,9 +181,10 @@ def test_a_plan_for_settings_the_page_has_since_changed_is_dropped():
     estimate.fn(first, page)
     estimate.fn(changed, page)  # the page changed its settings while the first plan ran
     estimate.fn(first, other_page)
-    assert all(part == gr.update() for part in plan.fn(first, page))  # dropped: not shown
-    assert plan.fn(changed, page)[0].startswith("Predicted peak")  # the page's own settings
-    assert plan.fn(first, other_page)[0].startswith("Predicted peak")  # each page on its own
+    dropped = list(plan.fn(first, page))
+    assert len(dropped) == 1 and all(part == gr.update() for part in dropped[0])  # not shown
+    assert next(plan.fn(changed, page))[0].startswith("Predicted peak")  # the page's own settings
+    assert next(plan.fn(first, other_page))[0].startswith("Predicted peak")  # each page on its own
 
 
 def test_shown_forms_remember_a_bounded_number_of_pages():

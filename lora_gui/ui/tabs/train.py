@@ -4,6 +4,7 @@ settings in compact groups below. Handlers: train_handlers.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -211,12 +212,13 @@ def build() -> dict[str, Any]:
                 panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
                                                                           data[card])}
 
-    def plan(data: dict, request: gr.Request) -> tuple:
+    def plan(data: dict, request: gr.Request) -> Iterator[tuple]:
         values = form.named(data)
-        view = handle.prediction_view(values, data[processes], exact=True)
-        if not handle.SHOWN_FORMS.is_current(request.session_hash, values, data[processes]):
-            return (gr.update(),) * len(view)  # the page's settings changed while this planned
-        return view
+        for view in handle.prediction_views(values, data[processes]):  # the plan, then its hint
+            if not handle.SHOWN_FORMS.is_current(request.session_hash, values, data[processes]):
+                yield (gr.update(),) * len(view)  # the page's settings changed while this planned
+                return
+            yield view
 
     def fill(name: str, card_name: str, request: gr.Request) -> dict:
         handle.SHOWN_FORMS.mark(request.session_hash, {"preset": name}, None)  # a plan in flight is stale

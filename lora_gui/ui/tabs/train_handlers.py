@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,26 +189,42 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tupl
     """(text, breakdown figure, [bucket, micro-batch] rows) for the form as it stands.
 
     exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
-    when it starts (same function, same inputs). The run's own plan takes seconds: pages that
-    open with the same settings (and the same data and model files) share one."""
+    when it starts (same function, same inputs), with the faster-within-the-budget line when
+    there is one (:func:`prediction_views` shows the plan before that line is found)."""
     if exact:
-        key = (json.dumps([values, processes], sort_keys=True, default=str), _inputs_stamp(values))
-        return PLANS.get(key, lambda: _prediction_view(values, processes, exact))
-    return _prediction_view(values, processes, exact)
+        *_, view = prediction_views(values, processes)
+        return view
+    return _prediction_view(values, processes, exact)[0]
 
 
-def _prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
+def prediction_views(values: dict[str, Any], processes: Any) -> Iterator[tuple[str, Any, list]]:
+    """The run's own plan for the form, then, when a checkpointing run has room in its budget, the
+    same with the fewest layers it could checkpoint: that search makes a few more plans (about
+    log2(layers)), so the plan is on screen while it runs. Pages that ask with the same settings
+    (and the same data and model files) share one of each."""
+    key = (json.dumps([values, processes], sort_keys=True, default=str), _inputs_stamp(values))
+    view, hint_args = PLANS.get(key, lambda: _prediction_view(values, processes, True))
+    yield view
+    if hint_args is not None:
+        hint = PLANS.get((key, "faster"), lambda: _faster_hint(*hint_args))
+        if hint:
+            yield (view[0] + hint, *view[1:])
+
+
+def _prediction_view(values: dict[str, Any], processes: Any,
+                     exact: bool) -> tuple[tuple[str, Any, list], tuple | None]:
+    """(the view, the faster-within-the-budget search's arguments or None)."""
     from lora_gui.memory.predict import estimate, predict
 
     cfg, errors = config_from_form(values)
     if cfg is None:
-        return "Prediction waits for valid settings: " + "; ".join(errors.values()), None, []
+        return ("Prediction waits for valid settings: " + "; ".join(errors.values()), None, []), None
     budget = int(cfg.budget_gb * GB) or None
     try:
         n = check_processes(processes, cfg.task)
         pred = predict(cfg, processes=n) if exact else estimate(cfg)
     except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
-        return f"No prediction for these settings: {err}", None, []
+        return (f"No prediction for these settings: {err}", None, []), None
     how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
     text = (f"Predicted peak: **{pred.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how}, "
             f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
@@ -218,15 +234,16 @@ def _prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tup
             text += " (simulated: no GPU here)"
     if budget:
         text += "\n\n" + gauge(pred.peak_bytes, budget)
+    hint_args = None
     if budget and pred.peak_bytes > budget:
         text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
     elif budget and exact and cfg.gradient_checkpointing:
-        text += _faster_hint(cfg, budget, n, pred)
+        hint_args = (cfg, budget, n, pred)
     step = pred.step
     figure = charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget) if step else None
     rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
             for bucket, batch in pred.bucket_batches]
-    return text, figure, rows
+    return (text, figure, rows), hint_args
 
 
 def _faster_hint(cfg: RunConfig, budget: int, processes: int, pred: Any) -> str:
