@@ -116,7 +116,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if cfg.task == "image":
         print("\n".join(report.image_plan_lines(cfg, pred, budget)))
         return 0
-    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)))
+    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)),
+          flush=True)  # on screen while the search below makes its plans
     if args.world_size == 1 and pred.peak_bytes <= budget.bytes:  # as the search compares
         print("\n".join(report.checkpoint_layers_lines(cfg, budget, args.device)))
     _print_fits(cfg, args.device)
