@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test quick lint bench
 
+# test processes: one per core, at most 4 (each test process holds up to ~2.4 GB); each runs
+# torch on its share of the cores (tests/conftest.py), so the processes do not oversubscribe them
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 $(VENV)/.runtime: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
@@ -21,11 +25,11 @@ lint: $(VENV)/.test
 	$(PY) -m ruff check .
 
 test: $(VENV)/.test lint
-	$(PY) -m pytest tests -q --durations=10
+	$(PY) -m pytest tests -q --durations=10 -n $(TEST_WORKERS) --dist loadscope
 
 # the inner loop: everything but the slow and integration tests (launches, browser)
 quick: $(VENV)/.test lint
-	$(PY) -m pytest tests -q -m "not slow and not integration"
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadscope -m "not slow and not integration"
 
 bench: $(VENV)/.runtime
 	$(PY) -m bench.text_memory

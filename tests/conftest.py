@@ -10,6 +10,24 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an HF id must fail fast
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _share_cores_between_test_processes() -> None:
+    """Under pytest-xdist (`make test` runs one test process per core): each process runs torch,
+    and the processes it starts, on its share of the cores. torch's default of one thread per
+    core in every test process would put N x N busy threads on N cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = str(max(1, cores // workers))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
+_share_cores_between_test_processes()
+
 from lora_gui.config import BUILTIN_MODEL_DIR  # noqa: E402
 
 
