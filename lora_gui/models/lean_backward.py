@@ -29,6 +29,12 @@ frozen some of that is never read, yet stays alive from the forward to the backw
   value; diffusers' keeps the 16-bit input as well). The 16-bit input is kept instead and the
   copy recomputed (one exact cast): in a decoder layer without checkpointing, 2 of the 4 bytes a
   value of each of its two norms' inputs; in a DiT's q / k norms, all 4.
+- the LoRA layers that read an RMSNorm's output (q, k and v; gate and up) keep that output for
+  their weight gradients, although the norm keeps its input for its own backward. They keep
+  the input instead, and the output is recomputed from it (one norm pass, once for all the
+  layers that read it): in a decoder layer without checkpointing, two hidden-size tensors a
+  token less (the first layer's first norm reads the embeddings, which keep no gradient: there
+  the output stays).
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
@@ -317,18 +323,44 @@ class _Upcasts(TorchFunctionMode):
 _UPCASTS = (torch.Tensor.to, torch.Tensor.float)
 
 
+class _ReadOnce:
+    """A norm's output recomputed for the LoRA layers that read it (q, k and v read one norm's
+    output; gate and up the other's): made at the first read and handed to the others. The
+    recompute is held by what autograd saved for those layers, so it goes when the last of
+    them has run its backward."""
+
+    __slots__ = ("fn", "out")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.out: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.out is None:
+            with torch.no_grad():
+                self.out = self.fn(x)
+        return self.out
+
+
 def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     inner = self._lean_inner_forward
-    if (x.dtype not in (torch.float16, torch.bfloat16) or not x.requires_grad or not torch.is_grad_enabled()
-            or other_hooks_active()):
+    if not x.requires_grad or not torch.is_grad_enabled() or other_hooks_active() or args or kwargs:
         return inner(x, *args, **kwargs)
-    watch = _Upcasts(x)
-    try:
-        with watch, saved_tensors_hooks(watch.pack, unpack):
-            return inner(x, *args, **kwargs)
-    finally:
-        watch.copies.clear()  # autograd keeps the pack hook: it must not keep the copies
-        watch.source = None
+    if x.dtype in (torch.float16, torch.bfloat16):
+        watch = _Upcasts(x)
+        try:
+            with watch, saved_tensors_hooks(watch.pack, unpack):
+                out = inner(x)
+        finally:
+            watch.copies.clear()  # autograd keeps the pack hook: it must not keep the copies
+            watch.source = None
+    else:
+        out = inner(x)
+    if isinstance(out, torch.Tensor) and out is not x and out.is_contiguous():
+        # the LoRA layers that read the output (lean_backward._Rebuilt) keep the norm's input,
+        # which the norm's own backward keeps anyway, and recompute the output from it
+        out._lean_rebuild = Recompute(_ReadOnce(same_autocast(inner, x.device.type)), x)
+    return out
 
 
 def _lean_rms_norms(module: nn.Module) -> int:

@@ -86,7 +86,11 @@ def test_plan_peaks_fall_as_more_layers_are_checkpointed_and_the_estimate_follow
     kw = dict(batch_size=2, seq_len=256, gradient_checkpointing=True, dtype="float32", device="cpu",
               loss_chunk=256)
     peaks = [trace_text_step(CONFIG, checkpoint_layers=k, **kw).peak_bytes for k in (1, 2, 3, 4)]
-    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+    assert peaks[:3] == sorted(peaks[:3], reverse=True) and peaks[0] > peaks[-1]
+    # checkpointing the last layer as well buys nothing here: the step peaks in its backward,
+    # where its recompute holds what a checkpointed layer keeps (norm outputs, the MLP's four
+    # tensors) and a layer left unchecked keeps less (lora_gui.models.lean_backward)
+    assert peaks[2] <= peaks[3]
     assert peaks[-1] == trace_text_step(CONFIG, **kw).peak_bytes  # every layer: the default
     off = {**kw, "gradient_checkpointing": False}
     plain = trace_text_step(CONFIG, **off).peak_bytes

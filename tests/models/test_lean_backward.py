@@ -170,6 +170,33 @@ def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
     assert lean_kept < 0.8 * plain_kept, (lean_kept, plain_kept)  # measured 0.76
 
 
+def test_lora_layers_after_a_norm_keep_its_input_and_recompute_its_output_once(monkeypatch):
+    """float32: q, k, v (and gate, up) read an RMSNorm's output and kept it, although the norm
+    keeps its input; they keep the input and the output is recomputed, once per norm."""
+    from lora_gui.models import lean_backward
+
+    recomputes, reads = [], []
+    read = lean_backward._ReadOnce.__call__
+
+    def counted(self, x):
+        reads.append(1)
+        recomputes.extend([1] if self.out is None else [])
+        return read(self, x)
+
+    monkeypatch.setattr(lean_backward._ReadOnce, "__call__", counted)
+    plain = _tiny_llama_lora().float()
+    lean = copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    plain_kept, plain_loss, plain_grads = _text_step(plain)
+    lean_kept, lean_loss, lean_grads = _text_step(lean)
+    assert lean_loss == plain_loss and all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
+    tokens, hidden, inter = 2 * 64, 64, 160
+    # the gated MLPs: act(gate) and the product (2 layers x 2 tensors of the intermediate width);
+    # the norm outputs: 3 of the 4 (the first norm reads the embeddings, which keep no gradient)
+    assert plain_kept - lean_kept == 2 * 2 * tokens * inter * 4 + 3 * tokens * hidden * 4
+    assert len(recomputes) == 3 and len(reads) == 3 + 2 + 2  # q, k, v of the second layer; gate, up of both
+
+
 def test_dora_keeps_peft_s_path():
     """DoRA (an adapter variant) runs peft's forward as is: the same loss and gradients, and the
     same bytes as with the lean RMSNorms and MLPs alone (the MLP recomputes act(gate) whatever

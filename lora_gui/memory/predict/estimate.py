@@ -9,7 +9,10 @@ against :mod:`lora_gui.memory.predict.trace`, exact on the Llama family):
 - a frozen ``Linear`` saves no input (its weight gradient is never needed); only the LoRA
   branch saves its input, cast to float32 (one copy per adapted module when ``dtype`` is not
   float32; shared when it is; with ``lean_backward`` the ``dtype`` input itself, shared, the
-  copy recomputed), plus the rank-r output of ``lora_A`` (4*r bytes per token);
+  copy recomputed), plus the rank-r output of ``lora_A`` (4*r bytes per token); with
+  ``lean_backward`` an input that is an RMSNorm's output is recomputed from the norm's input
+  instead of kept (two hidden-size tensors a token in a layer): the estimate still counts it,
+  an upper bound of the trace;
 - RMSNorm saves its float32 input copy (with ``lean_backward``: the ``dtype`` input, the copy
   recomputed) and a float32 rsqrt per token;
 - SwiGLU saves gate, act(gate) and up (3 * I * d bytes per token); with ``lean_backward``
