@@ -171,21 +171,22 @@ def enable_chunked_loss(model: nn.Module, chunk: int) -> nn.Module:
         if getattr(config, key, None) not in (None, 1, 1.0):
             raise ValueError(f"loss_chunk: {config.model_type} rescales its logits ({key}); "
                              "the chunked loss does not support it, set loss_chunk=0")
-    original = model.forward
-    decoder = getattr(model, model.base_model_prefix)
+    # kept on the model, not in the closure, so that a deep copy of the model runs its own
+    # decoder and forward (copy.deepcopy rebinds a bound method held in the instance's dict)
+    model._forward_without_chunked_loss = model.forward
     softcap = getattr(config, "final_logit_softcapping", None)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,  # noqa: ANN001, ANN202
                 num_items_in_batch=None, **kwargs):
         if labels is None:
-            return original(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids, **kwargs)
+            return self._forward_without_chunked_loss(input_ids=input_ids, attention_mask=attention_mask,
+                                                      position_ids=position_ids, **kwargs)
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         kwargs.pop("use_cache", None)
         kwargs.pop("logits_to_keep", None)
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=False, **kwargs)
+        out = getattr(self, self.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask,
+                                                    position_ids=position_ids, use_cache=False, **kwargs)
         loss = chunked_cross_entropy(out.last_hidden_state, labels, self.get_output_embeddings(),
                                      chunk, num_items_in_batch, softcap)
         return CausalLMOutputWithPast(loss=loss, logits=None)

@@ -70,6 +70,21 @@ def test_bad_chunk_is_refused():
         enable_chunked_loss(LlamaForCausalLM(LlamaConfig(**CFG)), 0)
 
 
+def test_a_deep_copy_runs_its_own_weights():
+    """copy.deepcopy of a model with the chunked loss (a bench's two arms, say) trains the copy:
+    its loss and its logits come from its own weights, not the original's."""
+    torch.manual_seed(0)
+    model = enable_chunked_loss(LlamaForCausalLM(LlamaConfig(**CFG)), 8)
+    twin = copy.deepcopy(model)
+    batch = _batch()
+    assert torch.equal(model(**batch).loss, twin(**batch).loss)
+    with torch.no_grad():
+        twin.model.norm.weight.mul_(2.0)
+    assert not torch.equal(model(**batch).loss, twin(**batch).loss)
+    ids = batch["input_ids"]
+    assert not torch.equal(model(input_ids=ids).logits, twin(input_ids=ids).logits)  # no labels
+
+
 def test_trace_sees_the_chunked_loss_saving():
     cfg = LlamaConfig(**{**CFG, "vocab_size": 4096})
     kw = dict(batch_size=2, seq_len=64, lora_rank=4, dtype=torch.float32, device="cpu")
