@@ -172,8 +172,10 @@ def enable_chunked_loss(model: nn.Module, chunk: int) -> nn.Module:
             raise ValueError(f"loss_chunk: {config.model_type} rescales its logits ({key}); "
                              "the chunked loss does not support it, set loss_chunk=0")
     # kept on the model, not in the closure, so that a deep copy of the model runs its own
-    # decoder and forward (copy.deepcopy rebinds a bound method held in the instance's dict)
-    model._forward_without_chunked_loss = model.forward
+    # decoder and forward (copy.deepcopy rebinds a bound method held in the instance's dict);
+    # enabled again (another chunk), the forward from before the first time stays
+    if "_forward_without_chunked_loss" not in model.__dict__:
+        model._forward_without_chunked_loss = model.forward
     softcap = getattr(config, "final_logit_softcapping", None)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None,  # noqa: ANN001, ANN202

@@ -85,6 +85,18 @@ def test_a_deep_copy_runs_its_own_weights():
     assert not torch.equal(model(input_ids=ids).logits, twin(input_ids=ids).logits)  # no labels
 
 
+def test_enabled_twice_keeps_the_models_own_forward():
+    """Enabling it again (another chunk) keeps the forward from before the first time for calls
+    without labels, and the loss is the same value."""
+    torch.manual_seed(0)
+    model = enable_chunked_loss(LlamaForCausalLM(LlamaConfig(**CFG)), 8)
+    batch = _batch()
+    loss8, logits = model(**batch).loss, model(input_ids=batch["input_ids"]).logits
+    enable_chunked_loss(model, 5)
+    assert torch.allclose(model(**batch).loss, loss8)
+    assert torch.equal(model(input_ids=batch["input_ids"]).logits, logits)
+
+
 def test_trace_sees_the_chunked_loss_saving():
     cfg = LlamaConfig(**{**CFG, "vocab_size": 4096})
     kw = dict(batch_size=2, seq_len=64, lora_rank=4, dtype=torch.float32, device="cpu")
