@@ -124,10 +124,13 @@ class LeanGroupNorm(nn.GroupNorm):
 
 class LeanLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` that under CUDA's autocast keeps its 16-bit input, not autocast's float32 copy
-    (:func:`_norm_in_float32`); without autocast, torch's own."""
+    (:func:`_norm_in_float32`); without autocast, torch's own. Its output is rebuilt from the input
+    for the LoRA layers that read it (:func:`_rebuilt_from`)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _norm_in_float32(input, self._plain)
+        out = _norm_in_float32(input, self._plain)
+        _rebuilt_from(out, input, self._plain)
+        return out
 
     def _plain(self, input: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -221,7 +224,8 @@ class _SharedCasts:
     (a float32 norm's output under CUDA's autocast, read by q, k and v): each adapter still casts
     ``x`` to 16 bits itself, as autocast would (the same graph, the same gradients), but what
     ``lora_A`` keeps of its copy is the first copy of ``x`` any layer kept: the values are equal,
-    so one copy is kept where autocast keeps one per adapter."""
+    so one copy is kept where autocast keeps one per adapter; none where ``x`` is a norm's output
+    rebuilt from the norm's input (:func:`_rebuilt_from`)."""
 
     __slots__ = ("dtype", "made", "x")
 
@@ -236,10 +240,13 @@ class _SharedCasts:
             self.made[id(copy)] = copy
         return copy
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, t: torch.Tensor) -> object:
         base = t if t._base is None else t._base  # the matmul may save a 2D view of the copy
         if self.made.get(id(base)) is not base or self.x is None:
             return t
+        rebuild = getattr(self.x, "_lean_rebuild", None)
+        if rebuild is not None:  # a norm's output: the copy is recomputed from the norm's input
+            return Recompute(_CastView(t, self.dtype), rebuild)
         first = _FIRST_COPIES.get(self.x)
         if first is None or first.shape != base.shape or first.stride() != base.stride():
             _FIRST_COPIES[self.x] = base  # this one is kept: later layers keep it too
@@ -342,6 +349,16 @@ class _ReadOnce:
         return self.out
 
 
+def _rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
+    """Marks a norm's output ``out`` as rebuilt from its input ``x`` by ``fn`` for the LoRA layers
+    that read it (:class:`_Rebuilt`, :class:`_Casts`, :class:`_SharedCasts`): they keep ``x``, which
+    the norm's own backward keeps anyway when ``x`` requires grad, and the output is recomputed
+    from it once for all of them, under the forward's autocast."""
+    if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
+            and out.is_contiguous() and torch.is_grad_enabled() and not other_hooks_active()):
+        out._lean_rebuild = Recompute(_ReadOnce(same_autocast(fn, x.device.type)), x)
+
+
 def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     inner = self._lean_inner_forward
     if not x.requires_grad or not torch.is_grad_enabled() or other_hooks_active() or args or kwargs:
@@ -356,10 +373,7 @@ def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: An
             watch.source = None
     else:
         out = inner(x)
-    if isinstance(out, torch.Tensor) and out is not x and out.is_contiguous():
-        # the LoRA layers that read the output (lean_backward._Rebuilt) keep the norm's input,
-        # which the norm's own backward keeps anyway, and recompute the output from it
-        out._lean_rebuild = Recompute(_ReadOnce(same_autocast(inner, x.device.type)), x)
+    _rebuilt_from(out, x, inner)
     return out
 
 
@@ -372,6 +386,40 @@ def _lean_rms_norms(module: nn.Module) -> int:
                 and "_lean_inner_forward" not in m.__dict__):
             m._lean_inner_forward = m.forward
             m.forward = types.MethodType(_lean_rms_forward, m)
+            count += 1
+    return count
+
+
+def _first_output(inner: Any, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
+    out = inner(x, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _lean_modulated_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    inner = self._lean_inner_forward
+    out = inner(x, *args, **kwargs)
+    first = out[0] if isinstance(out, tuple) else out
+    # what q, k and v (a single DiT block: and its MLP) read: ``norm(x) * (1 + scale) + shift``,
+    # rebuilt from x (the norm keeps it) and the conditioning (a (batch, width) tensor)
+    _rebuilt_from(first, x, functools.partial(_first_output, inner, args, kwargs))
+    return out
+
+
+_MODULATED_NORMS = ("AdaLayerNormZero", "AdaLayerNormZeroSingle", "AdaLayerNormContinuous",
+                    "SD35AdaLayerNormZeroX")
+
+
+def _lean_modulated_norms(module: nn.Module) -> int:
+    """Gives diffusers' adaptive norms (the DiT blocks' ``norm1``, ``norm1_context`` and a single
+    block's ``norm``: a LayerNorm scaled and shifted by the timestep's conditioning) the forward
+    above: the LoRA layers that read their output keep the norm's input instead. Returns how many."""
+    norms = sys.modules.get("diffusers.models.normalization")
+    classes = tuple(getattr(norms, n) for n in _MODULATED_NORMS if hasattr(norms, n)) if norms else ()
+    count = 0
+    for m in module.modules():
+        if type(m) in classes and "_lean_inner_forward" not in m.__dict__:
+            m._lean_inner_forward = m.forward
+            m.forward = types.MethodType(_lean_modulated_forward, m)
             count += 1
     return count
 
@@ -434,7 +482,8 @@ def lean_frozen_layers(module: nn.Module) -> int:
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))
-    count = _lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
+    count = (_lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
+             + _lean_modulated_norms(module))
     for m in module.modules():
         for plain, lean in swaps:
             if type(m) is plain:  # exact type: a subclass may change what its forward computes

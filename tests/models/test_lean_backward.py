@@ -305,3 +305,142 @@ def test_unet_under_autocast_same_gradients_less_memory_plan_above():
     assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
     assert lean_peak < 0.8 * plain_peak, (lean_peak, plain_peak)  # measured 2,319,296 / 3,314,624
     assert planned >= lean_peak, (planned, lean_peak)  # 2,384,064
+
+
+def _no_rebuilds(monkeypatch) -> None:
+    """Every lean layer but the norm-output rebuilds (what the lean layers did before them)."""
+    from lora_gui.models import lean_backward
+
+    monkeypatch.setattr(lean_backward, "_rebuilt_from", lambda *args: None)
+
+
+def test_unet_lora_after_a_layer_norm_keeps_its_input(monkeypatch):
+    """A UNet transformer block's q, k and v read norm1's output, the cross-attention's q
+    norm2's; they keep the norm's input (kept by the norm anyway) and the output is rebuilt."""
+    from lora_gui.models.lean_backward import LeanLayerNorm
+
+    plain = _unet(["to_q", "to_k", "to_v", "to_out.0"])
+    lean, before = copy.deepcopy(plain), copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    lean_kept, lean_grads = _step(lean)
+    with monkeypatch.context() as m:
+        _no_rebuilds(m)
+        lean_frozen_layers(before)
+        before_kept, before_grads = _step(before)
+    plain_grads = _step(plain)[1]
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
+    # which norms' outputs a LoRA layer reads, with an input that keeps a gradient: a block's
+    # norm1 (unless its input comes from frozen layers alone: the first block) and norm2
+    read, seen = [], set()
+
+    def note(module, args, out):
+        if args[0].requires_grad and module.name.endswith(("norm1", "norm2")):
+            read.append(out.numel() * out.element_size())
+            seen.add(module.name)
+
+    for name, module in before.named_modules():
+        if isinstance(module, LeanLayerNorm):
+            module.name = name
+            module.register_forward_hook(note)
+    _step(before)
+    assert len(seen) >= 3 and before_kept - lean_kept == sum(read), (before_kept, lean_kept, read)
+
+
+def _dit_step(transformer: nn.Module, kind: str) -> tuple[int, dict[str, torch.Tensor]]:
+    """Bytes kept between the forward and the backward and the LoRA gradients of one fp32 step
+    of a tiny DiT (batch 2, 8 x 8 latents, 6 text tokens)."""
+    gen = torch.Generator().manual_seed(2)
+    cfg = transformer.config
+    text = torch.randn(2, 6, cfg.joint_attention_dim, generator=gen)
+    pooled = torch.randn(2, cfg.pooled_projection_dim, generator=gen)
+    if kind == "sd3":
+        kwargs = {"hidden_states": torch.randn(2, cfg.in_channels, 8, 8, generator=gen)}
+    else:
+        ids = torch.stack(torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij"), -1).reshape(64, 2)
+        kwargs = {"hidden_states": torch.randn(2, 64, cfg.in_channels, generator=gen),
+                  "img_ids": torch.cat([torch.zeros(64, 1), ids.float()], 1), "txt_ids": torch.zeros(6, 3),
+                  "guidance": torch.full((2,), 3.5)}
+    transformer.zero_grad(set_to_none=True)
+    tracker = StorageTracker()
+    with tracker:
+        out = transformer(encoder_hidden_states=text, pooled_projections=pooled,
+                          timestep=torch.tensor([100.0, 700.0]), **kwargs).sample
+        kept = tracker.live_bytes
+        out.square().mean().backward()
+    return kept, {n: p.grad for n, p in transformer.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_dit_lora_after_an_adaptive_norm_keeps_its_input(kind, monkeypatch):
+    """A DiT block's q, k and v read ``norm(x) * (1 + scale) + shift`` from its adaptive norm;
+    they keep x (the norm keeps it) and the output is rebuilt: the same gradients, bit for bit,
+    and exactly those outputs' bytes less."""
+    from lora_gui.models import dit
+    from lora_gui.models.build_dit import build_flux_pipeline, build_sd3_pipeline
+
+    pipe = build_sd3_pipeline(seed=0) if kind == "sd3" else build_flux_pipeline(seed=0)
+    plain = pipe.transformer
+    plain.requires_grad_(False)
+    plain.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=dit.lora_targets(kind, "all-linear"),
+                                 init_lora_weights="gaussian"))
+    lean, before = copy.deepcopy(plain), copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    with monkeypatch.context() as m:
+        _no_rebuilds(m)
+        lean_frozen_layers(before)
+        before_kept, before_grads = _dit_step(before, kind)
+    lean_kept, lean_grads = _dit_step(lean, kind)
+    plain_grads = _dit_step(plain, kind)[1]
+    assert plain_grads and plain_grads.keys() == lean_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
+    width, text = plain.config.num_attention_heads * plain.config.attention_head_dim, 6
+    # SD3, 2 blocks: the first reads the frozen embedders' outputs (no gradient: nothing to
+    # rebuild from); the last block's norm1 (16 image tokens: 8 x 8 latents in 2 x 2 patches) and
+    # norm1_context. Flux, 1 double block (frozen inputs) and 1 single block, whose norm q, k and v
+    # read (64 image tokens: Flux's latents come packed, one token each, then the text)
+    image = 16 if kind == "sd3" else 64
+    rebuilt = 2 * (image + text) * width * 4
+    # the rebuild holds the timestep's conditioning (batch x width, once for every norm), which
+    # nothing else keeps: the embedders are frozen
+    conditioning = 2 * width * 4
+    assert before_kept - lean_kept == rebuilt - conditioning, (before_kept, lean_kept, rebuilt)
+
+
+def test_dit_under_cuda_autocast_keeps_no_copy_of_the_adaptive_norm_output(monkeypatch):
+    """A GPU run (bf16 DiT, float32 LoRA, CUDA's autocast, emulated here): the adaptive norm's
+    output is float32 and q, k and v kept one bf16 copy of it; now none (rebuilt in the backward
+    under the same autocast): the same gradients, bit for bit."""
+    from lora_gui.models import dit
+    from lora_gui.models.build_dit import build_flux_pipeline
+    from lora_gui.models.cuda_autocast import forward_under
+
+    plain = build_flux_pipeline(seed=0).transformer.to(torch.bfloat16)
+    plain.requires_grad_(False)
+    plain.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=dit.lora_targets("flux", "all-linear"),
+                                 init_lora_weights="gaussian"))
+    for p in plain.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()  # peft's float32 adapters over 16-bit weights
+    lean, before = copy.deepcopy(plain), copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    with monkeypatch.context() as m:
+        _no_rebuilds(m)
+        lean_frozen_layers(before)
+
+    def step(model: nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
+        with forward_under(model, torch.bfloat16), monkeypatch.context() as m:
+            if model is before:
+                _no_rebuilds(m)
+            return _dit_step(model, "flux")
+
+    (plain_kept, plain_grads), (before_kept, before_grads), (lean_kept, lean_grads) = map(
+        step, (plain, before, lean))
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
+    width = plain.config.num_attention_heads * plain.config.attention_head_dim
+    # the single block's norm output, 64 + 6 tokens, as one bf16 copy; less the conditioning
+    # (bf16 under autocast) the rebuild holds
+    assert before_kept - lean_kept == 2 * (64 + 6) * width * 2 - 2 * width * 2, (before_kept, lean_kept)
+    assert lean_kept < before_kept < plain_kept
