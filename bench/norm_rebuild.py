@@ -1,22 +1,29 @@
-"""LoRA layers after a LayerNorm or a DiT's adaptive norm keep the norm's input: what it saves
-and what it costs.
+"""What the LoRA layers after a norm and a DiT's attention kernel keep: rebuilt from the norms'
+inputs, or kept. What it saves and what it costs.
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/norm_rebuild.py [--rounds 15] [--no-plans]
 
-q, k and v (a Flux single block: and its MLP) read a norm's output: a UNet transformer block's
-``norm1`` / ``norm2``, a DiT block's ``norm(x) * (1 + scale) + shift``. Their adapters kept that
-output (under CUDA's autocast, one bf16 copy of the float32 output) for their weight gradients,
-although the norm keeps its input for its own backward. With the rebuild they keep the input and
-the output is recomputed once in the backward (``lora_gui.models.lean_backward._rebuilt_from``).
-Both arms run every other ``lean_backward`` layer.
+Two recomputes in ``lean_backward``, both from the inputs the norms keep for their own backward:
+
+- q, k and v (a Flux single block: and its MLP) read a norm's output: a UNet transformer block's
+  ``norm1`` / ``norm2``, a DiT block's ``norm(x) * (1 + scale) + shift``. Their adapters kept that
+  output (under CUDA's autocast, one bf16 copy of the float32 output) for their weight gradients;
+  now it is rebuilt once in the backward (``lora_gui.models.lean_backward._rebuilt_from``).
+- a DiT's attention kernel kept its query and key, ``cat(norm_q(q), norm_added_q(q_text))`` (Flux:
+  with rotary embeddings); now they are recomputed from the norms' inputs
+  (``lora_gui.models.lean_attention``).
+
+Arms: "before" (every other lean layer, neither recompute), "norms" (the first) and "both" (as
+shipped). Tensors under ``MIN_REBUILD_BYTES`` (256 KiB) are kept in every arm.
 
 1. Planned peaks at the real models' shapes (source: predicted; the fake-tensor trace of one
    LoRA step on CUDA in bf16 under CUDA's autocast, SDPA, float32 adapters; UNets with diffusers'
-   default targets, DiTs with the scripts' defaults), rebuild off and on.
-2. Measured on this CPU (source: tracker): the tiny SDXL UNet the tests build and the bundled
-   drawing model's SD3 transformer, batch 4, 64 px, fp32: the bytes alive between the forward
-   and the backward and the step peak, off and on; the seconds of a forward and backward, off
-   and on alternating, the order flipped every round; the median of the per-round ratios.
+   default targets, DiTs with the scripts' defaults).
+2. Measured on this CPU (source: tracker): the tiny SDXL UNet the tests build, batch 4 at 256 px,
+   and the bundled drawing model's SD3 transformer, batch 16 at 64 px (the largest it takes),
+   where the recomputes apply (256 KiB-1 MiB tensors), fp32: the bytes alive between the forward and
+   the backward and the step peak; the seconds of a forward and backward, the arms alternating,
+   the order flipped every round; the median of the per-round ratios to "before".
 """
 
 from __future__ import annotations
@@ -50,33 +57,37 @@ PLANS = (  # (trace, model, shape)
 )
 
 
+ARMS = ("before", "norms", "both")
+
+
 @contextlib.contextmanager
-def rebuilds(on: bool) -> Iterator[None]:
-    """The norm-output rebuild on (as shipped) or off (every other lean layer still on)."""
-    original = lean_backward._rebuilt_from
-    if not on:
+def arm(name: str) -> Iterator[None]:
+    """The recomputes of ``name`` on (every other lean layer on in every arm)."""
+    saved = lean_backward._rebuilt_from, lean_backward.lean_dit_attention
+    if name == "before":
         lean_backward._rebuilt_from = lambda *args: None
+    if name in ("before", "norms"):
+        lean_backward.lean_dit_attention = lambda module: 0
     try:
         yield
     finally:
-        lean_backward._rebuilt_from = original
+        lean_backward._rebuilt_from, lean_backward.lean_dit_attention = saved
 
 
 def planned() -> None:
-    print("| model | shape | planned peak MiB, rebuild off / on | change | activations MiB off / on "
-          "| change |")
+    print("| model | shape | planned peak MiB: before / norms / both | change | activations MiB: "
+          "before / both | change |")
     print("|---|---|---|---|---|---|")
     for trace, name, shape in PLANS:
         results = []
-        for on in (False, True):
-            with rebuilds(on):
+        for a in ARMS:
+            with arm(a):
                 results.append(trace(name, dtype=torch.bfloat16, device="cuda", lean_backward=True, **shape))
-        off, on_ = results
         px = ", ".join(f"{k} {v}" for k, v in shape.items())
-        a_off, a_on = off.breakdown["activations"], on_.breakdown["activations"]
-        print(f"| {name} | {px} | {off.peak_bytes / MiB:,.0f} / {on_.peak_bytes / MiB:,.0f} | "
-              f"{on_.peak_bytes / off.peak_bytes - 1:+.2%} | {a_off / MiB:,.0f} / {a_on / MiB:,.0f} | "
-              f"{a_on / a_off - 1:+.1%} |", flush=True)
+        peaks = " / ".join(f"{r.peak_bytes / MiB:,.0f}" for r in results)
+        a_off, a_on = results[0].breakdown["activations"], results[-1].breakdown["activations"]
+        print(f"| {name} | {px} | {peaks} | {results[-1].peak_bytes / results[0].peak_bytes - 1:+.2%} | "
+              f"{a_off / MiB:,.0f} / {a_on / MiB:,.0f} | {a_on / a_off - 1:+.1%} |", flush=True)
 
 
 def _sdxl() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
@@ -89,7 +100,7 @@ def _sdxl() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]
     unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
                                 init_lora_weights="gaussian"))
     torch.manual_seed(1)
-    inputs = (torch.randn(4, 4, 8, 8), torch.rand(4) * 1000)
+    inputs = (torch.randn(4, 4, 32, 32), torch.rand(4) * 1000)  # 256 px
     kwargs = {"encoder_hidden_states": torch.randn(4, 77, 64),
               "added_cond_kwargs": {"text_embeds": torch.randn(4, 32), "time_ids": torch.randn(4, 6)}}
     return unet, lambda m: m(*inputs, **kwargs).sample
@@ -107,48 +118,48 @@ def _drawing_sd3() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.T
                                  init_lora_weights="gaussian"))
     cfg = model.config
     torch.manual_seed(1)
-    # 64 px through the drawing model's VAE (4x): 16 x 16 latents; 12 CLIP + 12 T5 tokens
-    inputs = {"hidden_states": torch.randn(4, cfg.in_channels, 16, 16),
-              "encoder_hidden_states": torch.randn(4, 24, cfg.joint_attention_dim),
-              "pooled_projections": torch.randn(4, cfg.pooled_projection_dim),
-              "timestep": torch.rand(4) * 1000}
+    # 64 px (the largest it takes) through its VAE (4x): 16 x 16 latents; 12 CLIP + 12 T5 tokens;
+    # batch 16: 256 KiB norm outputs, the smallest that is rebuilt
+    inputs = {"hidden_states": torch.randn(16, cfg.in_channels, 16, 16),
+              "encoder_hidden_states": torch.randn(16, 24, cfg.joint_attention_dim),
+              "pooled_projections": torch.randn(16, cfg.pooled_projection_dim),
+              "timestep": torch.rand(16) * 1000}
     return model, lambda m: m(**inputs).sample
 
 
 def measured(name: str, build: Callable, rounds: int) -> None:
     plain, forward = build()
     arms = {}
-    for on in (False, True):
-        arms[on] = copy.deepcopy(plain)  # a plain diffusers model: its own modules, nothing patched yet
-        with rebuilds(on):
-            lean_frozen_layers(arms[on])
+    for a in ARMS:
+        arms[a] = copy.deepcopy(plain)  # a plain diffusers model: its own modules, nothing patched yet
+        with arm(a):
+            lean_frozen_layers(arms[a])
 
-    def step(on: bool) -> None:
-        with rebuilds(on):
-            forward(arms[on]).square().sum().backward()
+    def step(a: str) -> None:
+        with arm(a):
+            forward(arms[a]).square().sum().backward()
 
-    print(f"\n| {name}, 4 x 64 px, fp32 | kept after the forward (bytes) | step peak (bytes) |")
+    print(f"\n| {name}, fp32 | kept after the forward (bytes) | step peak (bytes) |")
     print("|---|---|---|")
-    for on in (False, True):
+    for a in ARMS:
         tracker = StorageTracker()
-        with tracker, rebuilds(on):
-            out = forward(arms[on])
+        with tracker, arm(a):
+            out = forward(arms[a])
             kept = tracker.live_bytes
             out.square().sum().backward()
-        print(f"| rebuild {'on' if on else 'off'} | {kept:,} | {tracker.peak_bytes:,} |")
-    times: dict[bool, list[float]] = {False: [], True: []}
+        print(f"| {a} | {kept:,} | {tracker.peak_bytes:,} |")
+    times: dict[str, list[float]] = {a: [] for a in ARMS}
     for r in range(rounds):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            step(on)
+        for a in (ARMS if r % 2 == 0 else ARMS[::-1]):
+            step(a)
             start = time.perf_counter()
-            for _ in range(20):
-                step(on)
-            times[on].append((time.perf_counter() - start) / 20)
-    ratios = [b / a for a, b in zip(times[False], times[True], strict=True)]
-    print(f"forward + backward ms, off: {[round(t * 1e3, 2) for t in times[False]]}")
-    print(f"forward + backward ms, on:  {[round(t * 1e3, 2) for t in times[True]]}")
-    print(f"on / off per round: {[round(x, 3) for x in ratios]}; median {statistics.median(ratios):.3f}",
-          flush=True)
+            for _ in range(5):
+                step(a)
+            times[a].append((time.perf_counter() - start) / 5)
+    for a in ARMS:
+        ratios = [b / x for x, b in zip(times["before"], times[a], strict=True)]
+        print(f"{a}: forward + backward ms {[round(t * 1e3, 1) for t in times[a]]}; / before per round "
+              f"{[round(x, 3) for x in ratios]}; median {statistics.median(ratios):.3f}", flush=True)
 
 
 def main() -> None:
@@ -159,8 +170,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if not a.no_plans:
         planned()
-    measured("tiny SDXL UNet", _sdxl, a.rounds)
-    measured("drawing model (SD3)", _drawing_sd3, a.rounds)
+    measured("tiny SDXL UNet, 4 x 256 px", _sdxl, a.rounds)
+    measured("drawing model (SD3), 16 x 64 px", _drawing_sd3, a.rounds)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from lora_gui.models.cuda_autocast import autocast_dtype, norms_in_float32, same_autocast
+from lora_gui.models.lean_attention import lean_dit_attention
 from lora_gui.models.lean_mlp import lean_gated_mlps
-from lora_gui.models.stand_ins import Recompute, Sizes, Swap, other_hooks_active, unpack
+from lora_gui.models.stand_ins import Recompute, Sizes, Swap, other_hooks_active, unpack, worth_rebuilding
 
 
 class LeanConv2d(nn.Conv2d):
@@ -134,6 +135,20 @@ class LeanLayerNorm(nn.LayerNorm):
 
     def _plain(self, input: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class LeanRMSNorm(nn.RMSNorm):
+    """torch's ``nn.RMSNorm`` (Flux's query / key norms), lean as :class:`LeanLayerNorm`: under
+    CUDA's autocast, which runs it in float32, it keeps its 16-bit input, not autocast's float32
+    copy; its output is rebuilt from the input for the LoRA layers that read it."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        out = _norm_in_float32(input, self._plain)
+        _rebuilt_from(out, input, self._plain)
+        return out
+
+    def _plain(self, input: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
 class LeanSiLU(nn.SiLU):
@@ -353,9 +368,11 @@ def _rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
     """Marks a norm's output ``out`` as rebuilt from its input ``x`` by ``fn`` for the LoRA layers
     that read it (:class:`_Rebuilt`, :class:`_Casts`, :class:`_SharedCasts`): they keep ``x``, which
     the norm's own backward keeps anyway when ``x`` requires grad, and the output is recomputed
-    from it once for all of them, under the forward's autocast."""
+    from it once for all of them, under the forward's autocast. Not for outputs under
+    :data:`~lora_gui.models.stand_ins.MIN_REBUILD_BYTES`: there the recompute costs more than it saves."""
     if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
-            and out.is_contiguous() and torch.is_grad_enabled() and not other_hooks_active()):
+            and out.is_contiguous() and worth_rebuilding(out) and torch.is_grad_enabled()
+            and not other_hooks_active()):
         out._lean_rebuild = Recompute(_ReadOnce(same_autocast(fn, x.device.type)), x)
 
 
@@ -472,18 +489,19 @@ def _lean_geglu_class() -> type[nn.Module]:
 
 
 def lean_frozen_layers(module: nn.Module) -> int:
-    """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.SiLU`` and
-    diffusers ``GEGLU`` in ``module`` into its lean subclass, and gives plain peft LoRA
+    """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.RMSNorm``,
+    ``nn.SiLU`` and diffusers ``GEGLU`` in ``module`` into its lean subclass, and gives plain peft LoRA
     ``Linear`` layers, RMSNorms and transformers' gated MLPs (:mod:`lora_gui.models.lean_mlp`)
     the lean forward (same parameters, state dict and output; see the module doc). Call after the adapter
     is attached (and after any other forward override). Returns how many layers changed."""
     swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
-                                      (nn.LayerNorm, LeanLayerNorm), (nn.SiLU, LeanSiLU)]
+                                      (nn.LayerNorm, LeanLayerNorm), (nn.RMSNorm, LeanRMSNorm),
+                                      (nn.SiLU, LeanSiLU)]
     if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
         lean_geglu = _lean_geglu_class()
         swaps.append((lean_geglu.__mro__[1], lean_geglu))
     count = (_lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
-             + _lean_modulated_norms(module))
+             + _lean_modulated_norms(module) + lean_dit_attention(module))
     for m in module.modules():
         for plain, lean in swaps:
             if type(m) is plain:  # exact type: a subclass may change what its forward computes

@@ -10,6 +10,18 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+# the smallest tensor a recompute stands in for where the recompute is a choice (a norm's output
+# rebuilt for the LoRA layers that read it, an attention kernel's query and key): each recompute
+# costs a few fixed per-op overheads (about 10-60 microseconds an op on a CPU, a kernel launch
+# on a GPU), which below this many bytes outweigh what it saves (measured: a tiny SD3 at 64 px,
+# 64-90 KB tensors, ran 16% slower for 12% fewer bytes; Flux.1-dev at 1024 px rebuilds 28 MB ones)
+MIN_REBUILD_BYTES = 256 * 1024
+
+
+def worth_rebuilding(t: torch.Tensor) -> bool:
+    """``t`` is large enough for a recompute to stand in for it (:data:`MIN_REBUILD_BYTES`)."""
+    return t.numel() * t.element_size() >= MIN_REBUILD_BYTES
+
 
 class Sizes:
     """Stands in for a saved tensor whose values the backward never reads."""

@@ -15,6 +15,15 @@ from lora_gui.models.lean_backward import LeanConv2d, lean_frozen_layers
 from lora_gui.presets import load_config
 
 
+@pytest.fixture(autouse=True)
+def _rebuild_every_size(monkeypatch):
+    """These tiny models' tensors are under the size where a run rebuilds (a recompute's fixed
+    cost outweighs them there, tested apart): here every size is rebuilt, to check each one."""
+    from lora_gui.models import stand_ins
+
+    monkeypatch.setattr(stand_ins, "MIN_REBUILD_BYTES", 0)
+
+
 def _unet(targets: list[str]) -> nn.Module:
     unet = build_sdxl_pipeline(seed=0).unet
     unet.requires_grad_(False)

@@ -1,0 +1,301 @@
+"""DiT attention that keeps its normalised queries and keys as recomputes, not tensors.
+
+In SD3.5 and Flux blocks (and any SD3-shaped model with ``qk_norm``) the attention kernel saves
+its query and key for the backward: ``cat(norm_q(q), norm_added_q(q_text))`` (Flux: with rotary
+embeddings on top). Each RMSNorm keeps its input ``q`` for its own backward anyway, so the kernel's
+query and key are two sequence x width tensors kept twice. Here the kernel's saved query and key
+leave as recomputes of those few elementwise passes from the norms' inputs (in the backward, under
+the forward's autocast): per block, two sequence x width tensors less (where each is at least
+:data:`~lora_gui.models.stand_ins.MIN_REBUILD_BYTES`: below, the recompute costs more than it
+saves). In Flux.1-dev at 1024 px that is 56 MiB a block in bf16, 57 blocks.
+
+The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcessor2_0`` with that
+one change: the same ops in the same order, so the same outputs and gradients, bit for bit
+(``tests/models/test_lean_attention.py``). The kernel call (``dispatch_attention_fn`` / SDPA, or
+whatever wraps it: the eager backend, windowed image attention) runs under a saved-tensor hook
+that swaps what it saves of the query and key (they or views of them) for the recomputes. The
+plain processor runs where nothing would be saved for a backward (no grad), where the norms'
+inputs need no gradient (the norms keep nothing then), without query / key norms (no kept
+tensor to recompute from), and inside checkpointed blocks (checkpointing decides there).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+from lora_gui.models.cuda_autocast import emulated_dtype, same_autocast
+from lora_gui.models.stand_ins import Recompute, other_hooks_active, unpack, worth_rebuilding
+
+
+class _Strided:
+    """Recomputes a saved view of a query or key: ``fn(args)`` laid out as the original, then
+    the view's sizes, strides and offset."""
+
+    __slots__ = ("base_stride", "fn", "offset", "shape", "stride")
+
+    def __init__(self, view: torch.Tensor, base: torch.Tensor, fn: Any) -> None:
+        self.shape, self.stride, self.offset = view.shape, view.stride(), view.storage_offset()
+        self.base_stride, self.fn = base.stride(), fn
+
+    def __call__(self, args: tuple) -> torch.Tensor:
+        with torch.no_grad():
+            out = self.fn(args)
+            if out.stride() != self.base_stride:  # the layout the views' strides refer to
+                out = torch.empty_strided(out.shape, self.base_stride, dtype=out.dtype,
+                                          device=out.device).copy_(out)
+        return out.as_strided(self.shape, self.stride, self.offset)
+
+
+class _KeptAsRecomputes:
+    """Pack hook for one attention kernel call: what it saves of ``query`` or ``key`` (either
+    tensor, or a view of it) leaves as a recompute from ``args`` (the norms' inputs)."""
+
+    __slots__ = ("targets",)
+
+    def __init__(self, targets: list[tuple[torch.Tensor, Any, tuple]]) -> None:
+        self.targets: dict[int, tuple[torch.Tensor, Any, tuple]] | None = {
+            id(t): (t, fn, a) for t, fn, a in targets}
+
+    def pack(self, t: torch.Tensor) -> object:
+        base = t if t._base is None else t._base
+        hit = self.targets.get(id(base)) if self.targets else None
+        if hit is None or hit[0] is not base:
+            return t
+        return Recompute(_Strided(t, base, hit[1]), hit[2])
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            with saved_tensors_hooks(self.pack, unpack):
+                return fn(*args, **kwargs)
+        finally:
+            self.targets = None  # autograd keeps the pack hook: it must not keep query and key
+
+
+def _can_recompute(*norm_inputs: torch.Tensor | None) -> bool:
+    """The norms keep their inputs (they need a gradient) and nothing else decides what is kept."""
+    return (torch.is_grad_enabled() and not other_hooks_active()
+            and all(t is None or t.requires_grad for t in norm_inputs))
+
+
+def _kernel_cast(device_type: str, query: torch.Tensor) -> torch.dtype | None:
+    """The dtype CUDA's autocast (real or emulated) casts a float32 query to for SDPA, which it
+    runs in 16 bits; None where it casts nothing. The processor makes that cast itself (the same
+    values), so that what SDPA keeps is the processor's tensor, which it can recompute."""
+    if query.dtype != torch.float32:
+        return None
+    if device_type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return emulated_dtype()
+
+
+def _cast(fn: Any, dtype: torch.dtype | None, args: tuple) -> torch.Tensor:
+    out = fn(args)
+    return out if dtype is None else out.to(dtype)
+
+
+def _native_kernel(backend: Any) -> bool:
+    """diffusers' attention dispatch runs torch's SDPA (its native backend) for ``backend``."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    name = backend if backend is not None else _AttentionBackendRegistry.get_active_backend()[0]
+    return AttentionBackendName(name) == AttentionBackendName.NATIVE
+
+
+# -- Flux ------------------------------------------------------------------------------------------
+def _flux_qk(norm: nn.Module, added: nn.Module | None, rope: Any, args: tuple) -> torch.Tensor:
+    """Flux's query or key from the norms' inputs: ``rope(cat(added(text), norm(image)))``."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    image, text = args
+    out = norm(image)
+    if text is not None:
+        out = torch.cat([added(text), out], dim=1)
+    if rope is not None:
+        out = apply_rotary_emb(out, rope, sequence_dim=1)
+    return out
+
+
+@functools.cache
+def _lean_flux_processor_class() -> type:
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+
+    class LeanFluxAttnProcessor(FluxAttnProcessor):
+        """diffusers' ``FluxAttnProcessor``; the kernel keeps its query and key as recomputes."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                     attention_mask: torch.Tensor | None = None,
+                     image_rotary_emb: torch.Tensor | None = None) -> Any:
+            if not _can_recompute() or attn.fused_projections:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
+            query = query.unflatten(-1, (-1, attn.head_dim))
+            key = key.unflatten(-1, (-1, attn.head_dim))
+            value = value.unflatten(-1, (-1, attn.head_dim))
+            q_in, k_in, eq_in, ek_in = query, key, None, None
+            query = attn.norm_q(query)
+            key = attn.norm_k(key)
+            if attn.added_kv_proj_dim is not None:
+                encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
+                encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
+                encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+                eq_in, ek_in = encoder_query, encoder_key
+                encoder_query = attn.norm_added_q(encoder_query)
+                encoder_key = attn.norm_added_k(encoder_key)
+                query = torch.cat([encoder_query, query], dim=1)
+                key = torch.cat([encoder_key, key], dim=1)
+                value = torch.cat([encoder_value, value], dim=1)
+            if image_rotary_emb is not None:
+                query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+                key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+            kernel = functools.partial(dispatch_attention_fn, attn_mask=attention_mask,
+                                       backend=self._attention_backend, parallel_config=self._parallel_config)
+            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query):
+                device = query.device.type
+                cast = _kernel_cast(device, query) if _native_kernel(self._attention_backend) else None
+                added_q, added_k = getattr(attn, "norm_added_q", None), getattr(attn, "norm_added_k", None)
+                rope = image_rotary_emb
+                make_q = same_autocast(functools.partial(_flux_qk, attn.norm_q, added_q, rope), device)
+                make_k = same_autocast(functools.partial(_flux_qk, attn.norm_k, added_k, rope), device)
+                if cast is not None:  # autocast's cast for SDPA, made here
+                    query, key = query.to(cast), key.to(cast)
+                rebuild = [(query, functools.partial(_cast, make_q, cast), (q_in, eq_in)),
+                           (key, functools.partial(_cast, make_k, cast), (k_in, ek_in))]
+                hidden_states = _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
+            else:
+                hidden_states = kernel(query, key, value)
+            hidden_states = hidden_states.flatten(2, 3)
+            hidden_states = hidden_states.to(query.dtype)
+            if encoder_hidden_states is not None:
+                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                    [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]],
+                    dim=1)
+                hidden_states = attn.to_out[0](hidden_states.contiguous())
+                hidden_states = attn.to_out[1](hidden_states)
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+                return hidden_states, encoder_hidden_states
+            return hidden_states
+
+    return LeanFluxAttnProcessor
+
+
+# -- SD3 (joint attention) -----------------------------------------------------------------------------
+def _joint_qk(norm: nn.Module, added: nn.Module | None, args: tuple) -> torch.Tensor:
+    """SD3's query or key from the norms' inputs: ``cat(norm(image), added(text))`` (heads first)."""
+    image, text = args
+    out = norm(image)
+    return out if text is None else torch.cat([out, added(text)], dim=2)
+
+
+@functools.cache
+def _lean_joint_processor_class() -> type:
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    class LeanJointAttnProcessor(JointAttnProcessor2_0):
+        """diffusers' ``JointAttnProcessor2_0``; with query / key norms the kernel keeps its
+        query and key as recomputes."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                     attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+            text = encoder_hidden_states is not None
+            plain = attn.norm_q is None or attn.norm_k is None or (
+                text and (attn.norm_added_q is None or attn.norm_added_k is None))
+            if plain or not _can_recompute():
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        *args, **kwargs)
+            residual = hidden_states
+            batch_size = hidden_states.shape[0]
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(hidden_states)
+            value = attn.to_v(hidden_states)
+            inner_dim = key.shape[-1]
+            head_dim = inner_dim // attn.heads
+            query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+            key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+            value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+            q_in, k_in, eq_in, ek_in = query, key, None, None
+            query = attn.norm_q(query)
+            key = attn.norm_k(key)
+            if encoder_hidden_states is not None:
+                eq = attn.add_q_proj(encoder_hidden_states)
+                ek = attn.add_k_proj(encoder_hidden_states)
+                ev = attn.add_v_proj(encoder_hidden_states)
+                eq = eq.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+                ek = ek.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+                ev = ev.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+                eq_in, ek_in = eq, ek
+                eq = attn.norm_added_q(eq)
+                ek = attn.norm_added_k(ek)
+                query = torch.cat([query, eq], dim=2)
+                key = torch.cat([key, ek], dim=2)
+                value = torch.cat([value, ev], dim=2)
+            kernel = functools.partial(F.scaled_dot_product_attention, dropout_p=0.0, is_causal=False)
+            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query):
+                device = query.device.type
+                cast = _kernel_cast(device, query)
+                make_q = same_autocast(functools.partial(_joint_qk, attn.norm_q, attn.norm_added_q), device)
+                make_k = same_autocast(functools.partial(_joint_qk, attn.norm_k, attn.norm_added_k), device)
+                if cast is not None:  # autocast's cast for SDPA, made here
+                    query, key = query.to(cast), key.to(cast)
+                rebuild = [(query, functools.partial(_cast, make_q, cast), (q_in, eq_in)),
+                           (key, functools.partial(_cast, make_k, cast), (k_in, ek_in))]
+                hidden_states = _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
+            else:
+                hidden_states = kernel(query, key, value)
+            hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+            hidden_states = hidden_states.to(query.dtype)
+            if encoder_hidden_states is not None:
+                hidden_states, encoder_hidden_states = (hidden_states[:, : residual.shape[1]],
+                                                        hidden_states[:, residual.shape[1]:])
+                if not attn.context_pre_only:
+                    encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            if encoder_hidden_states is not None:
+                return hidden_states, encoder_hidden_states
+            return hidden_states
+
+    return LeanJointAttnProcessor
+
+
+def lean_dit_attention(module: nn.Module) -> int:
+    """Gives every attention layer in ``module`` whose processor is exactly diffusers'
+    ``FluxAttnProcessor`` or ``JointAttnProcessor2_0`` (or a wrapper around one, with an
+    ``inner`` processor: the eager backend, windowed image attention) the lean processor above.
+    Returns how many."""
+    import sys
+
+    if "diffusers.models.attention_processor" not in sys.modules:
+        return 0  # no DiT here (a text model)
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    swaps: dict[type, type] = {JointAttnProcessor2_0: _lean_joint_processor_class()}
+    flux = sys.modules.get("diffusers.models.transformers.transformer_flux")
+    if flux is not None:
+        swaps[flux.FluxAttnProcessor] = _lean_flux_processor_class()
+    count = 0
+    for m in module.modules():
+        owner, proc = m, getattr(m, "processor", None)
+        while proc is not None and type(proc) not in swaps and hasattr(proc, "inner"):
+            owner, proc = proc, proc.inner  # a wrapper's own processor
+        if proc is None or type(proc) not in swaps:
+            continue
+        lean = swaps[type(proc)]()
+        for name in ("_attention_backend", "_parallel_config"):
+            if name in vars(proc):
+                setattr(lean, name, getattr(proc, name))
+        if owner is m:
+            m.set_processor(lean)
+        else:
+            owner.inner = lean
+        count += 1
+    return count

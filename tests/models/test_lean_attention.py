@@ -1,0 +1,122 @@
+"""DiT attention keeps its normalised query and key as recomputes from the norms' inputs: the
+same gradients, bit for bit, as diffusers' own processors, and exactly two sequence x width
+tensors less a block; under CUDA's autocast (emulated) too; the plain path where it must."""
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig
+from torch import nn
+
+from lora_gui.models import dit
+from lora_gui.models.build_dit import build_flux_pipeline, build_sd3_pipeline
+from lora_gui.models.cuda_autocast import forward_under
+from lora_gui.models.lean_attention import lean_dit_attention
+from lora_gui.models.lean_backward import lean_frozen_layers
+from tests.models.test_lean_backward import _dit_step
+
+
+@pytest.fixture(autouse=True)
+def _rebuild_every_size(monkeypatch):
+    """These tiny models' tensors are under the size where a run rebuilds (a recompute's fixed
+    cost outweighs them there, tested apart): here every size is rebuilt, to check each one."""
+    from lora_gui.models import stand_ins
+
+    monkeypatch.setattr(stand_ins, "MIN_REBUILD_BYTES", 0)
+
+
+def _transformer(kind: str, bf16: bool = False) -> nn.Module:
+    if kind == "sd3":  # the bundled drawing model's norms: SD3.5's RMSNorm on query and key
+        model = build_sd3_pipeline(seed=0, qk_norm="rms_norm").transformer
+    else:
+        model = build_flux_pipeline(seed=0).transformer
+    if bf16:
+        model = model.to(torch.bfloat16)
+    model.requires_grad_(False)
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=dit.lora_targets(kind, "all-linear"),
+                                 init_lora_weights="gaussian"))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()  # peft's float32 adapters (over bf16 weights when bf16)
+    return model
+
+
+def _without_lean_attention(model: nn.Module, monkeypatch) -> nn.Module:
+    from lora_gui.models import lean_backward
+
+    with monkeypatch.context() as m:
+        m.setattr(lean_backward, "lean_dit_attention", lambda module: 0)
+        lean_frozen_layers(model)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_same_gradients_and_two_tensors_less_a_block(kind, bf16, monkeypatch):
+    plain = _transformer(kind, bf16)
+    lean, before = copy.deepcopy(plain), _without_lean_attention(copy.deepcopy(plain), monkeypatch)
+    lean_frozen_layers(lean)
+    kinds = {type(m.processor).__name__ for m in lean.modules() if hasattr(m, "processor")}
+    assert kinds == {"LeanJointAttnProcessor" if kind == "sd3" else "LeanFluxAttnProcessor"}
+
+    def step(model):
+        with forward_under(model, torch.bfloat16 if bf16 else None):  # a GPU run's autocast, emulated
+            return _dit_step(model, kind)
+
+    (plain_kept, plain_grads), (before_kept, before_grads), (lean_kept, lean_grads) = map(
+        step, (plain, before, lean))
+    assert plain_grads and plain_grads.keys() == lean_grads.keys()
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
+    cfg = plain.config
+    width = cfg.num_attention_heads * cfg.attention_head_dim
+    image, text = (16, 6) if kind == "sd3" else (64, 6)
+    blocks = cfg.num_layers + getattr(cfg, "num_single_layers", 0)
+    # the kernel's query and key: batch 2 x every token x width, in the kernel's dtype
+    assert before_kept - lean_kept == blocks * 2 * 2 * (image + text) * width * (2 if bf16 else 4), (
+        before_kept, lean_kept)
+    assert lean_kept < before_kept < plain_kept
+
+
+def test_sd3_without_query_key_norms_keeps_the_plain_path():
+    """SD3-medium has no query / key norms: nothing kept to recompute from; diffusers' own path."""
+    plain = build_sd3_pipeline(seed=0).transformer
+    plain.requires_grad_(False)
+    plain.add_adapter(LoraConfig(r=4, target_modules=dit.lora_targets("sd3", "all-linear")))
+    lean = copy.deepcopy(plain)
+    lean_dit_attention(lean)
+    assert _dit_step(lean, "sd3")[0] == _dit_step(plain, "sd3")[0]
+
+
+def test_wrapped_processors_get_the_lean_one_inside():
+    """The eager backend and windowed image attention wrap the processor: the lean one goes
+    inside the wrapper, whichever is set first (the run and the trace set them in either order)."""
+    from lora_gui.models.dit import MathAttention, set_dit_attention
+
+    first_wrapped, first_lean = _transformer("flux"), _transformer("flux")
+    set_dit_attention(first_wrapped, "eager")
+    assert lean_dit_attention(first_wrapped) == 2
+    lean_dit_attention(first_lean)
+    set_dit_attention(first_lean, "eager")
+    for model in (first_wrapped, first_lean):
+        procs = list(model.attn_processors.values())
+        assert all(type(p) is MathAttention and type(p.inner).__name__ == "LeanFluxAttnProcessor"
+                   for p in procs)
+    assert _dit_step(first_wrapped, "flux")[0] == _dit_step(first_lean, "flux")[0]
+
+
+def test_tensors_under_the_size_worth_it_keep_the_plain_path(monkeypatch):
+    """Below MIN_REBUILD_BYTES (a run's default) the processor and the norms keep what diffusers'
+    keep: the tiny model's 64-90 KB queries are not worth a recompute's fixed cost."""
+    from lora_gui.models import stand_ins
+
+    plain = _transformer("flux")
+    lean = copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    before = _without_lean_attention(copy.deepcopy(plain), monkeypatch)
+    monkeypatch.setattr(stand_ins, "MIN_REBUILD_BYTES", 256 * 1024)
+    assert _dit_step(lean, "flux")[0] == _dit_step(before, "flux")[0]
+    query = torch.empty(2, 70, 32)  # the single block's query: 17,920 bytes
+    monkeypatch.setattr(stand_ins, "MIN_REBUILD_BYTES", query.numel() * 4)
+    assert _dit_step(lean, "flux")[0] < _dit_step(before, "flux")[0]
