@@ -5,9 +5,9 @@ its query and key for the backward: ``cat(norm_q(q), norm_added_q(q_text))`` (Fl
 embeddings on top). Each RMSNorm keeps its input ``q`` for its own backward anyway, so the kernel's
 query and key are two sequence x width tensors kept twice. Here the kernel's saved query and key
 leave as recomputes of those few elementwise passes from the norms' inputs (in the backward, under
-the forward's autocast): per block, two sequence x width tensors less (where each is at least
-:data:`~lora_gui.models.stand_ins.MIN_REBUILD_BYTES`: below, the recompute costs more than it
-saves). In Flux.1-dev at 1024 px that is 56 MiB a block in bf16, 57 blocks.
+the forward's autocast): per block, two sequence x width tensors less (in models at least
+:data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH` wide: in narrower ones the recompute costs
+more than it saves). In Flux.1-dev at 1024 px that is 56 MiB a block in bf16, 57 blocks.
 
 The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcessor2_0`` with that
 one change: the same ops in the same order, so the same outputs and gradients, bit for bit
@@ -159,7 +159,7 @@ def _lean_flux_processor_class() -> type:
                 key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
             kernel = functools.partial(dispatch_attention_fn, attn_mask=attention_mask,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
-            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query):
+            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query.shape[-2] * attn.head_dim):
                 device = query.device.type
                 cast = _kernel_cast(device, query) if _native_kernel(self._attention_backend) else None
                 added_q, added_k = getattr(attn, "norm_added_q", None), getattr(attn, "norm_added_k", None)
@@ -239,7 +239,7 @@ def _lean_joint_processor_class() -> type:
                 key = torch.cat([key, ek], dim=2)
                 value = torch.cat([value, ev], dim=2)
             kernel = functools.partial(F.scaled_dot_product_attention, dropout_p=0.0, is_causal=False)
-            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query):
+            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(inner_dim):
                 device = query.device.type
                 cast = _kernel_cast(device, query)
                 make_q = same_autocast(functools.partial(_joint_qk, attn.norm_q, attn.norm_added_q), device)

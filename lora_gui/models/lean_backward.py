@@ -368,10 +368,10 @@ def _rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
     """Marks a norm's output ``out`` as rebuilt from its input ``x`` by ``fn`` for the LoRA layers
     that read it (:class:`_Rebuilt`, :class:`_Casts`, :class:`_SharedCasts`): they keep ``x``, which
     the norm's own backward keeps anyway when ``x`` requires grad, and the output is recomputed
-    from it once for all of them, under the forward's autocast. Not for outputs under
-    :data:`~lora_gui.models.stand_ins.MIN_REBUILD_BYTES`: there the recompute costs more than it saves."""
+    from it once for all of them, under the forward's autocast. Not in models narrower than
+    :data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH`: there the recompute costs more than it saves."""
     if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
-            and out.is_contiguous() and worth_rebuilding(out) and torch.is_grad_enabled()
+            and out.is_contiguous() and worth_rebuilding(out.shape[-1]) and torch.is_grad_enabled()
             and not other_hooks_active()):
         out._lean_rebuild = Recompute(_ReadOnce(same_autocast(fn, x.device.type)), x)
 

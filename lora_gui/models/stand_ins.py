@@ -10,17 +10,21 @@ from typing import Any
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-# the smallest tensor a recompute stands in for where the recompute is a choice (a norm's output
-# rebuilt for the LoRA layers that read it, an attention kernel's query and key): each recompute
-# costs a few fixed per-op overheads (about 10-60 microseconds an op on a CPU, a kernel launch
-# on a GPU), which below this many bytes outweigh what it saves (measured: a tiny SD3 at 64 px,
-# 64-90 KB tensors, ran 16% slower for 12% fewer bytes; Flux.1-dev at 1024 px rebuilds 28 MB ones)
-MIN_REBUILD_BYTES = 256 * 1024
+# the narrowest model (features a token) whose tensors a recompute stands in for where the
+# recompute is a choice (a norm's output rebuilt for the LoRA layers that read it, an attention
+# kernel's query and key). A recompute costs one elementwise pass a feature plus fixed per-op
+# overheads, the block's matmuls cost about width x width a token, so the recompute's share of a
+# step falls with the width: a tiny SD3 (64 wide) ran 16% slower for 12% fewer bytes at 64 px,
+# 7% slower at 16 x 64 px; models people train are 320-3,072 wide (the bundled text model 256).
+# A property of the model, not of the tensor's size, so a step's bytes stay linear in its pixels,
+# batch and tokens (the calibrated image estimates rely on it).
+MIN_REBUILD_WIDTH = 256
 
 
-def worth_rebuilding(t: torch.Tensor) -> bool:
-    """``t`` is large enough for a recompute to stand in for it (:data:`MIN_REBUILD_BYTES`)."""
-    return t.numel() * t.element_size() >= MIN_REBUILD_BYTES
+def worth_rebuilding(width: int) -> bool:
+    """A recompute is worth its cost in a model ``width`` features a token wide
+    (:data:`MIN_REBUILD_WIDTH`)."""
+    return width >= MIN_REBUILD_WIDTH
 
 
 class Sizes:

@@ -17,11 +17,11 @@ from lora_gui.presets import load_config
 
 @pytest.fixture(autouse=True)
 def _rebuild_every_size(monkeypatch):
-    """These tiny models' tensors are under the size where a run rebuilds (a recompute's fixed
-    cost outweighs them there, tested apart): here every size is rebuilt, to check each one."""
+    """These tiny models are narrower than where a run rebuilds (a recompute costs more than it
+    saves there, tested apart): here every width is rebuilt, to check each one."""
     from lora_gui.models import stand_ins
 
-    monkeypatch.setattr(stand_ins, "MIN_REBUILD_BYTES", 0)
+    monkeypatch.setattr(stand_ins, "MIN_REBUILD_WIDTH", 0)
 
 
 def _unet(targets: list[str]) -> nn.Module:
