@@ -157,6 +157,7 @@ def _lean_flux_processor_class() -> type:
             if image_rotary_emb is not None:
                 query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
                 key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+            out_dtype = query.dtype  # as diffusers' processor leaves the kernel's output
             kernel = functools.partial(dispatch_attention_fn, attn_mask=attention_mask,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
             if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query.shape[-2] * attn.head_dim):
@@ -174,7 +175,7 @@ def _lean_flux_processor_class() -> type:
             else:
                 hidden_states = kernel(query, key, value)
             hidden_states = hidden_states.flatten(2, 3)
-            hidden_states = hidden_states.to(query.dtype)
+            hidden_states = hidden_states.to(out_dtype)
             if encoder_hidden_states is not None:
                 encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
                     [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]],
@@ -238,6 +239,7 @@ def _lean_joint_processor_class() -> type:
                 query = torch.cat([query, eq], dim=2)
                 key = torch.cat([key, ek], dim=2)
                 value = torch.cat([value, ev], dim=2)
+            out_dtype = query.dtype  # as diffusers' processor leaves the kernel's output
             kernel = functools.partial(F.scaled_dot_product_attention, dropout_p=0.0, is_causal=False)
             if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(inner_dim):
                 device = query.device.type
@@ -252,7 +254,7 @@ def _lean_joint_processor_class() -> type:
             else:
                 hidden_states = kernel(query, key, value)
             hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
-            hidden_states = hidden_states.to(query.dtype)
+            hidden_states = hidden_states.to(out_dtype)
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = (hidden_states[:, : residual.shape[1]],
                                                         hidden_states[:, residual.shape[1]:])

@@ -64,8 +64,20 @@ def test_same_gradients_and_two_tensors_less_a_block(kind, bf16, monkeypatch):
         with forward_under(model, torch.bfloat16 if bf16 else None):  # a GPU run's autocast, emulated
             return _dit_step(model, kind)
 
+    outputs: dict[str, list] = {"plain": [], "lean": []}
+    for label, model in (("plain", plain), ("lean", lean)):  # a step apart: the hooks keep outputs
+        hooks = [m.register_forward_hook(lambda m, a, out, seen=outputs[label]: seen.append(out))
+                 for m in model.modules() if hasattr(m, "processor")]
+        step(model)
+        for hook in hooks:
+            hook.remove()
     (plain_kept, plain_grads), (before_kept, before_grads), (lean_kept, lean_grads) = map(
         step, (plain, before, lean))
+    # what each attention layer hands on: the same dtype and values
+    assert len(outputs["plain"]) == len(outputs["lean"]) > 0
+    for ours, theirs in zip(outputs["lean"], outputs["plain"], strict=True):
+        ours, theirs = (o if isinstance(o, tuple) else (o,) for o in (ours, theirs))
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
     assert plain_grads and plain_grads.keys() == lean_grads.keys()
     for name, grad in plain_grads.items():
         assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
