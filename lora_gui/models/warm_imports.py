@@ -20,8 +20,10 @@ CLASSES = ("AutoencoderKL", "UNet2DConditionModel", "SD3Transformer2DModel", "Fl
            "DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
            "StableDiffusionPipeline",
            "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline")
-SUBMODULES = ("diffusers.models.activations", "diffusers.models.attention_processor",
-              "diffusers.training_utils", "diffusers.utils")
+SUBMODULES = ("diffusers.models.activations", "diffusers.models.attention_dispatch",
+              "diffusers.models.attention_processor", "diffusers.models.embeddings",
+              "diffusers.models.transformers.transformer_flux", "diffusers.training_utils",
+              "diffusers.utils")
 
 
 def load_diffusers() -> None:
