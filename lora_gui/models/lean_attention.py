@@ -100,11 +100,15 @@ def _cast(fn: Any, dtype: torch.dtype | None, args: tuple) -> torch.Tensor:
 
 
 def _native_kernel(backend: Any) -> bool:
-    """diffusers' attention dispatch runs torch's SDPA (its native backend) for ``backend``."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+    """diffusers' attention dispatch runs torch's SDPA (its native backend) for ``backend``;
+    False where that cannot be told (the processor then leaves autocast's cast to autocast)."""
+    try:
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-    name = backend if backend is not None else _AttentionBackendRegistry.get_active_backend()[0]
-    return AttentionBackendName(name) == AttentionBackendName.NATIVE
+        name = backend if backend is not None else _AttentionBackendRegistry.get_active_backend()[0]
+        return AttentionBackendName(name) == AttentionBackendName.NATIVE
+    except (ImportError, AttributeError, ValueError, TypeError, IndexError):  # another diffusers
+        return False
 
 
 # -- Flux ------------------------------------------------------------------------------------------

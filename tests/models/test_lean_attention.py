@@ -131,3 +131,20 @@ def test_models_narrower_than_worth_it_keep_the_plain_path(monkeypatch):
     assert _dit_step(lean, "flux")[0] == _dit_step(before, "flux")[0]
     monkeypatch.setattr(stand_ins, "MIN_REBUILD_WIDTH", 32)  # 2 heads x 16
     assert _dit_step(lean, "flux")[0] < _dit_step(before, "flux")[0]
+
+
+def test_another_attention_backend_keeps_autocasts_own_cast(monkeypatch):
+    """The processor makes autocast's cast itself only where the kernel is torch's SDPA (the
+    cast autocast would make); a backend it cannot tell leaves the cast to autocast, and the
+    step stays the same, bit for bit."""
+    from lora_gui.models import lean_attention
+
+    assert lean_attention._native_kernel(None) and not lean_attention._native_kernel("flash")
+    plain, lean = _transformer("flux", bf16=True), _transformer("flux", bf16=True)
+    lean_frozen_layers(lean)
+    monkeypatch.setattr(lean_attention, "_native_kernel", lambda backend: False)
+    with forward_under(plain, torch.bfloat16):
+        plain_grads = _dit_step(plain, "flux")[1]
+    with forward_under(lean, torch.bfloat16):
+        lean_grads = _dit_step(lean, "flux")[1]
+    assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
