@@ -99,6 +99,20 @@ def _cast(fn: Any, dtype: torch.dtype | None, args: tuple) -> torch.Tensor:
     return out if dtype is None else out.to(dtype)
 
 
+def _kernel_keeping_recomputes(kernel: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               sdpa: bool, make_q: Any, q_args: tuple, make_k: Any, k_args: tuple) -> Any:
+    """``kernel(query, key, value)`` keeping its query and key as ``make_q(q_args)`` and
+    ``make_k(k_args)``, recomputed under the forward's autocast. ``sdpa``: the kernel is torch's
+    SDPA, whose cast under CUDA's autocast is then made here (:func:`_kernel_cast`)."""
+    device = query.device.type
+    cast = _kernel_cast(device, query) if sdpa else None
+    if cast is not None:  # autocast's cast for SDPA, made here
+        query, key = query.to(cast), key.to(cast)
+    rebuild = [(query, functools.partial(_cast, same_autocast(make_q, device), cast), q_args),
+               (key, functools.partial(_cast, same_autocast(make_k, device), cast), k_args)]
+    return _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
+
+
 def _native_kernel(backend: Any) -> bool:
     """diffusers' attention dispatch runs torch's SDPA (its native backend) for ``backend``;
     False where that cannot be told (the processor then leaves autocast's cast to autocast)."""
@@ -165,17 +179,12 @@ def _lean_flux_processor_class() -> type:
             kernel = functools.partial(dispatch_attention_fn, attn_mask=attention_mask,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
             if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(query.shape[-2] * attn.head_dim):
-                device = query.device.type
-                cast = _kernel_cast(device, query) if _native_kernel(self._attention_backend) else None
                 added_q, added_k = getattr(attn, "norm_added_q", None), getattr(attn, "norm_added_k", None)
                 rope = image_rotary_emb
-                make_q = same_autocast(functools.partial(_flux_qk, attn.norm_q, added_q, rope), device)
-                make_k = same_autocast(functools.partial(_flux_qk, attn.norm_k, added_k, rope), device)
-                if cast is not None:  # autocast's cast for SDPA, made here
-                    query, key = query.to(cast), key.to(cast)
-                rebuild = [(query, functools.partial(_cast, make_q, cast), (q_in, eq_in)),
-                           (key, functools.partial(_cast, make_k, cast), (k_in, ek_in))]
-                hidden_states = _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
+                hidden_states = _kernel_keeping_recomputes(
+                    kernel, query, key, value, _native_kernel(self._attention_backend),
+                    functools.partial(_flux_qk, attn.norm_q, added_q, rope), (q_in, eq_in),
+                    functools.partial(_flux_qk, attn.norm_k, added_k, rope), (k_in, ek_in))
             else:
                 hidden_states = kernel(query, key, value)
             hidden_states = hidden_states.flatten(2, 3)
@@ -246,15 +255,10 @@ def _lean_joint_processor_class() -> type:
             out_dtype = query.dtype  # as diffusers' processor leaves the kernel's output
             kernel = functools.partial(F.scaled_dot_product_attention, dropout_p=0.0, is_causal=False)
             if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(inner_dim):
-                device = query.device.type
-                cast = _kernel_cast(device, query)
-                make_q = same_autocast(functools.partial(_joint_qk, attn.norm_q, attn.norm_added_q), device)
-                make_k = same_autocast(functools.partial(_joint_qk, attn.norm_k, attn.norm_added_k), device)
-                if cast is not None:  # autocast's cast for SDPA, made here
-                    query, key = query.to(cast), key.to(cast)
-                rebuild = [(query, functools.partial(_cast, make_q, cast), (q_in, eq_in)),
-                           (key, functools.partial(_cast, make_k, cast), (k_in, ek_in))]
-                hidden_states = _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
+                hidden_states = _kernel_keeping_recomputes(
+                    kernel, query, key, value, True,  # torch's SDPA
+                    functools.partial(_joint_qk, attn.norm_q, attn.norm_added_q), (q_in, eq_in),
+                    functools.partial(_joint_qk, attn.norm_k, attn.norm_added_k), (k_in, ek_in))
             else:
                 hidden_states = kernel(query, key, value)
             hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
