@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from lora_gui.models.cuda_autocast import emulated_dtype, same_autocast
+from lora_gui.models.cuda_autocast import CudaAutocast, emulated_dtype, same_autocast
 from lora_gui.models.stand_ins import Recompute, other_hooks_active, unpack, worth_rebuilding
 
 
@@ -87,11 +87,22 @@ def _kernel_cast(device_type: str, query: torch.Tensor) -> torch.dtype | None:
     """The dtype CUDA's autocast (real or emulated) casts a float32 query to for SDPA, which it
     runs in 16 bits; None where it casts nothing. The processor makes that cast itself (the same
     values), so that what SDPA keeps is the processor's tensor, which it can recompute."""
-    if query.dtype != torch.float32:
+    if query.dtype != torch.float32 or _kernel_routed_elsewhere():
         return None
     if device_type == "cuda" and torch.is_autocast_enabled("cuda"):
         return torch.get_autocast_dtype("cuda")
     return emulated_dtype()
+
+
+def _kernel_routed_elsewhere() -> bool:
+    """A function mode other than the CUDA autocast emulation is active (windowed image
+    attention routes SDPA calls to its own kernel): the SDPA call may not reach SDPA, so its
+    cast is left to autocast, as in diffusers' processor. Unknown (no such torch API): True."""
+    try:
+        from torch.overrides import _get_current_function_mode_stack
+    except ImportError:
+        return True
+    return any(not isinstance(mode, CudaAutocast) for mode in _get_current_function_mode_stack())
 
 
 def _cast(fn: Any, dtype: torch.dtype | None, args: tuple) -> torch.Tensor:

@@ -148,3 +148,31 @@ def test_another_attention_backend_keeps_autocasts_own_cast(monkeypatch):
     with forward_under(lean, torch.bfloat16):
         lean_grads = _dit_step(lean, "flux")[1]
     assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
+
+
+def test_windowed_image_attention_keeps_diffusers_path_under_autocast():
+    """Windowed image attention routes the processor's SDPA call to its own kernel: the lean
+    processor inside it leaves the cast to autocast, as diffusers' processor does, so the step
+    is the same, bit for bit, and every attention layer hands on the same dtype and values."""
+    from lora_gui.attention.image_window import image_grid
+    from lora_gui.models.dit import set_dit_attention
+
+    plain, lean = _transformer("flux", bf16=True), _transformer("flux", bf16=True)
+    for model in (plain, lean):
+        set_dit_attention(model, "sdpa", image_window=1)
+    lean_frozen_layers(lean)
+    assert {type(p.inner).__name__ for p in lean.attn_processors.values()} == {"LeanFluxAttnProcessor"}
+    results = {}
+    for label, model in (("plain", plain), ("lean", lean)):
+        seen: list = []
+        hooks = [m.register_forward_hook(lambda m, a, out, seen=seen: seen.append(out))
+                 for m in model.modules() if hasattr(m, "processor")]
+        with forward_under(model, torch.bfloat16), image_grid(8, 8):
+            results[label] = (_dit_step(model, "flux")[1], seen)
+        for hook in hooks:
+            hook.remove()
+    (plain_grads, plain_out), (lean_grads, lean_out) = results["plain"], results["lean"]
+    assert all(torch.equal(g, lean_grads[n]) for n, g in plain_grads.items())
+    for ours, theirs in zip(lean_out, plain_out, strict=True):
+        ours, theirs = (o if isinstance(o, tuple) else (o,) for o in (ours, theirs))
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
