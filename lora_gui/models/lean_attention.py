@@ -13,7 +13,9 @@ The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcess
 one change: the same ops in the same order, so the same outputs and gradients, bit for bit
 (``tests/models/test_lean_attention.py``). The kernel call (``dispatch_attention_fn`` / SDPA, or
 whatever wraps it: the eager backend, windowed image attention) runs under a saved-tensor hook
-that swaps what it saves of the query and key (they or views of them) for the recomputes. The
+that swaps what it saves of the query and key (they or views of them) for the recomputes. Under
+CUDA's autocast, which casts a float32 query for SDPA to 16 bits and SDPA keeps that copy, the
+processor makes the same cast itself where the call reaches SDPA (:func:`_kernel_cast`). The
 plain processor runs where nothing would be saved for a backward (no grad), where the norms'
 inputs need no gradient (the norms keep nothing then), without query / key norms (no kept
 tensor to recompute from), and inside checkpointed blocks (checkpointing decides there).
