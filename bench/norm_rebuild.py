@@ -25,9 +25,10 @@ norm outputs), "all" (as shipped). The last two apply in models at least ``MIN_R
    default targets, DiTs with the scripts' defaults).
 2. Measured on this CPU (source: tracker), fp32: 256-wide SD-, SD3.5- and Flux-shaped models built
    from configs at 256 px, batch 2 (where the recomputes apply), and the bundled drawing model
-   (64 wide: they do not; forced, to show why), batch 16 at 64 px: the bytes alive between the
-   forward and the backward and the step peak; the seconds of a forward and backward, the arms
-   alternating, the order flipped every round; the median of the per-round ratios to "before".
+   (64 wide: they do not; forced, to show why) at 64 px, batch 4 (the peer bench's) and 16: the
+   bytes alive between the forward and the backward and the step peak; the seconds of a forward
+   and backward, the arms alternating, the order flipped every round; the median of the
+   per-round ratios to "before".
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import statistics
 import sys
 import time
@@ -164,7 +166,7 @@ def _flux_256() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tens
     return model, lambda m: m(**inputs).sample
 
 
-def _drawing_sd3() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
+def _drawing_sd3(batch: int) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
     from diffusers import SD3Transformer2DModel
 
     from lora_gui.models.dit import lora_targets
@@ -174,10 +176,10 @@ def _drawing_sd3() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.T
     cfg = model.config
     torch.manual_seed(1)
     # 64 px (the largest it takes) through its VAE (4x): 16 x 16 latents; 12 CLIP + 12 T5 tokens
-    inputs = {"hidden_states": torch.randn(16, cfg.in_channels, 16, 16),
-              "encoder_hidden_states": torch.randn(16, 24, cfg.joint_attention_dim),
-              "pooled_projections": torch.randn(16, cfg.pooled_projection_dim),
-              "timestep": torch.rand(16) * 1000}
+    inputs = {"hidden_states": torch.randn(batch, cfg.in_channels, 16, 16),
+              "encoder_hidden_states": torch.randn(batch, 24, cfg.joint_attention_dim),
+              "pooled_projections": torch.randn(batch, cfg.pooled_projection_dim),
+              "timestep": torch.rand(batch) * 1000}
     return model, lambda m: m(**inputs).sample
 
 
@@ -227,7 +229,9 @@ def main() -> None:
     measured("SD-1.x-shaped UNet, 256 wide, 2 x 256 px", _unet_256, a.rounds, ("before", "norms"))
     measured("SD3.5-shaped, 256 wide, 2 x 256 px", _sd35_256, a.rounds, ("before", "norms", "all"))
     measured("Flux-shaped, 256 wide, 2 x 256 px", _flux_256, a.rounds)
-    measured("drawing model (SD3, 64 wide), 16 x 64 px", _drawing_sd3, a.rounds, ("before", "all", "forced"))
+    for batch in (4, 16):  # the peer bench's batch, and 16
+        measured(f"drawing model (SD3, 64 wide), {batch} x 64 px", functools.partial(_drawing_sd3, batch),
+                 a.rounds, ("before", "all", "forced"))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ tensor to recompute from), and inside checkpointed blocks (checkpointing decides
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -33,6 +34,11 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from lora_gui.models.cuda_autocast import CudaAutocast, emulated_dtype, same_autocast
 from lora_gui.models.stand_ins import Recompute, other_hooks_active, unpack, worth_rebuilding
+
+try:  # the active torch function modes (a private torch API: without it, see _kernel_routed_elsewhere)
+    from torch.overrides import _get_current_function_mode_stack as _function_modes
+except ImportError:
+    _function_modes = None
 
 
 class _Strided:
@@ -100,11 +106,9 @@ def _kernel_routed_elsewhere() -> bool:
     """A function mode other than the CUDA autocast emulation is active (windowed image
     attention routes SDPA calls to its own kernel): the SDPA call may not reach SDPA, so its
     cast is left to autocast, as in diffusers' processor. Unknown (no such torch API): True."""
-    try:
-        from torch.overrides import _get_current_function_mode_stack
-    except ImportError:
+    if _function_modes is None:
         return True
-    return any(not isinstance(mode, CudaAutocast) for mode in _get_current_function_mode_stack())
+    return any(not isinstance(mode, CudaAutocast) for mode in _function_modes())
 
 
 def _cast(fn: Any, dtype: torch.dtype | None, args: tuple) -> torch.Tensor:
@@ -295,8 +299,6 @@ def lean_dit_attention(module: nn.Module) -> int:
     ``FluxAttnProcessor`` or ``JointAttnProcessor2_0`` (or a wrapper around one, with an
     ``inner`` processor: the eager backend, windowed image attention) the lean processor above.
     Returns how many."""
-    import sys
-
     if "diffusers.models.attention_processor" not in sys.modules:
         return 0  # no DiT here (a text model)
     from diffusers.models.attention_processor import JointAttnProcessor2_0

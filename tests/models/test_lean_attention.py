@@ -176,3 +176,16 @@ def test_windowed_image_attention_keeps_diffusers_path_under_autocast():
     for ours, theirs in zip(lean_out, plain_out, strict=True):
         ours, theirs = (o if isinstance(o, tuple) else (o,) for o in (ours, theirs))
         assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_a_recompute_laid_out_otherwise_gives_the_saved_views_values():
+    """What a kernel keeps may be a view of the query (diffusers' native backend permutes it);
+    its recompute is laid out as the query was before the view is taken, whatever layout the
+    recompute itself comes out in."""
+    from lora_gui.models.lean_attention import _Strided
+
+    base = torch.randn(2, 5, 3, 4).transpose(1, 2)  # the query, heads first, not contiguous
+    view = base.permute(0, 2, 1, 3)[:, 1:]  # what the kernel saved
+    recompute = _Strided(view, base, lambda args: args.contiguous())  # another layout, same values
+    assert torch.equal(recompute(base.clone()), view)
+    assert torch.equal(_Strided(view, base, lambda args: args)(base), view)
