@@ -29,7 +29,7 @@ def _plan_details() -> dict[str, Any]:
 def _run_panel() -> dict[str, Any]:
     """The run's status with progress and ETA, its charts (updated in place on the page) and
     events (the finished run's summary shows in the status when it ends)."""
-    status = gr.Markdown(elem_id="status")
+    status = gr.Markdown(value=handle.status_text, elem_id="status")  # at each page load
     chart_panel = live_panel.charts_panel()
     events = gr.Textbox(label="Events", lines=4, max_lines=8, interactive=False, elem_id="events")
     with gr.Accordion("More charts", open=False, elem_id="more-charts") as more:
@@ -68,6 +68,10 @@ def poll(smoothing: float = 0.0, seen: str | None = None, request: gr.Request | 
     (_, timeline), (_, steps) = handle.live_charts(smoothing, finish=_views)
     answer = PAGES.answer(page, seen, {**timeline, **steps})
     status, log = handle.live_status()
+    if common.MANAGER.job is None:
+        # the page loaded with this status and no job goes back to none: a tick sent before Start
+        # and answered after it must not put "No training yet" back beside "Started"
+        status = gr.skip()
     pictures = handle.sample_gallery()
     # gradio rebuilds a component for each gr.skip() it is given (1-4 ms of the server's CPU per
     # tick and page, the gallery's the most): what is small is sent as it is instead, and charts
