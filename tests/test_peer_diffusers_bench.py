@@ -96,3 +96,36 @@ def test_the_cpu_seconds_column_gives_its_own_verdict():
     verdict = next(line for line in table if line.startswith("| sdxl | 1.00x"))
     assert verdict.endswith("| 1.50x met |")
     assert next(line for line in table if line.startswith("| sdxl | lora_gui-switches |")).endswith("| - |")
+
+
+def test_peak_contents_lists_the_storages_alive_at_the_peak_with_their_module():
+    from torch import nn
+
+    from bench.peer_diffusers.peak_contents import RecordingTracker, _module_names, folded, table
+
+    layer = nn.Sequential(nn.Linear(4, 256)).requires_grad_(False)  # nothing kept for a backward
+    tracker = RecordingTracker()
+    hooks = _module_names(tracker)
+    try:
+        with tracker:
+            tracker.track(list(layer.parameters()))  # 4 KiB weight + 1 KiB bias, made before
+            x = torch.ones(2, 4)  # 32 bytes
+            y = layer(x)  # 2 KiB, made inside the Linear
+            del x
+            z = torch.ones(8)  # 32 bytes: 7,200 live, as at the peak so far
+            peak = tracker.peak_bytes
+            w = y * 2  # 2 KiB more: the peak
+            del y, w
+    finally:
+        for hook in hooks:
+            hook.remove()
+    live = tracker.live_at_peak()
+    assert (peak, tracker.peak_bytes) == (7200, 9248)
+    assert sorted(b.nbytes for b in live) == [32, 1024, 2048, 2048, 4096]
+    assert {b.module for b in live if b.op == "addmm"} == {"0"}  # the Linear, named in its model
+    assert {b.op for b in live} >= {"addmm", "mul"}
+    assert all(b.died is not None for b in live if b.nbytes == 2048)  # both freed afterwards
+    assert folded("down_blocks.1.attentions.0.transformer_blocks.12.attn2.to_k") == \
+        "down_blocks.N.attentions.N.transformer_blocks.N.attn2.to_k"
+    assert "| `0` | `addmm` | 1 | 2,048 |" in "\n".join(table(live, top=5))
+    del z
