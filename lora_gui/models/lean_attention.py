@@ -9,8 +9,14 @@ the forward's autocast): per block, two sequence x width tensors less (in models
 :data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH` wide: in narrower ones the recompute costs
 more than it saves). In Flux.1-dev at 1024 px that is 56 MiB a block in bf16, 57 blocks.
 
-The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcessor2_0`` with that
-one change: the same ops in the same order, so the same outputs and gradients, bit for bit
+Under CUDA's autocast those float32 norms make the query float32, and the processors hand the
+attention output on in float32 too: a copy of the kernel's 16-bit output, of which ``to_out`` and
+``to_add_out``'s adapters kept a 16-bit copy, equal to the output the kernel keeps for its own
+backward. Those parts are marked as rebuilt from the kernel's output instead
+(:func:`_rebuilt_from_kernel_output`): one sequence x width tensor less a double block.
+
+The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcessor2_0`` with those
+changes only: the same ops in the same order, so the same outputs and gradients, bit for bit
 (``tests/models/test_lean_attention.py``). The kernel call (``dispatch_attention_fn`` / SDPA, or
 whatever wraps it: the eager backend, windowed image attention) runs under a saved-tensor hook
 that swaps what it saves of the query and key (they or views of them) for the recomputes. Under
@@ -130,6 +136,38 @@ def _kernel_keeping_recomputes(kernel: Any, query: torch.Tensor, key: torch.Tens
     return _KeptAsRecomputes(rebuild).run(kernel, query, key, value)
 
 
+def _flux_layout(raw: torch.Tensor) -> torch.Tensor:
+    return raw.flatten(2, 3)  # (batch, tokens, heads, head dim) -> (batch, tokens, width)
+
+
+def _joint_layout(raw: torch.Tensor) -> torch.Tensor:
+    return raw.transpose(1, 2).flatten(2, 3)  # (batch, heads, tokens, head dim) -> (batch, tokens, width)
+
+
+def _kernel_output_part(raw: torch.Tensor, layout: Any, dtype: torch.dtype, start: int,
+                        stop: int) -> torch.Tensor:
+    """The tokens ``start:stop`` of the kernel's output as the processor hands them on."""
+    return layout(raw).to(dtype)[:, start:stop].contiguous()
+
+
+def _rebuilt_from_kernel_output(parts: tuple[torch.Tensor, ...], raw: torch.Tensor, layout: Any) -> None:
+    """The processor hands ``to_out`` / ``to_add_out`` the kernel's output in float32 where the
+    query was (after float32 norms, under CUDA's autocast), a copy of the kernel's 16-bit output;
+    their adapters then kept a 16-bit copy of that, equal to the output the kernel keeps for its
+    own backward. Each part (the image and the text tokens, in token order) is marked as rebuilt
+    from the kernel's output instead (``lean_backward``: the adapters keep nothing more)."""
+    if not parts or parts[0].dtype == raw.dtype:
+        return  # no cast: the parts are views of the kernel's output, which it keeps anyway
+    from lora_gui.models import lean_backward  # here: lean_backward imports this module
+
+    start = 0
+    for part in parts:
+        stop = start + part.shape[1]
+        lean_backward._rebuilt_from(part, raw, functools.partial(
+            _kernel_output_part, layout=layout, dtype=part.dtype, start=start, stop=stop))
+        start = stop
+
+
 def _native_kernel(backend: Any) -> bool:
     """diffusers' attention dispatch runs torch's SDPA (its native backend) for ``backend``;
     False where that cannot be told (the processor then leaves autocast's cast to autocast)."""
@@ -204,15 +242,19 @@ def _lean_flux_processor_class() -> type:
                     functools.partial(_flux_qk, attn.norm_k, added_k, rope), (k_in, ek_in))
             else:
                 hidden_states = kernel(query, key, value)
+            raw = hidden_states
             hidden_states = hidden_states.flatten(2, 3)
             hidden_states = hidden_states.to(out_dtype)
             if encoder_hidden_states is not None:
                 encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
                     [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]],
                     dim=1)
-                hidden_states = attn.to_out[0](hidden_states.contiguous())
+                encoder_hidden_states = encoder_hidden_states.contiguous()
+                hidden_states = hidden_states.contiguous()
+                _rebuilt_from_kernel_output((encoder_hidden_states, hidden_states), raw, _flux_layout)
+                hidden_states = attn.to_out[0](hidden_states)
                 hidden_states = attn.to_out[1](hidden_states)
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
                 return hidden_states, encoder_hidden_states
             return hidden_states
 
@@ -278,11 +320,13 @@ def _lean_joint_processor_class() -> type:
                     functools.partial(_joint_qk, attn.norm_k, attn.norm_added_k), (k_in, ek_in))
             else:
                 hidden_states = kernel(query, key, value)
+            raw = hidden_states
             hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
             hidden_states = hidden_states.to(out_dtype)
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = (hidden_states[:, : residual.shape[1]],
                                                         hidden_states[:, residual.shape[1]:])
+                _rebuilt_from_kernel_output((hidden_states, encoder_hidden_states), raw, _joint_layout)
                 if not attn.context_pre_only:
                     encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
             hidden_states = attn.to_out[0](hidden_states)

@@ -38,6 +38,11 @@ frozen some of that is never read, yet stays alive from the forward to the backw
 - diffusers' ``GEGLU`` (the feed-forward of SD 1.x / SDXL transformer blocks): ``h * gelu(g)``
   keeps ``gelu(g)`` beside the projection ``[h, g]`` it came from; it is recomputed from ``g``
   in the backward (one elementwise pass) instead of kept: a third of that block's saved bytes.
+- a feed-forward whose output layer has a LoRA (Flux's default targets: ``ff.net.2``) keeps
+  what that layer reads, ``gelu(proj)`` (diffusers' ``GELU``: DiT blocks) or ``h * gelu(g)``
+  (``GEGLU``), beside the projection it is computed from, which the activation's own backward
+  keeps: the adapter keeps the projection instead and the activation is recomputed from it
+  (one elementwise pass): a feed-forward-width tensor a token less in every such block.
 - transformers' gated MLP (Llama, Mistral, Qwen, Gemma ...) keeps ``act(gate)`` and the
   product ``down_proj``'s adapter reads; both are recomputed from ``gate`` and ``up`` instead
   (:mod:`lora_gui.models.lean_mlp`): two of the four intermediate-width tensors a token.
@@ -50,7 +55,7 @@ custom autograd Function (about 20 against 50-70 microseconds a layer here). A l
 only where the result is certain: a plain ``Conv2d`` with zero padding mode whose weight and
 bias do not require grad at the call (a trainable one, e.g. an adapter's own convolution, keeps
 torch's path), a plain ``SiLU`` reading a plain ``GroupNorm``'s output, and diffusers' own
-``GEGLU``; and not inside a checkpointed block (another saved-tensor hook decides there). The
+``GEGLU`` and ``GELU``; and not inside a checkpointed block (another saved-tensor hook decides there). The
 run and the memory planner's trace apply the same function, so plans count what the run holds.
 """
 
@@ -365,10 +370,11 @@ class _ReadOnce:
 
 
 def _rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
-    """Marks a norm's output ``out`` as rebuilt from its input ``x`` by ``fn`` for the LoRA layers
-    that read it (:class:`_Rebuilt`, :class:`_Casts`, :class:`_SharedCasts`): they keep ``x``, which
-    the norm's own backward keeps anyway when ``x`` requires grad, and the output is recomputed
-    from it once for all of them, under the forward's autocast. Not in models narrower than
+    """Marks a norm's (or an activation's) output ``out`` as rebuilt from its input ``x`` by
+    ``fn`` for the LoRA layers that read it (:class:`_Rebuilt`, :class:`_Casts`,
+    :class:`_SharedCasts`): they keep ``x``, which the norm's (the activation's) own backward
+    keeps anyway when ``x`` requires grad, and the output is recomputed from it once for all of
+    them, under the forward's autocast. Not in models narrower than
     :data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH`: there the recompute costs more than it saves."""
     if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
             and out.is_contiguous() and worth_rebuilding(out.shape[-1]) and torch.is_grad_enabled()
@@ -482,24 +488,52 @@ def _lean_geglu_class() -> type[nn.Module]:
             act = F.gelu(gate)
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
             recompute = same_autocast(F.gelu, gate.device.type)
-            return Swap(act, Recompute(recompute, gate)).run(torch.mul, hidden, act)
+            out = Swap(act, Recompute(recompute, gate)).run(torch.mul, hidden, act)
+            _rebuilt_from(out, proj, _geglu_product)  # for a LoRA on the feed-forward's output layer
+            return out
 
     LeanGEGLU.__name__ = LeanGEGLU.__qualname__ = "LeanGEGLU"
     return LeanGEGLU
 
 
+def _geglu_product(proj: torch.Tensor) -> torch.Tensor:
+    hidden, gate = proj.chunk(2, dim=-1)
+    return hidden * F.gelu(gate)
+
+
+@functools.cache
+def _lean_gelu_class() -> type[nn.Module]:
+    from diffusers.models.activations import GELU
+
+    class LeanGELU(GELU):
+        """diffusers' GELU (``gelu(proj(x))``: the first layer of a DiT's feed-forward) whose output
+        is rebuilt from the projection for the LoRA layer that reads it (the feed-forward's output
+        layer, a default target for Flux), not kept: gelu's backward keeps the projection anyway."""
+
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            proj = self.proj(hidden_states)
+            out = self.gelu(proj)
+            if proj.device.type in ("cpu", "cuda", "meta"):  # where self.gelu is F.gelu itself
+                _rebuilt_from(out, proj, functools.partial(F.gelu, approximate=self.approximate))
+            return out
+
+    LeanGELU.__name__ = LeanGELU.__qualname__ = "LeanGELU"
+    return LeanGELU
+
+
 def lean_frozen_layers(module: nn.Module) -> int:
     """Turns every plain ``nn.Conv2d``, ``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.RMSNorm``,
-    ``nn.SiLU`` and diffusers ``GEGLU`` in ``module`` into its lean subclass, and gives plain peft LoRA
-    ``Linear`` layers, RMSNorms and transformers' gated MLPs (:mod:`lora_gui.models.lean_mlp`)
-    the lean forward (same parameters, state dict and output; see the module doc). Call after the adapter
-    is attached (and after any other forward override). Returns how many layers changed."""
+    ``nn.SiLU`` and diffusers ``GEGLU`` and ``GELU`` in ``module`` into its lean subclass, and
+    gives plain peft LoRA ``Linear`` layers, RMSNorms and transformers' gated MLPs
+    (:mod:`lora_gui.models.lean_mlp`) the lean forward (same parameters, state dict and output;
+    see the module doc). Call after the adapter is attached (and after any other forward
+    override). Returns how many layers changed."""
     swaps: list[tuple[type, type]] = [(nn.Conv2d, LeanConv2d), (nn.GroupNorm, LeanGroupNorm),
                                       (nn.LayerNorm, LeanLayerNorm), (nn.RMSNorm, LeanRMSNorm),
                                       (nn.SiLU, LeanSiLU)]
-    if "diffusers.models.activations" in sys.modules:  # else no GEGLU exists (a text model)
-        lean_geglu = _lean_geglu_class()
-        swaps.append((lean_geglu.__mro__[1], lean_geglu))
+    if "diffusers.models.activations" in sys.modules:  # else no GEGLU / GELU exists (a text model)
+        for lean_class in (_lean_geglu_class(), _lean_gelu_class()):
+            swaps.append((lean_class.__mro__[1], lean_class))
     count = (_lean_lora_layers(module) + _lean_rms_norms(module) + lean_gated_mlps(module)
              + _lean_modulated_norms(module) + lean_dit_attention(module))
     for m in module.modules():

@@ -86,8 +86,12 @@ def test_same_gradients_and_two_tensors_less_a_block(kind, bf16, monkeypatch):
     image, text = (16, 6) if kind == "sd3" else (64, 6)
     blocks = cfg.num_layers + getattr(cfg, "num_single_layers", 0)
     # the kernel's query and key: batch 2 x every token x width, in the kernel's dtype
-    assert before_kept - lean_kept == blocks * 2 * 2 * (image + text) * width * (2 if bf16 else 4), (
-        before_kept, lean_kept)
+    kept = blocks * 2 * 2 * (image + text) * width * (2 if bf16 else 4)
+    if bf16 and kind == "flux":
+        # and to_out / to_add_out's bf16 copies of a double block's float32 output (SD3's parts
+        # are slices of a batch of 2, not contiguous: kept as diffusers' processor keeps them)
+        kept += cfg.num_layers * 2 * (image + text) * width * 2
+    assert before_kept - lean_kept == kept, (before_kept, lean_kept)
     assert lean_kept < before_kept < plain_kept
 
 

@@ -411,6 +411,8 @@ def test_dit_lora_after_an_adaptive_norm_keeps_its_input(kind, monkeypatch):
     # read (64 image tokens: Flux's latents come packed, one token each, then the text)
     image = 16 if kind == "sd3" else 64
     rebuilt = 2 * (image + text) * width * 4
+    if kind == "flux":  # and its feed-forwards' activations, read by ff.net.2 / ff_context.net.2
+        rebuilt += 2 * (image + text) * 4 * width * 4  # 4 x width wide
     # the rebuild holds the timestep's conditioning (batch x width, once for every norm), which
     # nothing else keeps: the embedders are frozen
     conditioning = 2 * width * 4
@@ -419,7 +421,7 @@ def test_dit_lora_after_an_adaptive_norm_keeps_its_input(kind, monkeypatch):
 
 def test_dit_under_cuda_autocast_keeps_no_copy_of_the_adaptive_norm_output(monkeypatch):
     """A GPU run (bf16 DiT, float32 LoRA, CUDA's autocast, emulated here): the adaptive norm's
-    output is float32 and q, k and v kept one bf16 copy of it; now none (rebuilt in the backward
+    output is float32 and q, k and v kept one bf16 copy of it (and ff.net.2 its bf16 input); now none (rebuilt in the backward
     under the same autocast): the same gradients, bit for bit."""
     from lora_gui.models import dit
     from lora_gui.models.build_dit import build_flux_pipeline
@@ -449,7 +451,58 @@ def test_dit_under_cuda_autocast_keeps_no_copy_of_the_adaptive_norm_output(monke
     for name, grad in plain_grads.items():
         assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
     width = plain.config.num_attention_heads * plain.config.attention_head_dim
-    # the single block's norm output, 64 + 6 tokens, as one bf16 copy; less the conditioning
-    # (bf16 under autocast) the rebuild holds
-    assert before_kept - lean_kept == 2 * (64 + 6) * width * 2 - 2 * width * 2, (before_kept, lean_kept)
+    # the single block's norm output, 64 + 6 tokens, as one bf16 copy, the double block's
+    # feed-forward activations (64 image, 6 text tokens, 4 x width wide, bf16) and to_out /
+    # to_add_out's bf16 copies of its attention output; less the conditioning (bf16 under
+    # autocast) the rebuild holds
+    rebuilt = 2 * (64 + 6) * width * 2 + 2 * (64 + 6) * 4 * width * 2 + 2 * (64 + 6) * width * 2
+    assert before_kept - lean_kept == rebuilt - 2 * width * 2, (before_kept, lean_kept)
     assert lean_kept < before_kept < plain_kept
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "cuda-autocast"])
+@pytest.mark.parametrize("activation", ["gelu-approximate", "geglu"])
+def test_lora_on_a_feed_forwards_output_layer_keeps_the_projection_not_the_activation(
+        activation, autocast, monkeypatch):
+    """A LoRA on a feed-forward's output layer (Flux's ``ff.net.2``) kept what it reads,
+    ``gelu(proj)`` (``h * gelu(g)`` for GEGLU), beside the projection the activation's backward
+    keeps anyway; now it keeps the projection and the activation is rebuilt from it: the same
+    gradients, bit for bit, and exactly the activation's bytes less."""
+    from diffusers.models.attention import FeedForward
+    from peft import inject_adapter_in_model
+
+    from lora_gui.models.cuda_autocast import forward_under
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if autocast else torch.float32  # a GPU run: 16-bit weights, fp32 adapters
+    plain = FeedForward(32, mult=4, activation_fn=activation).to(dtype).requires_grad_(False)
+    plain = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=["net.0.proj", "net.2"],
+                                               init_lora_weights="gaussian"), plain)
+    for p in plain.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    lean, before = copy.deepcopy(plain), copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    lean_frozen_layers(before)
+
+    def step(model: nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
+        x = torch.randn(2, 24, 32, generator=torch.Generator().manual_seed(3)).to(dtype).requires_grad_()
+        tracker = StorageTracker()
+        with monkeypatch.context() as m, forward_under(model, torch.bfloat16 if autocast else None):
+            if model is before:
+                _no_rebuilds(m)
+            with tracker:
+                out = model(x)
+                kept = tracker.live_bytes
+                out.float().square().sum().backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        return kept, {**grads, "input": x.grad}
+
+    (plain_kept, plain_grads), (before_kept, before_grads), (lean_kept, lean_grads) = map(
+        step, (plain, before, lean))
+    assert {type(m).__name__ for m in lean.modules()} & {"LeanGELU", "LeanGEGLU"}
+    for name, grad in plain_grads.items():
+        assert torch.equal(grad, lean_grads[name]) and torch.equal(grad, before_grads[name]), name
+    activation_bytes = 2 * 24 * 128 * (2 if autocast else 4)  # batch x tokens x inner width
+    assert before_kept - lean_kept == activation_bytes, (before_kept, lean_kept)
+    assert lean_kept < before_kept <= plain_kept
