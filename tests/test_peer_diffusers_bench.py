@@ -129,3 +129,16 @@ def test_peak_contents_lists_the_storages_alive_at_the_peak_with_their_module():
         "down_blocks.N.attentions.N.transformer_blocks.N.attn2.to_k"
     assert "| `0` | `addmm` | 1 | 2,048 |" in "\n".join(table(live, top=5))
     del z
+
+
+def test_plan_contents_groups_every_byte_of_the_traced_peak_by_module():
+    from bench.plan_contents import KEPT_APART, contents
+    from lora_gui.models.build_diffusion import build_sdxl_pipeline
+
+    config = {**build_sdxl_pipeline(seed=0).unet.config, "_class_name": "UNet2DConditionModel"}
+    result, groups = contents(config, resolution=64, batch=2, targets=None)
+    kept_apart = sum(result.breakdown[c] for c in KEPT_APART)
+    assert sum(sum(sizes) for sizes in groups.values()) + kept_apart == result.traced_peak_bytes
+    modules = {module for module, _ in groups}
+    assert any(m.endswith("attn2.to_k") for m in modules)  # named inside the model, blocks folded
+    assert not any(part.isdigit() for m in modules for part in m.split("."))  # block indices folded
