@@ -421,7 +421,8 @@ def test_dit_lora_after_an_adaptive_norm_keeps_its_input(kind, monkeypatch):
 
 def test_dit_under_cuda_autocast_keeps_no_copy_of_the_adaptive_norm_output(monkeypatch):
     """A GPU run (bf16 DiT, float32 LoRA, CUDA's autocast, emulated here): the adaptive norm's
-    output is float32 and q, k and v kept one bf16 copy of it (and ff.net.2 its bf16 input); now none (rebuilt in the backward
+    output is float32 and q, k and v kept one bf16 copy of it (and ff.net.2 its bf16 input, to_out
+    a bf16 copy of the attention output); now none (rebuilt in the backward
     under the same autocast): the same gradients, bit for bit."""
     from lora_gui.models import dit
     from lora_gui.models.build_dit import build_flux_pipeline
