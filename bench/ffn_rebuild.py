@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench import norm_rebuild  # noqa: E402
 from lora_gui.memory.predict.dit_trace import trace_dit_step  # noqa: E402
 from lora_gui.memory.predict.trace import trace_unet_step  # noqa: E402
-from lora_gui.models import lean_attention, lean_backward  # noqa: E402
+from lora_gui.models import lean_attention, lean_backward, stand_ins  # noqa: E402
 from lora_gui.models.dit import FLUX_LORA_TARGETS, SD3_LORA_TARGETS  # noqa: E402
 
 MiB = 2**20
@@ -70,15 +70,15 @@ def _is_kernel_output_rebuild(fn: object) -> bool:
 def arm(name: str) -> Iterator[None]:
     """"before": neither change (every other lean layer on); "ffn": the feed-forward activations
     rebuilt; "after": and the attention outputs (as shipped)."""
-    shipped = lean_backward._rebuilt_from
+    shipped = stand_ins.rebuilt_from
     skip = {"before": lambda fn: _is_activation_rebuild(fn) or _is_kernel_output_rebuild(fn),
             "ffn": _is_kernel_output_rebuild}.get(name)
     if skip is not None:
-        lean_backward._rebuilt_from = lambda out, x, fn: None if skip(fn) else shipped(out, x, fn)
+        stand_ins.rebuilt_from = lambda out, x, fn: None if skip(fn) else shipped(out, x, fn)
     try:
         yield
     finally:
-        lean_backward._rebuilt_from = shipped
+        stand_ins.rebuilt_from = shipped
 
 
 def planned() -> None:

@@ -11,14 +11,16 @@ instead of what is computed from it:
 - q, k and v (a Flux single block: and its MLP) read a norm's output: a UNet transformer block's
   ``norm1`` / ``norm2``, a DiT block's ``norm(x) * (1 + scale) + shift``. Their adapters kept that
   output (under CUDA's autocast, one bf16 copy of the float32 output); now it is rebuilt once in
-  the backward (``lora_gui.models.lean_backward._rebuilt_from``);
+  the backward (``lora_gui.models.stand_ins.rebuilt_from``);
 - a DiT's attention kernel kept its query and key, ``cat(norm_q(q), norm_added_q(q_text))`` (Flux:
   with rotary embeddings); now they are recomputed from the norms' inputs
   (``lora_gui.models.lean_attention``).
 
 Arms: "before" (every other lean layer, none of the three), "rmsnorm", "norms" (and the rebuilt
 norm outputs), "all" (as shipped). The last two apply in models at least ``MIN_REBUILD_WIDTH``
-(256) features wide; "forced" runs "all" at every width.
+(256) features wide; "forced" runs "all" at every width. (The feed-forward activation and
+attention output rebuilds, added later, go with "norms" and "all": ``bench/ffn_rebuild.py``
+measures them apart.)
 
 1. Planned peaks at the real models' shapes (source: predicted; the fake-tensor trace of one
    LoRA step on CUDA in bf16 under CUDA's autocast, SDPA, float32 adapters; UNets with diffusers'
@@ -73,12 +75,12 @@ def arm(name: str) -> Iterator[None]:
 
     from lora_gui.models import stand_ins
 
-    saved = (lean_backward._rebuilt_from, lean_backward.lean_dit_attention, lean_backward.LeanRMSNorm,
+    saved = (stand_ins.rebuilt_from, lean_backward.lean_dit_attention, lean_backward.LeanRMSNorm,
              stand_ins.MIN_REBUILD_WIDTH)
     if name == "before":
         lean_backward.LeanRMSNorm = nn.RMSNorm  # swapped for itself: torch's own
     if name in ("before", "rmsnorm"):
-        lean_backward._rebuilt_from = lambda *args: None
+        stand_ins.rebuilt_from = lambda *args: None
     if name in ("before", "rmsnorm", "norms"):
         lean_backward.lean_dit_attention = lambda module: 0
     if name == "forced":
@@ -86,7 +88,7 @@ def arm(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        (lean_backward._rebuilt_from, lean_backward.lean_dit_attention, lean_backward.LeanRMSNorm,
+        (stand_ins.rebuilt_from, lean_backward.lean_dit_attention, lean_backward.LeanRMSNorm,
          stand_ins.MIN_REBUILD_WIDTH) = saved
 
 

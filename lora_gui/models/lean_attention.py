@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
+from lora_gui.models import stand_ins
 from lora_gui.models.cuda_autocast import CudaAutocast, emulated_dtype, same_autocast
 from lora_gui.models.stand_ins import Recompute, other_hooks_active, unpack, worth_rebuilding
 
@@ -155,15 +156,13 @@ def _rebuilt_from_kernel_output(parts: tuple[torch.Tensor, ...], raw: torch.Tens
     query was (after float32 norms, under CUDA's autocast), a copy of the kernel's 16-bit output;
     their adapters then kept a 16-bit copy of that, equal to the output the kernel keeps for its
     own backward. Each part (the image and the text tokens, in token order) is marked as rebuilt
-    from the kernel's output instead (``lean_backward``: the adapters keep nothing more)."""
+    from the kernel's output instead (:func:`~lora_gui.models.stand_ins.rebuilt_from`)."""
     if not parts or parts[0].dtype == raw.dtype:
         return  # no cast: the parts are views of the kernel's output, which it keeps anyway
-    from lora_gui.models import lean_backward  # here: lean_backward imports this module
-
     start = 0
     for part in parts:
         stop = start + part.shape[1]
-        lean_backward._rebuilt_from(part, raw, functools.partial(
+        stand_ins.rebuilt_from(part, raw, functools.partial(
             _kernel_output_part, layout=layout, dtype=part.dtype, start=start, stop=stop))
         start = stop
 

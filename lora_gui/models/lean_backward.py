@@ -73,10 +73,11 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from lora_gui.models import stand_ins
 from lora_gui.models.cuda_autocast import autocast_dtype, norms_in_float32, same_autocast
 from lora_gui.models.lean_attention import lean_dit_attention
 from lora_gui.models.lean_mlp import lean_gated_mlps
-from lora_gui.models.stand_ins import Recompute, Sizes, Swap, other_hooks_active, unpack, worth_rebuilding
+from lora_gui.models.stand_ins import Recompute, Sizes, Swap, other_hooks_active, unpack
 
 
 class LeanConv2d(nn.Conv2d):
@@ -131,11 +132,11 @@ class LeanGroupNorm(nn.GroupNorm):
 class LeanLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` that under CUDA's autocast keeps its 16-bit input, not autocast's float32 copy
     (:func:`_norm_in_float32`); without autocast, torch's own. Its output is rebuilt from the input
-    for the LoRA layers that read it (:func:`_rebuilt_from`)."""
+    for the LoRA layers that read it (:func:`~lora_gui.models.stand_ins.rebuilt_from`)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         out = _norm_in_float32(input, self._plain)
-        _rebuilt_from(out, input, self._plain)
+        stand_ins.rebuilt_from(out, input, self._plain)
         return out
 
     def _plain(self, input: torch.Tensor) -> torch.Tensor:
@@ -149,7 +150,7 @@ class LeanRMSNorm(nn.RMSNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         out = _norm_in_float32(input, self._plain)
-        _rebuilt_from(out, input, self._plain)
+        stand_ins.rebuilt_from(out, input, self._plain)
         return out
 
     def _plain(self, input: torch.Tensor) -> torch.Tensor:
@@ -245,7 +246,7 @@ class _SharedCasts:
     ``x`` to 16 bits itself, as autocast would (the same graph, the same gradients), but what
     ``lora_A`` keeps of its copy is the first copy of ``x`` any layer kept: the values are equal,
     so one copy is kept where autocast keeps one per adapter; none where ``x`` is a norm's output
-    rebuilt from the norm's input (:func:`_rebuilt_from`)."""
+    rebuilt from the norm's input (:func:`~lora_gui.models.stand_ins.rebuilt_from`)."""
 
     __slots__ = ("dtype", "made", "x")
 
@@ -350,38 +351,6 @@ class _Upcasts(TorchFunctionMode):
 _UPCASTS = (torch.Tensor.to, torch.Tensor.float)
 
 
-class _ReadOnce:
-    """A norm's output recomputed for the LoRA layers that read it (q, k and v read one norm's
-    output; gate and up the other's): made at the first read and handed to the others. The
-    recompute is held by what autograd saved for those layers, so it goes when the last of
-    them has run its backward."""
-
-    __slots__ = ("fn", "out")
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self.out: torch.Tensor | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.out is None:
-            with torch.no_grad():
-                self.out = self.fn(x)
-        return self.out
-
-
-def _rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
-    """Marks a norm's (or an activation's) output ``out`` as rebuilt from its input ``x`` by
-    ``fn`` for the LoRA layers that read it (:class:`_Rebuilt`, :class:`_Casts`,
-    :class:`_SharedCasts`): they keep ``x``, which the norm's (the activation's) own backward
-    keeps anyway when ``x`` requires grad, and the output is recomputed from it once for all of
-    them, under the forward's autocast. Not in models narrower than
-    :data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH`: there the recompute costs more than it saves."""
-    if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
-            and out.is_contiguous() and worth_rebuilding(out.shape[-1]) and torch.is_grad_enabled()
-            and not other_hooks_active()):
-        out._lean_rebuild = Recompute(_ReadOnce(same_autocast(fn, x.device.type)), x)
-
-
 def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     inner = self._lean_inner_forward
     if not x.requires_grad or not torch.is_grad_enabled() or other_hooks_active() or args or kwargs:
@@ -396,7 +365,7 @@ def _lean_rms_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: An
             watch.source = None
     else:
         out = inner(x)
-    _rebuilt_from(out, x, inner)
+    stand_ins.rebuilt_from(out, x, inner)
     return out
 
 
@@ -424,7 +393,7 @@ def _lean_modulated_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwar
     first = out[0] if isinstance(out, tuple) else out
     # what q, k and v (a single DiT block: and its MLP) read: ``norm(x) * (1 + scale) + shift``,
     # rebuilt from x (the norm keeps it) and the conditioning (a (batch, width) tensor)
-    _rebuilt_from(first, x, functools.partial(_first_output, inner, args, kwargs))
+    stand_ins.rebuilt_from(first, x, functools.partial(_first_output, inner, args, kwargs))
     return out
 
 
@@ -489,7 +458,7 @@ def _lean_geglu_class() -> type[nn.Module]:
             # the product saves hidden and act; act goes, gate stays (gelu's backward keeps it)
             recompute = same_autocast(F.gelu, gate.device.type)
             out = Swap(act, Recompute(recompute, gate)).run(torch.mul, hidden, act)
-            _rebuilt_from(out, proj, _geglu_product)  # for a LoRA on the feed-forward's output layer
+            stand_ins.rebuilt_from(out, proj, _geglu_product)  # for a LoRA on the feed-forward's output layer
             return out
 
     LeanGEGLU.__name__ = LeanGEGLU.__qualname__ = "LeanGEGLU"
@@ -514,7 +483,7 @@ def _lean_gelu_class() -> type[nn.Module]:
             proj = self.proj(hidden_states)
             out = self.gelu(proj)
             if proj.device.type in ("cpu", "cuda", "meta"):  # where self.gelu is F.gelu itself
-                _rebuilt_from(out, proj, functools.partial(F.gelu, approximate=self.approximate))
+                stand_ins.rebuilt_from(out, proj, functools.partial(F.gelu, approximate=self.approximate))
             return out
 
     LeanGELU.__name__ = LeanGELU.__qualname__ = "LeanGELU"

@@ -1,7 +1,9 @@
 """Stand-ins for saved tensors: what an op's saved-tensor pack hook keeps instead of a tensor
 whose values the backward can get another way (its sizes alone, or a recompute from tensors the
 graph keeps anyway), and the unpack hook that turns them back into tensors
-(:mod:`lora_gui.models.lean_backward`, :mod:`lora_gui.models.lean_mlp`)."""
+(:mod:`lora_gui.models.lean_backward`, :mod:`lora_gui.models.lean_mlp`,
+:mod:`lora_gui.models.lean_attention`); and :func:`rebuilt_from`, which marks a tensor the LoRA
+layers that read it keep as a recompute."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+
+from lora_gui.models.cuda_autocast import same_autocast
 
 # the narrowest model (features a token) whose tensors a recompute stands in for where the
 # recompute is a choice (a norm's output rebuilt for the LoRA layers that read it, an attention
@@ -84,3 +88,35 @@ def unpack(saved: object) -> torch.Tensor:
     if type(saved) is Recompute:  # its argument may be a recompute too (a rebuilt input's view)
         return saved.fn(unpack(saved.arg) if type(saved.arg) is Recompute else saved.arg)
     return saved  # type: ignore[return-value]
+
+
+class ReadOnce:
+    """A norm's output recomputed for the LoRA layers that read it (q, k and v read one norm's
+    output; gate and up the other's): made at the first read and handed to the others. The
+    recompute is held by what autograd saved for those layers, so it goes when the last of
+    them has run its backward."""
+
+    __slots__ = ("fn", "out")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.out: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.out is None:
+            with torch.no_grad():
+                self.out = self.fn(x)
+        return self.out
+
+
+def rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
+    """Marks a norm's (or an activation's) output ``out`` as rebuilt from its input ``x`` by
+    ``fn`` for the LoRA layers that read it (``lean_backward``'s ``_Rebuilt``, ``_Casts``,
+    ``_SharedCasts``): they keep ``x``, which the norm's (the activation's) own backward
+    keeps anyway when ``x`` requires grad, and the output is recomputed from it once for all of
+    them, under the forward's autocast. Not in models narrower than
+    :data:`MIN_REBUILD_WIDTH`: there the recompute costs more than it saves."""
+    if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
+            and out.is_contiguous() and worth_rebuilding(out.shape[-1]) and torch.is_grad_enabled()
+            and not other_hooks_active()):
+        out._lean_rebuild = Recompute(ReadOnce(same_autocast(fn, x.device.type)), x)

@@ -182,17 +182,17 @@ def test_lora_keeps_its_16_bit_input_not_a_float32_copy_per_adapter(fused):
 def test_lora_layers_after_a_norm_keep_its_input_and_recompute_its_output_once(monkeypatch):
     """float32: q, k, v (and gate, up) read an RMSNorm's output and kept it, although the norm
     keeps its input; they keep the input and the output is recomputed, once per norm."""
-    from lora_gui.models import lean_backward
+    from lora_gui.models import stand_ins
 
     recomputes, reads = [], []
-    read = lean_backward._ReadOnce.__call__
+    read = stand_ins.ReadOnce.__call__
 
     def counted(self, x):
         reads.append(1)
         recomputes.extend([1] if self.out is None else [])
         return read(self, x)
 
-    monkeypatch.setattr(lean_backward._ReadOnce, "__call__", counted)
+    monkeypatch.setattr(stand_ins.ReadOnce, "__call__", counted)
     plain = _tiny_llama_lora().float()
     lean = copy.deepcopy(plain)
     lean_frozen_layers(lean)
@@ -317,10 +317,11 @@ def test_unet_under_autocast_same_gradients_less_memory_plan_above():
 
 
 def _no_rebuilds(monkeypatch) -> None:
-    """Every lean layer but the norm-output rebuilds (what the lean layers did before them)."""
-    from lora_gui.models import lean_backward
+    """Every lean layer but the rebuilds of what LoRA layers read (what the lean layers did before
+    them): norm and feed-forward activation outputs, a DiT's float32 attention output."""
+    from lora_gui.models import stand_ins
 
-    monkeypatch.setattr(lean_backward, "_rebuilt_from", lambda *args: None)
+    monkeypatch.setattr(stand_ins, "rebuilt_from", lambda *args: None)
 
 
 def test_unet_lora_after_a_layer_norm_keeps_its_input(monkeypatch):
