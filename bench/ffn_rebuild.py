@@ -8,17 +8,19 @@ and what it costs.
   and any "all linear layers" choice) its adapter kept what it reads, the activation, beside the
   projection that gelu's backward keeps anyway. ``lean_backward`` now marks the activation as
   rebuilt from the projection (``LeanGELU``, ``LeanGEGLU``).
-- Under CUDA's autocast, a DiT with float32 query / key norms (Flux, SD3.5) hands ``to_out`` and
-  ``to_add_out`` the attention output in float32, and their adapters kept a bf16 copy of it,
-  equal to the kernel's own output, which the kernel keeps for its backward. The lean
-  processors (``lean_attention``) mark those parts as rebuilt from the kernel's output.
+- What a DiT's attention hands ``to_out`` and ``to_add_out`` can be a copy of the kernel's
+  output, which the kernel keeps for its backward: Flux under CUDA's autocast hands it on in
+  float32 (its query / key norms are float32), and the adapters kept a bf16 copy of it; SD3's
+  kernel output is heads first and the tokens-first reshape copies it (at a batch of one the
+  adapters' inputs are views of that copy). The lean processors (``lean_attention``) mark those
+  parts as rebuilt from the kernel's output.
 
 Arms: "before" (neither; every other lean layer on), "ffn" (the activations rebuilt), "after"
 (both: as shipped); in models at least ``MIN_REBUILD_WIDTH`` (256) features wide.
 
 1. Planned peaks at the real models' shapes (source: predicted; the fake-tensor trace of one
-   LoRA step on CUDA in bf16 under CUDA's autocast, SDPA, float32 adapters): Flux.1-dev with the
-   script's default targets, and SD3.5-medium and SDXL with ``net.2`` added to their defaults.
+   LoRA step on CUDA in bf16 under CUDA's autocast, SDPA, float32 adapters): Flux.1-dev and
+   SD3.5 with the scripts' default targets, and SD3.5-medium and SDXL with ``ff.net.2`` added.
 2. Measured on this CPU (source: tracker), fp32: the 256-wide Flux-shaped model of
    ``bench/norm_rebuild.py`` (1 double, 2 single blocks) at 256 px, batch 2: bytes alive between
    the forward and the backward, the step peak, and the seconds of a forward and backward, the
@@ -50,7 +52,9 @@ UNET_DEFAULT = ["to_q", "to_k", "to_v", "to_out.0"]
 PLANS = (  # (trace, model, shape, targets: None for the trace's default)
     (trace_dit_step, "flux.1-dev", {"resolution": 1024, "batch_size": 1}, None),
     (trace_dit_step, "flux.1-dev", {"resolution": 512, "batch_size": 4}, None),
+    (trace_dit_step, "sd3.5-medium", {"resolution": 1024, "batch_size": 1}, None),
     (trace_dit_step, "sd3.5-medium", {"resolution": 1024, "batch_size": 1}, [*SD3_LORA_TARGETS, "ff.net.2"]),
+    (trace_dit_step, "sd3.5-large", {"resolution": 1024, "batch_size": 1}, None),
     (trace_unet_step, "sdxl-unet", {"resolution": 1024, "batch_size": 1}, [*UNET_DEFAULT, "ff.net.2"]),
 )
 ARMS = ("before", "ffn", "after")

@@ -9,11 +9,14 @@ the forward's autocast): per block, two sequence x width tensors less (in models
 :data:`~lora_gui.models.stand_ins.MIN_REBUILD_WIDTH` wide: in narrower ones the recompute costs
 more than it saves). In Flux.1-dev at 1024 px that is 56 MiB a block in bf16, 57 blocks.
 
-Under CUDA's autocast those float32 norms make the query float32, and the processors hand the
-attention output on in float32 too: a copy of the kernel's 16-bit output, of which ``to_out`` and
-``to_add_out``'s adapters kept a 16-bit copy, equal to the output the kernel keeps for its own
-backward. Those parts are marked as rebuilt from the kernel's output instead
-(:func:`_rebuilt_from_kernel_output`): one sequence x width tensor less a double block.
+What the processors hand ``to_out`` and ``to_add_out`` can be a copy of the kernel's output,
+which the kernel keeps for its own backward, and their adapters kept that copy: under CUDA's
+autocast Flux's float32 norms make the query float32 and the output is handed on in float32
+(the adapters kept a 16-bit copy of it, equal to the kernel's output); SD3's kernel output is
+heads first, and the tokens-first reshape copies it. Those parts are marked as rebuilt from the
+kernel's output instead (:func:`_rebuilt_from_kernel_output`): one sequence x width tensor less a
+block (SD3: at a batch of one, where the parts are contiguous; a larger batch's LoRA layers copy
+their slices themselves, as with diffusers' processor).
 
 The processors below are diffusers' ``FluxAttnProcessor`` and ``JointAttnProcessor2_0`` with those
 changes only: the same ops in the same order, so the same outputs and gradients, bit for bit
@@ -152,13 +155,14 @@ def _kernel_output_part(raw: torch.Tensor, layout: Any, dtype: torch.dtype, star
 
 
 def _rebuilt_from_kernel_output(parts: tuple[torch.Tensor, ...], raw: torch.Tensor, layout: Any) -> None:
-    """The processor hands ``to_out`` / ``to_add_out`` the kernel's output in float32 where the
-    query was (after float32 norms, under CUDA's autocast), a copy of the kernel's 16-bit output;
-    their adapters then kept a 16-bit copy of that, equal to the output the kernel keeps for its
-    own backward. Each part (the image and the text tokens, in token order) is marked as rebuilt
-    from the kernel's output instead (:func:`~lora_gui.models.stand_ins.rebuilt_from`)."""
-    if not parts or parts[0].dtype == raw.dtype:
-        return  # no cast: the parts are views of the kernel's output, which it keeps anyway
+    """What the processor hands ``to_out`` / ``to_add_out`` can be a copy of the kernel's output,
+    which the kernel keeps for its own backward: cast to float32 where the query was (after
+    float32 norms, under CUDA's autocast), or laid out tokens first (SD3's kernel output is heads
+    first wherever its query is). Their adapters kept that copy (under autocast, a 16-bit copy
+    of it). Each part (the image and the text tokens, in token order) is marked as rebuilt from
+    the kernel's output instead (:func:`~lora_gui.models.stand_ins.rebuilt_from`)."""
+    if not parts or parts[0].untyped_storage()._cdata == raw.untyped_storage()._cdata:
+        return  # views of the kernel's output, which it keeps anyway
     start = 0
     for part in parts:
         stop = start + part.shape[1]
@@ -274,16 +278,17 @@ def _lean_joint_processor_class() -> type:
 
     class LeanJointAttnProcessor(JointAttnProcessor2_0):
         """diffusers' ``JointAttnProcessor2_0``; with query / key norms the kernel keeps its
-        query and key as recomputes."""
+        query and key as recomputes; the output parts ``to_out`` / ``to_add_out`` read are
+        rebuilt from the kernel's output where they are copies of it."""
 
         def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
                      attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
-            text = encoder_hidden_states is not None
-            plain = attn.norm_q is None or attn.norm_k is None or (
-                text and (attn.norm_added_q is None or attn.norm_added_k is None))
-            if plain or not _can_recompute():
+            if not _can_recompute():
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         *args, **kwargs)
+            text_norms = attn.norm_added_q is not None and attn.norm_added_k is not None
+            norms = attn.norm_q is not None and attn.norm_k is not None and (
+                encoder_hidden_states is None or text_norms)
             residual = hidden_states
             batch_size = hidden_states.shape[0]
             query = attn.to_q(hidden_states)
@@ -295,8 +300,10 @@ def _lean_joint_processor_class() -> type:
             key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
             value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
             q_in, k_in, eq_in, ek_in = query, key, None, None
-            query = attn.norm_q(query)
-            key = attn.norm_k(key)
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
             if encoder_hidden_states is not None:
                 eq = attn.add_q_proj(encoder_hidden_states)
                 ek = attn.add_k_proj(encoder_hidden_states)
@@ -305,14 +312,16 @@ def _lean_joint_processor_class() -> type:
                 ek = ek.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
                 ev = ev.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
                 eq_in, ek_in = eq, ek
-                eq = attn.norm_added_q(eq)
-                ek = attn.norm_added_k(ek)
+                if attn.norm_added_q is not None:
+                    eq = attn.norm_added_q(eq)
+                if attn.norm_added_k is not None:
+                    ek = attn.norm_added_k(ek)
                 query = torch.cat([query, eq], dim=2)
                 key = torch.cat([key, ek], dim=2)
                 value = torch.cat([value, ev], dim=2)
             out_dtype = query.dtype  # as diffusers' processor leaves the kernel's output
             kernel = functools.partial(F.scaled_dot_product_attention, dropout_p=0.0, is_causal=False)
-            if _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(inner_dim):
+            if norms and _can_recompute(q_in, k_in, eq_in, ek_in) and worth_rebuilding(inner_dim):
                 hidden_states = _kernel_keeping_recomputes(
                     kernel, query, key, value, True,  # torch's SDPA
                     functools.partial(_joint_qk, attn.norm_q, attn.norm_added_q), (q_in, eq_in),
@@ -323,11 +332,15 @@ def _lean_joint_processor_class() -> type:
             hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
             hidden_states = hidden_states.to(out_dtype)
             if encoder_hidden_states is not None:
+                # a batch of one: contiguous parts, rebuilt; a larger batch's are not (its LoRA
+                # layers copy them: kept as diffusers' processor keeps them)
                 hidden_states, encoder_hidden_states = (hidden_states[:, : residual.shape[1]],
                                                         hidden_states[:, residual.shape[1]:])
                 _rebuilt_from_kernel_output((hidden_states, encoder_hidden_states), raw, _joint_layout)
                 if not attn.context_pre_only:
                     encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+            else:
+                _rebuilt_from_kernel_output((hidden_states,), raw, _joint_layout)
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
             if encoder_hidden_states is not None:

@@ -196,16 +196,18 @@ class _Casts:
 
 
 class _CastView:
-    """Recomputes a saved view of ``x.to(dtype)``: the same values, sizes and strides."""
+    """Recomputes a saved view of ``x.to(dtype)``: the same values, sizes and strides.
+    ``origin``: where ``x`` starts in the view's storage (x itself may be a view)."""
 
     __slots__ = ("dtype", "offset", "shape", "stride")
 
-    def __init__(self, view: torch.Tensor, dtype: torch.dtype) -> None:
-        self.shape, self.stride, self.offset = view.shape, view.stride(), view.storage_offset()
+    def __init__(self, view: torch.Tensor, dtype: torch.dtype, origin: int = 0) -> None:
+        self.shape, self.stride, self.offset = view.shape, view.stride(), view.storage_offset() - origin
         self.dtype = dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(self.dtype).as_strided(self.shape, self.stride, self.offset)
+        y = x.to(self.dtype)
+        return y.as_strided(self.shape, self.stride, y.storage_offset() + self.offset)
 
 
 class _Rebuilt:
@@ -221,9 +223,13 @@ class _Rebuilt:
 
     def pack(self, t: torch.Tensor) -> object:
         x = self.x
-        if x is None or (t is not x and t._base is not x):
+        if x is None:
             return t
-        return Recompute(_CastView(t, t.dtype), x._lean_rebuild)
+        if t is x or t._base is x:
+            return Recompute(_CastView(t, t.dtype), x._lean_rebuild)
+        if _window_of(t, x):  # x is itself a view (an attention output's part): t a view of it
+            return Recompute(_CastView(t, t.dtype, origin=x.storage_offset()), x._lean_rebuild)
+        return t
 
     def run(self, inner: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         """``inner(x, *args, **kwargs)`` with this pack hook when ``x`` can be rebuilt."""
@@ -234,6 +240,14 @@ class _Rebuilt:
                 return inner(x, *args, **kwargs)
         finally:
             self.x = None  # autograd keeps the pack hook: it must not keep x
+
+
+def _window_of(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """``t`` is a contiguous view of the memory of the contiguous tensor ``x``, within it."""
+    if t._base is None or x._base is not t._base or not (t.is_contiguous() and x.is_contiguous()):
+        return False
+    start, end = x.storage_offset(), x.storage_offset() + x.numel()
+    return start <= t.storage_offset() and t.storage_offset() + t.numel() <= end
 
 
 def _no_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 from peft import LoraConfig
 from torch import nn
 
+from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.models import dit
 from lora_gui.models.build_dit import build_flux_pipeline, build_sd3_pipeline
 from lora_gui.models.cuda_autocast import forward_under
@@ -87,16 +88,18 @@ def test_same_gradients_and_two_tensors_less_a_block(kind, bf16, monkeypatch):
     blocks = cfg.num_layers + getattr(cfg, "num_single_layers", 0)
     # the kernel's query and key: batch 2 x every token x width, in the kernel's dtype
     kept = blocks * 2 * 2 * (image + text) * width * (2 if bf16 else 4)
-    if bf16 and kind == "flux":
-        # and to_out / to_add_out's bf16 copies of a double block's float32 output (SD3's parts
+    if kind == "flux":
+        # and what to_out / to_add_out kept of a double block's output: the contiguous copies of
+        # its parts (float32), or under autocast a bf16 copy of the float32 parts (SD3's parts
         # are slices of a batch of 2, not contiguous: kept as diffusers' processor keeps them)
-        kept += cfg.num_layers * 2 * (image + text) * width * 2
+        kept += cfg.num_layers * 2 * (image + text) * width * (2 if bf16 else 4)
     assert before_kept - lean_kept == kept, (before_kept, lean_kept)
     assert lean_kept < before_kept < plain_kept
 
 
 def test_sd3_without_query_key_norms_keeps_the_plain_path():
-    """SD3-medium has no query / key norms: nothing kept to recompute from; diffusers' own path."""
+    """SD3-medium has no query / key norms: nothing kept to recompute its query and key from; at a
+    batch of 2 (the output's parts are not contiguous) it keeps what diffusers' processor keeps."""
     plain = build_sd3_pipeline(seed=0).transformer
     plain.requires_grad_(False)
     plain.add_adapter(LoraConfig(r=4, target_modules=dit.lora_targets("sd3", "all-linear")))
@@ -193,3 +196,56 @@ def test_a_recompute_laid_out_otherwise_gives_the_saved_views_values():
     recompute = _Strided(view, base, lambda args: args.contiguous())  # another layout, same values
     assert torch.equal(recompute(base.clone()), view)
     assert torch.equal(_Strided(view, base, lambda args: args)(base), view)
+
+
+@pytest.mark.parametrize("qk_norm", [None, "rms_norm"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_sd3_output_laid_out_tokens_first_is_rebuilt_at_a_batch_of_one(qk_norm, bf16, monkeypatch):
+    """SD3's kernel output is heads first, so the processor's tokens-first reshape copies it, and
+    to_out / to_add_out's adapters kept that copy (at a batch of one their inputs are views of
+    it) beside the kernel's own output; now they keep a recompute from the kernel's output: the
+    same outputs and gradients as diffusers' processor, and exactly that copy less a block."""
+    from lora_gui.models import lean_backward
+
+    plain = build_sd3_pipeline(seed=0, qk_norm=qk_norm).transformer
+    if bf16:
+        plain = plain.to(torch.bfloat16)
+    plain.requires_grad_(False)
+    plain.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=dit.lora_targets("sd3", "all-linear"),
+                                 init_lora_weights="gaussian"))
+    for p in plain.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    lean, before = copy.deepcopy(plain), copy.deepcopy(plain)
+    lean_frozen_layers(lean)
+    with monkeypatch.context() as m:
+        m.setattr(lean_backward, "lean_dit_attention", lambda module: 0)  # diffusers' processors
+        lean_frozen_layers(before)
+    cfg = plain.config
+
+    def step(model: nn.Module) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(4)
+        inputs = {"hidden_states": torch.randn(1, cfg.in_channels, 8, 8, generator=gen),
+                  "encoder_hidden_states": torch.randn(1, 6, cfg.joint_attention_dim, generator=gen),
+                  "pooled_projections": torch.randn(1, cfg.pooled_projection_dim, generator=gen),
+                  "timestep": torch.tensor([300.0])}
+        model.zero_grad(set_to_none=True)
+        tracker = StorageTracker()
+        with forward_under(model, torch.bfloat16 if bf16 else None), tracker:
+            out = model(**inputs).sample
+            kept = tracker.live_bytes
+            out.square().mean().backward()
+        return kept, out.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    (before_kept, before_out, before_grads), (lean_kept, lean_out, lean_grads) = map(step, (before, lean))
+    assert torch.equal(before_out, lean_out)
+    for name, grad in before_grads.items():
+        assert torch.equal(grad, lean_grads[name]), name
+    width = cfg.num_attention_heads * cfg.attention_head_dim
+    # per block, the copy: 16 image + 6 text tokens x width, in the kernel's dtype (bf16 where
+    # the query is: diffusers' RMSNorm hands back its weight's dtype)
+    size = (16 + 6) * width * (2 if bf16 else 4)
+    copy_bytes = cfg.num_layers * size
+    if qk_norm:  # and the kernel's query and key, recomputed from the norms' inputs
+        copy_bytes += cfg.num_layers * 2 * size
+    assert before_kept - lean_kept == copy_bytes, (before_kept, lean_kept, copy_bytes)

@@ -414,6 +414,8 @@ def test_dit_lora_after_an_adaptive_norm_keeps_its_input(kind, monkeypatch):
     rebuilt = 2 * (image + text) * width * 4
     if kind == "flux":  # and its feed-forwards' activations, read by ff.net.2 / ff_context.net.2
         rebuilt += 2 * (image + text) * 4 * width * 4  # 4 x width wide
+        # and the contiguous copies of the attention output's parts to_out / to_add_out read
+        rebuilt += 2 * (image + text) * width * 4
     # the rebuild holds the timestep's conditioning (batch x width, once for every norm), which
     # nothing else keeps: the embedders are frozen
     conditioning = 2 * width * 4
