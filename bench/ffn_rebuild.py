@@ -113,10 +113,9 @@ def main() -> None:
     torch.set_num_threads(1)
     if not a.no_plans:
         planned()
-    norm_rebuild.arm = arm  # the measuring loop of bench/norm_rebuild.py, with these arms
-    norm_rebuild.ARMS = ARMS
+    # the measuring loop of bench/norm_rebuild.py, with these arms
     norm_rebuild.measured("Flux-shaped, 256 wide, 1 + 2 blocks, 2 x 256 px", norm_rebuild._flux_256, a.rounds,
-                          ARMS)
+                          ARMS, arm_of=arm)
 
 
 if __name__ == "__main__":

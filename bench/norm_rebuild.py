@@ -185,23 +185,27 @@ def _drawing_sd3(batch: int) -> tuple[torch.nn.Module, Callable[[torch.nn.Module
     return model, lambda m: m(**inputs).sample
 
 
-def measured(name: str, build: Callable, rounds: int, arms_: tuple[str, ...] = ARMS) -> None:
+def measured(name: str, build: Callable, rounds: int, arms_: tuple[str, ...] = ARMS,
+             arm_of: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+    """Bytes and seconds of each arm (``arm_of``: the arms' context managers, this bench's by
+    default; the first arm is the baseline)."""
+    arm_of = arm_of or arm
     plain, forward = build()
     arms = {}
     for a in arms_:
         arms[a] = copy.deepcopy(plain)  # a plain diffusers model: its own modules, nothing patched yet
-        with arm(a):
+        with arm_of(a):
             lean_frozen_layers(arms[a])
 
     def step(a: str) -> None:
-        with arm(a):
+        with arm_of(a):
             forward(arms[a]).square().sum().backward()
 
     print(f"\n| {name}, fp32 | kept after the forward (bytes) | step peak (bytes) |")
     print("|---|---|---|")
     for a in arms_:
         tracker = StorageTracker()
-        with tracker, arm(a):
+        with tracker, arm_of(a):
             out = forward(arms[a])
             kept = tracker.live_bytes
             out.square().sum().backward()
@@ -215,8 +219,8 @@ def measured(name: str, build: Callable, rounds: int, arms_: tuple[str, ...] = A
                 step(a)
             times[a].append((time.perf_counter() - start) / 5)
     for a in arms_:
-        ratios = [b / x for x, b in zip(times["before"], times[a], strict=True)]
-        print(f"{a}: forward + backward ms {[round(t * 1e3, 1) for t in times[a]]}; / before per round "
+        ratios = [b / x for x, b in zip(times[arms_[0]], times[a], strict=True)]
+        print(f"{a}: forward + backward ms {[round(t * 1e3, 1) for t in times[a]]}; / {arms_[0]} per round "
               f"{[round(x, 3) for x in ratios]}; median {statistics.median(ratios):.3f}", flush=True)
 
 

@@ -77,6 +77,7 @@ def contents(model: str, resolution: int, batch: int, targets: list[str] | None)
     """The trace's result and {(folded module, op): [bytes of each storage alive at the peak]}."""
     made: dict[int, tuple[str, str]] = {}
     found: list[Any] = []
+    _Where.modules, _Where.names = [], {}  # a model of this call only (ids are reused)
     shipped = trace_module._PhaseTracker
     trace_module._PhaseTracker = _recording_tracker(made, found)
     hooks = (nn.modules.module.register_module_forward_pre_hook(_pre),
