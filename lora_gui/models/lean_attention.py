@@ -25,9 +25,10 @@ whatever wraps it: the eager backend, windowed image attention) runs under a sav
 that swaps what it saves of the query and key (they or views of them) for the recomputes. Under
 CUDA's autocast, which casts a float32 query for SDPA to 16 bits and SDPA keeps that copy, the
 processor makes the same cast itself where the call reaches SDPA (:func:`_kernel_cast`). The
-plain processor runs where nothing would be saved for a backward (no grad), where the norms'
-inputs need no gradient (the norms keep nothing then), without query / key norms (no kept
-tensor to recompute from), and inside checkpointed blocks (checkpointing decides there).
+plain processor runs where nothing would be saved for a backward (no grad) and inside
+checkpointed blocks (checkpointing decides there); the query and key stay as diffusers' keep them
+where the norms' inputs need no gradient (the norms keep nothing then) and without query / key
+norms (SD3-medium: no kept tensor to recompute from; its output parts are still rebuilt).
 """
 
 from __future__ import annotations
