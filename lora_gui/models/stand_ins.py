@@ -91,8 +91,9 @@ def unpack(saved: object) -> torch.Tensor:
 
 
 class ReadOnce:
-    """A norm's output recomputed for the LoRA layers that read it (q, k and v read one norm's
-    output; gate and up the other's): made at the first read and handed to the others. The
+    """A tensor recomputed for the LoRA layers that read it (a norm's output: q, k and v read one
+    norm's, gate and up the other's; an activation; an attention output's part): made at the
+    first read and handed to the others. The
     recompute is held by what autograd saved for those layers, so it goes when the last of
     them has run its backward."""
 
