@@ -80,47 +80,54 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["status"] == "completed" else 130
 
 
-def _plan_budget(args: argparse.Namespace, cfg):
-    """The budget a plan is judged against (see memory.predict.report.resolve_budget)."""
+def _plan_question(args: argparse.Namespace, cfg):
+    """The plan's settings, device and budget, resolved as the run resolves them
+    (see memory.predict.report.resolve_question)."""
     import torch
 
-    from lora_gui.memory.predict.report import resolve_budget
+    from lora_gui.memory.predict.report import resolve_question
 
     gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    return resolve_budget(cfg, args.budget_gb, args.card, gpu, budget_from="--budget-gb",
-                           budget_gib=args.budget_gib)
+    return resolve_question(cfg, card=args.card, budget_gb=args.budget_gb, budget_gib=args.budget_gib,
+                            device=args.device, gpu_total_bytes=gpu, budget_from="--budget-gb")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from lora_gui.memory.predict import predict, report
     from lora_gui.memory.predict.parallel import Parallel
 
-    cfg = load_config(args.preset, parse_set_args(args.set))
-    budget = _plan_budget(args, cfg)
+    question = _plan_question(args, load_config(args.preset, parse_set_args(args.set)))
+    cfg, device, budget = question.cfg, question.device, question.judged_against
+    args.device = device  # the helpers below read it
     if args.no_cuda_context and not args.longest:
         raise ConfigError("--no-cuda-context applies to --longest only: a plan counts the CUDA context")
     if args.longest:
+        if budget is None:
+            raise ConfigError("plan --longest: give the memory to fill: --card NAME, --budget-gb GB or "
+                              "--set budget_gb=GB")
         return _plan_longest(cfg, budget, args)
     if cfg.task == "image" and _bundled_shapes_only(cfg):
-        return _plan_image_shapes(cfg, budget, args)
+        return _plan_image_shapes(cfg, budget or report.resolve_budget(cfg), args)
     try:
         parallel = Parallel(args.world_size, args.fsdp)
-        pred = predict(cfg, budget.bytes, args.device, processes=args.world_size, fsdp=args.fsdp)
+        pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(pred.step, args)
     kernels, short = report.cuda_rows(cfg, pred, budget)
     if args.json:
-        print(json.dumps(report.plan_json(pred, kernels, short), indent=1, default=str))
+        out = report.plan_json(pred, kernels, short, budget)
+        out.update(settings=question.settings(), budget_rule=question.rule)
+        print(json.dumps(out, indent=1, default=str))
         return 0
     if cfg.task == "image":
-        print("\n".join(report.image_plan_lines(cfg, pred, budget)))
+        print("\n".join([*report.image_plan_lines(cfg, pred, budget), question.rule]))
         return 0
-    print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)),
-          flush=True)  # on screen while the search below makes its plans
-    if args.world_size == 1 and pred.peak_bytes <= budget.bytes:  # as the search compares
-        print("\n".join(report.checkpoint_layers_lines(cfg, budget, args.device)))
-    _print_fits(cfg, args.device)
+    print("\n".join([*report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short),
+                     question.rule]), flush=True)  # on screen while the search below makes its plans
+    if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:
+        print("\n".join(report.checkpoint_layers_lines(cfg, budget, device)))
+    _print_fits(cfg, device)
     return 0
 
 
@@ -190,9 +197,12 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
 def _print_fits(cfg, device: str) -> None:
     from lora_gui.memory.predict import planner, report, run_plan
 
+    # cards are GPUs: the table is planned for CUDA whatever device the plan above is for
+    budget = int(cfg.budget_gb * 1e9) or None
     rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
-                                   **run_plan.step_kwargs(cfg, device))
-    print("\n".join(report.fits_lines(rows, cfg.max_seq_len)))
+                                   cards_gb=report.table_cards_gb(budget),
+                                   **run_plan.step_kwargs(cfg, "cuda"))
+    print("\n".join(report.fits_lines(rows, cfg.max_seq_len, budget and budget / 1e9)))
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -399,8 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--card", metavar="NAME",
                       help="plan for this card: its whole memory as torch reports it is the budget, the "
                            f"CUDA context counted (names: {', '.join(card_names())})")
-    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                      help="plan for a CUDA GPU (adds its overheads) or for this CPU")
+    plan.add_argument("--device", choices=("cuda", "cpu"),
+                      help="plan for a CUDA GPU (adds its overheads) or for this CPU (default: a GPU for "
+                           "--card, else where a run started here trains)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.add_argument("--world-size", type=int, default=1, metavar="N",
                       help="processes (GPUs) of a data-parallel run: the figures are per GPU")

@@ -27,7 +27,8 @@ def test_plan_json_for_the_demo_preset():
 
 
 def test_plan_an_8b_model_offline_that_does_not_fit():
-    res = plan("--set", "model=llama-3.1-8b", "--set", "max_seq_len=2048", "--budget-gb", "8", "--json")
+    res = plan("--set", "model=llama-3.1-8b", "--set", "max_seq_len=2048", "--budget-gb", "8", "--device",
+               "cuda", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["fits"] is False and "frozen weights" in out["message"] and "short" in out["message"]
@@ -65,7 +66,7 @@ def test_plan_card_and_budget_flags_are_checked():
     assert res.returncode == 2 and "known cards" in res.stderr and "h100-80gb" in res.stderr
     res = plan("--preset", "text-demo", "--card", "8gb", "--budget-gb", "8")
     assert res.returncode == 2 and "give one budget" in res.stderr
-    res = plan("--preset", "text-demo", "--budget-gb", "0.3", "--json")
+    res = plan("--preset", "text-demo", "--budget-gb", "0.3", "--device", "cuda", "--json")
     out = json.loads(res.stdout)
     short = f"{(CUDA_CONTEXT_BYTES - 0.3e9) / 1e9:.2f} GB"  # the context the plan counts, less the budget
     assert out["fits"] is False and "CUDA context alone" in out["message"] and short in out["message"]

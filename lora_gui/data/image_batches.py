@@ -79,3 +79,21 @@ def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
             steps.append(Step((MicroBatch(chunk, latent_tokens(bucket)),)))
     rng.shuffle(steps)
     return steps
+
+
+def executed_bucket_sizes(cfg: RunConfig, buckets: list[Bucket], world_size: int = 1) -> dict[Bucket, int]:
+    """For each bucket the run's steps train, the most images one process gets from one of its
+    steps, over exactly the steps the run executes (``max_steps``, else ``epochs`` epochs of
+    :func:`epoch_plan`; each step's images dealt over ``world_size`` processes). A bucket no
+    executed step reaches is absent: a short run plans only the micro-batches it will train."""
+    per_epoch = len(epoch_plan(cfg, buckets, 0))
+    if not per_epoch:
+        return {}
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    sizes: dict[Bucket, int] = {}
+    for epoch in range(math.ceil(total / per_epoch)):
+        for step in epoch_plan(cfg, buckets, epoch)[: total - epoch * per_epoch]:
+            indices = step.micro_batches[0].indices
+            bucket = buckets[indices[0]]
+            sizes[bucket] = max(sizes.get(bucket, 0), math.ceil(len(indices) / world_size))
+    return sizes

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.data.image_batches import ImageData, latent_tokens, table_batch
+from lora_gui.data.image_batches import ImageData, executed_bucket_sizes, latent_tokens, table_batch
 from lora_gui.memory.predict import planner
 from lora_gui.memory.predict.encode_trace import denoiser_waits_for_cache, module_bytes, trace_encode_peak
 from lora_gui.memory.predict.text_encoder_step import training_bytes
@@ -166,8 +166,9 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
         above = [n for n in caps if n >= latent_tokens(bucket)]
         return caps[min(above)] if above else per_rank
 
-    sizes = {b: min(per_rank, cap(b), math.ceil(buckets.count(b) / world_size)) for b in used}
-    worst = max(used, key=lambda b: sizes[b] * b[0] * b[1])
+    executed = executed_bucket_sizes(cfg, buckets, world_size)  # the steps the run trains, no more
+    sizes = {b: min(per_rank, cap(b), n) for b, n in executed.items()}
+    worst = max(sizes, key=lambda b: sizes[b] * b[0] * b[1])
     traced = trace_unet_step(unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
                              target_modules=lora_targets(cfg), lora_alpha=cfg.lora_alpha,
                              attention=cfg.resolved_attn_backend(), text_seq_len=text_seq_len, **step)
@@ -293,14 +294,14 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
         else:
             caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
     per_rank = math.ceil(cfg.batch_size / world_size)
-    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank,
-                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
+    executed = executed_bucket_sizes(cfg, data.buckets, world_size)  # the steps the run trains, no more
+    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank, n) for b, n in executed.items()}
     by_area = lambda b: sizes[b] * b[0] * b[1]  # noqa: E731
     by_tiles = lambda b: sizes[b] * traced_area(b, factor, cfg.image_window)  # noqa: E731
     # the largest micro-batch by pixels and, with windowed attention, by whole tiles (which one
     # holds more depends on the model's width): both are traced, the larger counts
-    worst = {max(used, key=lambda b: (by_area(b), by_tiles(b))),
-             max(used, key=lambda b: (by_tiles(b), by_area(b)))}
+    worst = {max(sizes, key=lambda b: (by_area(b), by_tiles(b))),
+             max(sizes, key=lambda b: (by_tiles(b), by_area(b)))}
     try:
         out.step = max((trace_dit_step(config, batch_size=sizes[b], resolution=(b[1], b[0]),
                                        target_modules=dit.lora_targets(model.kind, cfg.lora_targets),

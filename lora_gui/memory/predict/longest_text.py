@@ -105,6 +105,8 @@ class Longest:
     notes: list[str] = field(default_factory=list)
     candidates: list[Candidate] = field(default_factory=list)
     card: dict[str, Any] = field(default_factory=dict)  # CUDA: kernel, workspace, allocated, reserved
+    bound: str = "card memory"  # what stopped the length: card memory, host memory, the model's context
+    host_limit_bytes: int | None = None  # host memory the offloaded tensors were allowed (None: no limit)
 
     def to_json(self) -> dict[str, Any]:
         """The ``plan --longest --json`` object."""
@@ -118,6 +120,7 @@ class Longest:
                 "cuda_context_bytes": self.cuda_context_bytes,
                 "counted_peak_bytes": self.counted_bytes,
                 "confirmed_by_trace": self.confirmed_by_trace, "traces": self.traces, "notes": self.notes,
+                "bound": self.bound, "host_limit_bytes": self.host_limit_bytes,
                 **self.card,
                 "alternatives": [{"switches": c.changes, "estimated_seq_len": c.seq_len,
                                   "estimated_host_bytes": c.host_bytes} for c in self.candidates]}
@@ -313,8 +316,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     if best_len == 0:
         raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
     if most.seq_len > best_len:
-        notes.append(f"with {size_text(most.host_bytes)} of host memory: {most.seq_len:,} tokens "
-                     f"(host memory allowed: {size_text(host_limit_bytes)})")
+        notes.append(f"with about {size_text(most.host_bytes)} of host memory: about {most.seq_len:,} tokens "
+                     f"(estimate, not traced; host memory allowed: {size_text(host_limit_bytes)})")
     chosen = min((c for c in usable if c.seq_len == best_len), key=lambda c: (c.cost, len(c.changes)))
     candidates = usable
     allows = best_len
@@ -323,8 +326,11 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
         notes.append(f"capped at the model's context ({cap:,} tokens); memory alone allows about "
                      f"{allows:,} (estimate)")
     seq_len, step, traces = best_len, None, 0
+    bound = BOUND_HOST if most.seq_len > best_len else BOUND_CARD  # the estimate's answer
     if confirm:
-        seq_len, step, traces = _confirm(search, chosen.changes, best_len, cap)
+        seq_len, step, traces, bound = _confirm(search, chosen.changes, best_len, cap, host_limit_bytes)
+        if seq_len == 0 and bound == BOUND_HOST:
+            check_host_memory(_host(step), host_limit_bytes, "the offloaded tensors of the shortest length")
         if seq_len == 0:
             raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
     else:
@@ -333,6 +339,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     if host_limit_bytes is not None:
         check_host_memory(host, host_limit_bytes, "the offloaded tensors at the longest length")
     capped = seq_len == cap and cap < MAX_LEN and not beyond_context
+    if capped:
+        bound = BOUND_CONTEXT
     if beyond_context and context and seq_len > context:
         notes.append(f"beyond the model's context ({context:,} tokens): the run must extend it")
     ctx = step.cuda_overheads.get("cuda_context", 0)
@@ -345,7 +353,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     return Longest(seq_len, dict(chosen.changes), step.peak_bytes, host, budget, device, search.rows,
                    capped, context, max(allows, seq_len),
                    {k: measured.get(k) for k in chosen.changes}, count_cuda_context, ctx,
-                   confirm, traces, search.counted(step), notes, alternatives, card)
+                   confirm, traces, search.counted(step), notes, alternatives, card, bound=bound,
+                   host_limit_bytes=host_limit_bytes)
 
 
 def _candidates(search: _Search, cfg: RunConfig, device: str, cap: int, host_limit: int | None,
@@ -366,34 +375,49 @@ def _most_saving(cfg: RunConfig, device: str, changes: dict[str, Any]) -> dict[s
     return {k: v for k, v in out.items() if k not in changes}
 
 
-def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> tuple[int, TraceResult, int]:
+BOUND_CARD, BOUND_HOST, BOUND_CONTEXT = "card memory", "host memory", "the model's context"
+
+
+def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int,
+             host_limit: int | None = None) -> tuple[int, TraceResult, int, str]:
     """The trace at the estimate's answer, then steps (secant on traced peaks) to the traced limit.
 
-    Each step aims half of :data:`CLOSE_ENOUGH` under the line's limit: a trace there fits when the
-    line errs by less than that, and ends the search, the line through it then leaving under
-    :data:`CLOSE_ENOUGH` to gain. Returns (longest length the trace fits, its trace, traces run);
-    (0, last trace, n) if none."""
+    A length fits when its traced peak is within the budget and its offloaded tensors within
+    ``host_limit`` (None: no limit); each bound has its own line through the traces and the
+    nearer limit is aimed at. Each step aims half of :data:`CLOSE_ENOUGH` under it: a trace there
+    fits when the line errs by less than that, and ends the search, the line through it then
+    leaving under :data:`CLOSE_ENOUGH` to gain. Returns (longest length the trace fits, its trace,
+    traces run, the bound that stopped it: :data:`BOUND_CARD` or :data:`BOUND_HOST`); (0, last
+    trace, n, bound) if none."""
     budget = search.budget
     fit: tuple[int, TraceResult] | None = None
     too_long = cap + 1  # shortest length known not to fit
     points: list[tuple[int, int]] = []  # (length, counted traced peak)
-    seq_len, traces = start, 0
+    host_points: list[tuple[int, int]] = []  # (length, host bytes of the offloaded tensors)
+    seq_len, traces, bound = start, 0, BOUND_CARD
     while traces < MAX_TRACES:
         step = search.trace(changes, seq_len)
         traces += 1
-        peak = search.counted(step)
+        peak, host = search.counted(step), _host(step)
         points.append((seq_len, peak))
-        if peak <= budget:
+        host_points.append((seq_len, host))
+        over_host = host_limit is not None and host > host_limit
+        if peak <= budget and not over_host:
             if fit is None or seq_len > fit[0]:
                 fit = (seq_len, step)
-        else:
-            too_long = min(too_long, seq_len)
+        elif seq_len < too_long:
+            too_long, bound = seq_len, BOUND_HOST if peak <= budget else BOUND_CARD
         lo = fit[0] if fit else 0
         target = seq_len + (budget - peak) / _slope(search, changes, points)
-        log.info("trace at %d tokens: %d bytes (budget %d); the line through it fits %d", seq_len, peak,
-                 budget, int(target))
+        if host_limit is not None and host:  # the host bound's own line (offloaded bytes grow with length)
+            host_target = seq_len + (host_limit - host) / _host_slope(host_points)
+            if host_target < target:
+                target, bound = host_target, BOUND_HOST if too_long > cap else bound
+        log.info("trace at %d tokens: %d bytes (budget %d), host %d bytes (limit %s); the lines through "
+                 "it fit %d", seq_len, peak, budget, host, host_limit, int(target))
         close = max(GRANULE, CLOSE_ENOUGH * max(lo, 1))
-        if fit and (lo == cap or too_long - lo <= close or (peak <= budget and target - lo < close)):
+        fits_now = peak <= budget and not over_host
+        if fit and (lo == cap or too_long - lo <= close or (fits_now and target - lo < close)):
             break
         nxt = min(cap, _aim(target, lo))
         if not lo < nxt < too_long:  # the secant overshot what is known: bisect
@@ -402,8 +426,19 @@ def _confirm(search: _Search, changes: dict[str, Any], start: int, cap: int) -> 
             break
         seq_len = nxt
     if fit is None:
-        return 0, step, traces
-    return fit[0], fit[1], traces
+        return 0, step, traces, bound
+    return fit[0], fit[1], traces, bound
+
+
+def _host_slope(points: list[tuple[int, int]]) -> float:
+    """Host bytes per token: from the last two traces, else proportional to length (offloaded
+    layer inputs and host-side embeddings are a fixed number of bytes a token)."""
+    if len(points) >= 2 and points[-1][0] != points[-2][0]:
+        (a, ha), (b, hb) = points[-2], points[-1]
+        if hb > ha:
+            return (hb - ha) / (b - a)
+    n, host = points[-1]
+    return max(1.0, host / max(1, n))
 
 
 def _aim(target: float, lo: int) -> int:
@@ -497,6 +532,9 @@ def describe(result: Longest, unit: str = "GiB") -> list[str]:
     else:
         lines.append("  switches: none needed beyond your settings")
     host = size_text(result.host_bytes) if unit == "GiB" else size(result.host_bytes)
-    lines.append(f"  host memory for offloaded tensors: {host}")
+    allowed = "no limit" if result.host_limit_bytes is None else (
+        size_text(result.host_limit_bytes) if unit == "GiB" else size(result.host_limit_bytes))
+    lines.append(f"  stopped by: {result.bound}")
+    lines.append(f"  host memory for offloaded tensors: {host} (allowed: {allowed})")
     lines += [f"  note: {n}" for n in result.notes]
     return lines

@@ -4,7 +4,7 @@ Every figure is the planner's (source: predicted)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lora_gui.cards import card_by_name
@@ -64,7 +64,70 @@ def resolve_budget(cfg: RunConfig, budget_gb: float | None = None, card: str | N
     return Budget(default.total_bytes, f"default: {default.label}, no GPU here")
 
 
-def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget) -> tuple[list[Any], str | None]:
+@dataclass(frozen=True)
+class Question:
+    """A plan question resolved as the run resolves it: every entry point (``plan``, the Plan tab,
+    the Train form, Compare) predicts ``cfg`` on ``device`` and nothing else.
+
+    Attributes:
+        cfg: the run's settings; ``budget_gb`` is the budget the run enforces (a card or a budget
+            picked for the plan is written into it, so a run started with these settings plans
+            the same micro-batches).
+        device: 'cuda' or 'cpu': where the plan's run trains.
+        budget: the budget the run enforces (None: the run has none and cuts its micro-batches
+            by ``token_budget`` tokens, as a run started without ``budget_gb`` does).
+        judged_against: what the verdict compares the peak with: the budget, else this GPU's
+            memory (a run with no budget still has to fit the card it runs on); None: no verdict.
+        rule: the budget rule in words, for the output.
+    """
+
+    cfg: RunConfig
+    device: str
+    budget: Budget | None
+    judged_against: Budget | None
+    rule: str
+
+    def settings(self) -> dict[str, Any]:
+        """The resolved settings a user passes to ``train`` to run this plan."""
+        return {"budget_gb": self.cfg.budget_gb, "device": self.device}
+
+
+def resolve_question(cfg: RunConfig, *, card: str | None = None, budget_gb: float | None = None,
+                     budget_gib: float | None = None, device: str | None = None,
+                     gpu_total_bytes: int | None = None, budget_from: str = "budget given") -> Question:
+    """The one rule every entry point plans by: a card picked by name or a budget typed in GB
+    (GiB) becomes the run's ``budget_gb``; otherwise the run's own ``budget_gb``; with neither,
+    no budget, as the run. The device is the one asked for, else a GPU for a card, else where a
+    run started here trains.
+
+    Raises:
+        ConfigError: an unknown card, a budget out of range, or more than one budget given.
+    """
+    from lora_gui.memory.predict.run import run_device
+
+    picked = card is not None or budget_gb is not None or budget_gib is not None
+    device = device or ("cuda" if card else run_device())
+    where = "this CPU (no GPU here: a run started here trains on the CPU)" if device == "cpu" and \
+        gpu_total_bytes is None else device
+    if picked:
+        chosen = resolve_budget(cfg, budget_gb, card, budget_from=budget_from, budget_gib=budget_gib)
+        cfg = replace(cfg, budget_gb=chosen.bytes / GB)
+        budget = Budget(int(cfg.budget_gb * GB), chosen.source)  # the bytes the run reads from budget_gb
+        return Question(cfg, device, budget, budget,
+                        f"planned for {where} under {budget.label()}: the run plans the same micro-batches "
+                        f"with budget_gb = {cfg.budget_gb}")
+    if cfg.budget_gb:
+        budget = Budget(int(cfg.budget_gb * GB), "budget_gb setting")
+        return Question(cfg, device, budget, budget, f"planned for {where} under the run's budget_gb")
+    judged = Budget(gpu_total_bytes, "this GPU") if gpu_total_bytes and device == "cuda" else None
+    batches = (f"micro-batches of up to token_budget ({cfg.token_budget:,}) tokens" if cfg.task == "text"
+               else "micro-batches from batch_table")
+    return Question(cfg, device, None, judged,
+                    f"planned for {where} with no budget, as the run (budget_gb = 0): {batches}; pick a "
+                    "card or set budget_gb to plan under a budget")
+
+
+def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> tuple[list[Any], str | None]:
     """A text plan's CUDA-only memory, one row per kernel (:mod:`lora_gui.memory.predict.cuda_kernels`),
     and why the budget cannot hold even the CUDA context and the frozen weights (None: it can)."""
     step = pred.step
@@ -73,8 +136,8 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget) -> tuple[list[An
     from lora_gui.memory.predict import run_plan
     from lora_gui.memory.predict.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
 
-    short = fixed_shortfall(budget.bytes, step.cuda_overheads.get("cuda_context", 0),
-                            step.breakdown["frozen_weights"])
+    short = None if budget is None else fixed_shortfall(
+        budget.bytes, step.cuda_overheads.get("cuda_context", 0), step.breakdown["frozen_weights"])
     figures = pred.figures or {}
     info = {**step.info, **{k: figures[k] for k in ("batch_size", "seq_len", "mask") if k in figures}}
     rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
@@ -82,20 +145,27 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget) -> tuple[list[An
     return rows + nccl_rows(int(step.info.get("world_size", 1))), short
 
 
-def plan_json(pred: Prediction, kernels: list[Any] | None = None, short: str | None = None) -> dict[str, Any]:
+def plan_json(pred: Prediction, kernels: list[Any] | None = None, short: str | None = None,
+              budget: Budget | None = None) -> dict[str, Any]:
     """The `plan --json` object (:func:`lora_gui.memory.predict.run_plan.plan_to_json`) with the
-    run's whole peak, its training steps' peak (images) and the prediction's figures."""
+    run's whole peak, its training steps' peak (images) and the prediction's figures; without a
+    planner's plan, ``fits`` against ``budget`` (None: no verdict)."""
     from lora_gui.memory.predict.run_plan import plan_to_json
 
     out = plan_to_json(pred.plan, pred.step, kernels)
     out.update(peak_bytes=pred.peak_bytes, train_peak_bytes=pred.train_peak_bytes,
                prediction=pred.figures or out["prediction"])
+    if pred.plan is None:
+        out.update(fits=None if budget is None else pred.peak_bytes <= budget.bytes,
+                   budget_bytes=None if budget is None else budget.bytes)
+    if budget is not None:
+        out["budget_source"] = budget.source
     if short:  # the card cannot hold even the context and the weights: say which, by how much
         out.update(fits=False, message=short)
     return out
 
 
-def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget, parallel_label: str,
+def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, parallel_label: str,
                     kernels: list[Any] | None = None, short: str | None = None) -> list[str]:
     """What `plan` prints for a text run."""
     step = pred.step
@@ -152,7 +222,7 @@ def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list
             f"predicted) of {budget.bytes / MIB:,.0f} MiB, the same micro-batches."]
 
 
-def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget) -> list[str]:
+def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> list[str]:
     """What `plan` prints for an image run."""
     step = pred.step
     lines = [f"Predicted peak of the image run on {pred.device} (source: predicted, the run's own plan of "
@@ -165,19 +235,26 @@ def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget) -> list[s
                      "text encoders on the device, and the denoiser too unless latents are cached: "
                      f"{step.info['encoding_pass_bytes'] / MIB:,.0f} MiB)")
     if pred.plan is None:
-        verdict = "fits" if pred.peak_bytes <= budget.bytes else "does not fit"
-        lines.append(f"\nBudget {budget.label()}: {verdict} (fixed batch per bucket)")
+        lines.append(_no_plan_verdict(pred, budget, " (fixed batch per bucket)"))
         lines += [f"  {bucket:>13}  micro-batch {batch}" for bucket, batch in pred.bucket_batches]
         return lines
     return lines + _budget_lines(pred, budget, "bucket (h, w)", 13)
 
 
-def _budget_lines(pred: Prediction, budget: Budget, bucket_title: str, width: int,
+def _no_plan_verdict(pred: Prediction, budget: Budget | None, how: str = "", per: str = "",
+                     short: str | None = None) -> str:
+    """The verdict of a run without a planner's plan: against the budget, or none without one."""
+    if budget is None:
+        return "\nNo budget to judge against: the peak above is what the run will hold"
+    verdict = short or ("fits" if pred.peak_bytes <= budget.bytes else "does not fit")
+    return f"\nBudget {budget.label(per)}: {verdict}{how}"
+
+
+def _budget_lines(pred: Prediction, budget: Budget | None, bucket_title: str, width: int,
                   per: str = "", short: str | None = None) -> list[str]:
     plan = pred.plan
-    if plan is None:
-        verdict = short or ("fits" if pred.peak_bytes <= budget.bytes else "does not fit")
-        return [f"\nBudget {budget.label(per)}: {verdict}"]
+    if plan is None or budget is None:
+        return [_no_plan_verdict(pred, budget, "", per, short)]
     lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
              f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak MiB"]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
@@ -245,8 +322,38 @@ def plan_rows(plan: Any) -> list[list[Any]]:
                                     for b in plan.buckets]
 
 
-def _fit_cell(fit: tuple) -> str:
-    return f"{fit[0] or '-'} / {fit[1]}"
+# The cards of "What fits where", by their names in the card list: each row is the memory torch
+# reports for that card (an "8 GB" card holds 8.36 GB), the same figure the card picker plans with.
+TABLE_CARDS = (("8gb", "8 GB"), ("12gb", "12 GB"), ("16gb", "16 GB"), ("24gb", "24 GB"),
+               ("a100-40gb", "40 GB"), ("l40s", "48 GB"), ("a100-80gb", "80 GB"))
+
+
+def table_cards_gb(budget_bytes: int | None = None) -> list[float]:
+    """The table's card sizes in GB (1e9 bytes), with the planned budget as a row of its own
+    when it is none of the table's cards."""
+    sizes = [card_by_name(key).total_bytes / GB for key, _ in TABLE_CARDS]
+    if budget_bytes and not any(abs(budget_bytes / GB - s) < 1e-6 for s in sizes):
+        sizes.append(budget_bytes / GB)
+    return sorted(sizes)
+
+
+def card_row_label(size_gb: float, budget_gb: float | None = None) -> str:
+    """A row's name: '24 GB card (25.35 GB)', marked when it is the budget being planned."""
+    names = {round(card_by_name(key).total_bytes / GB, 6): label for key, label in TABLE_CARDS}
+    name = names.get(round(size_gb, 6))
+    text = f"{name} card ({size_gb:,.2f} GB)" if name else f"{size_gb:,.2f} GB"
+    if budget_gb is not None and abs(size_gb - budget_gb) < 1e-6:
+        text += " (this budget)"
+    return text
+
+
+SMALLEST_TRIED = "256 tokens"  # what_fits_where's shortest length: a card holding none says so
+
+
+def _fit_cell(fit: tuple, smallest: str = SMALLEST_TRIED) -> str:
+    """'longest / batch' of one card, or 'under 256 tokens' when not even the shortest tried fits
+    (a shorter bucket may still fit), the same words on the page and in the CLI."""
+    return f"{fit[0]} / {fit[1]}" if fit[0] else f"under {smallest}"
 
 
 def fits_rows(rows: list[Any], smallest: str | None = None, budget_gb: float | None = None,
@@ -257,32 +364,29 @@ def fits_rows(rows: list[Any], smallest: str | None = None, budget_gb: float | N
     ``smallest``: the smallest size the table tries ("256 tokens"): a card that holds none says
     "under 256 tokens", not "nothing fits" (a shorter bucket may still fit); ``budget_gb``: the
     row of the budget being planned, marked as such."""
-    def card(gb_: float) -> Any:
-        if budget_gb is not None and abs(gb_ - budget_gb) < 1e-9:
-            return f"{gb_:,.2f} (this budget)"
-        return gb_
-
-    none = f"under {smallest}" if smallest else "nothing fits"
-    return [[card(r.card_gb), r.longest or none, r.batch_at_chosen,
-             *(_fit_cell(fit) for fit in r.by_gpus.values()),
-             *([_fit_cell(fit) for fit in getattr(r, "by_quantization", {}).values()] or ["-"] * 3)]
+    smallest = smallest or SMALLEST_TRIED
+    none = f"under {smallest}"
+    return [[card_row_label(r.card_gb, budget_gb), r.longest or none, r.batch_at_chosen,
+             *(_fit_cell(fit, smallest) for fit in r.by_gpus.values()),
+             *([_fit_cell(fit, smallest) for fit in getattr(r, "by_quantization", {}).values()] or ["-"] * 3)]
             for r in rows]
 
 
-def fits_lines(rows: list[Any], chosen: int) -> list[str]:
-    """The same as text lines (`plan` on the CLI)."""
+def fits_lines(rows: list[Any], chosen: int, budget_gb: float | None = None) -> list[str]:
+    """The same as text lines (`plan` on the CLI), in the same words."""
     counts = list(rows[0].by_gpus) if rows else []
-    lines = [f"\nWhat fits where: longest sequence at batch 1 / largest batch per GPU at {chosen} "
-             "(N GPUs: FSDP shards the frozen weights; under DDP each GPU is the 1-GPU column, N x "
-             "the batch)",
-             "  card   " + "".join(f"{'1 GPU' if n == 1 else f'{n} GPUs':>16}" for n in [1, *counts])]
+    lines = [f"\nWhat fits where on CUDA cards: longest sequence at batch 1 / largest batch per GPU at "
+             f"{chosen} (N GPUs: FSDP shards the frozen weights; under DDP each GPU is the 1-GPU column, "
+             "N x the batch)",
+             f"  {'card':<37}" + "".join(f"{'1 GPU' if n == 1 else f'{n} GPUs':>17}" for n in [1, *counts])]
     for row in rows:
         fits = [(row.longest, row.batch_at_chosen), *row.by_gpus.values()]
-        lines.append(f"  {row.card_gb:>3} GB " + "".join(f"{_fit_cell(f):>16}" for f in fits))
+        lines.append(f"  {card_row_label(row.card_gb, budget_gb):<37}"
+                     + "".join(f"{_fit_cell(f):>17}" for f in fits))
     if rows and rows[0].by_quantization:
         names = list(rows[0].by_quantization)
         lines += ["\nSame, 1 GPU, per quantization of the base weights (bitsandbytes)",
-                  "  card   " + "".join(f"{q:>16}" for q in names)]
-        lines += [f"  {row.card_gb:>3} GB "
-                  + "".join(f"{_fit_cell(row.by_quantization[q]):>16}" for q in names) for row in rows]
+                  f"  {'card':<37}" + "".join(f"{q:>17}" for q in names)]
+        lines += [f"  {card_row_label(row.card_gb, budget_gb):<37}"
+                  + "".join(f"{_fit_cell(row.by_quantization[q]):>17}" for q in names) for row in rows]
     return lines
