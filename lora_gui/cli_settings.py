@@ -132,7 +132,7 @@ def _wrapped(text: str, indent: str, width: int, first: str | None = None) -> li
     """``text`` wrapped to ``width`` (40 at least), its first line indented by ``first`` (default:
     ``indent``) and the others by ``indent``."""
     return textwrap.wrap(text, width=max(40, width), initial_indent=indent if first is None else first,
-                         subsequent_indent=indent)
+                         subsequent_indent=indent, break_on_hyphens=False)
 
 
 def list_lines(width: int | None = None) -> list[str]:

@@ -54,8 +54,9 @@ def _eval_line(summary: dict[str, Any]) -> str | None:
     tuned, base = summary.get("eval_loss"), summary.get("base_eval_loss")
     if tuned is None and base is None:
         return None
-    held = summary.get("eval_samples", summary.get("eval_images"))
-    on = f" on {held:,} held-out {'pictures' if 'eval_images' in summary else 'samples'}" if held else ""
+    pictures = summary.get("eval_images") is not None  # an image run
+    held = summary.get("eval_images") if pictures else summary.get("eval_samples")
+    on = f" on {held:,} held-out {'pictures' if pictures else 'samples'}" if held else ""
     line = f"{_loss(tuned)}{on}; the base model {_loss(base)}"
     if tuned is not None and base:
         change = tuned - base
