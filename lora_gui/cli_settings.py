@@ -141,14 +141,16 @@ def list_lines(width: int | None = None) -> list[str]:
     groups: dict[str, list[Setting]] = {}
     for s in settings():
         groups.setdefault(s.group, []).append(s)
-    lines = [f"{len(settings())} settings. Set one with --set NAME=VALUE (train, plan, compare) or as "
-             f"'NAME: VALUE' in a preset file; '{program()} settings NAME' shows one in full.", ""]
+    lines = _wrapped(f"{len(settings())} settings. Set one with --set NAME=VALUE (train, plan, compare) "
+                     f"or as 'NAME: VALUE' in a preset file; '{program()} settings NAME' shows one in "
+                     "full.", "", width) + [""]
     for group, members in groups.items():
         lines.append(f"[{group}]")
         for s in members:
             head = f"{s.name}: {s.allowed()}; default {s.default_text()}"
             if s.tasks:  # the short form; 'settings NAME' says it in full
                 head += f"; {' and '.join(s.tasks)} runs only"
+                head += f" ({' / '.join(k.upper() for k in s.kinds)})" if s.kinds else ""
             lines += _wrapped(head, "      ", width, first="  ")
             lines += _wrapped(s.help, "      ", width)
         lines.append("")
