@@ -9,9 +9,12 @@ PY := $(VENV)/bin/python
 # torch on its share of the cores (tests/conftest.py), so the processes do not oversubscribe them
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
-$(VENV)/.runtime: requirements.txt
+# the editable install puts the `lora-gui` command in $(VENV)/bin and lets `python -m lora_gui`
+# run from any folder (the dependencies come from requirements.txt, the line above it)
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime tests/requirements.txt

@@ -42,7 +42,7 @@ def row(kind: str, root: Path) -> dict:
     pairs = [f"{k}={v}" for k, v in sets.items()]
     args = [x for pair in pairs for x in ("--set", pair)]
     out = root / f"run-{kind}"
-    with contextlib.redirect_stdout(io.StringIO()):  # train prints run.json
+    with contextlib.redirect_stdout(io.StringIO()):  # train prints its closing summary
         assert main(["train", "--preset", "image-512", "--quiet", "--out", str(out), *args]) == 0
     run = json.loads((out / "run.json").read_text())
     text = io.StringIO()

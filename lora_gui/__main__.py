@@ -1,4 +1,5 @@
-"""Command line: ``python -m lora_gui train | plan | compare | generate | export | queue | ui``.
+"""Command line: ``lora-gui`` (or ``python -m lora_gui``) ``train | plan | compare | settings |
+generate | export | queue | ui``.
 
 The CLI and the UI call the same engine functions.
 """
@@ -12,8 +13,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
+from lora_gui.cli_settings import add_parser as add_settings_parser
+from lora_gui.cli_settings import program, set_help
+from lora_gui.cli_summary import summary_lines
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.engine.core.lock import RunDirError
 from lora_gui.errors import USER_ERRORS
@@ -64,6 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.preset, overrides)
     control = TrainControl()
     _stop_on_signals(control.stop)
+    started = time.monotonic()
     try:
         summary = train(cfg, out, resume=bool(args.resume), overwrite=args.overwrite,
                         control=control, progress=not args.quiet)
@@ -74,8 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise RunDirError(message) from None
     dist = Dist.from_env()  # the launch's process group (joined by the engine), or one process
     if dist.is_main:  # one summary per launch, not one per process
-        shown = {k: v for k, v in summary.items() if k != "config"}
-        print(json.dumps(shown, indent=1))
+        if args.json:
+            print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
+        else:
+            print("\n".join(summary_lines(summary, out, time.monotonic() - started, program())))
     dist.release()
     return 0 if summary["status"] == "completed" else 130
 
@@ -386,21 +394,27 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from lora_gui.cards import card_names
 
-    parser = argparse.ArgumentParser(prog="python -m lora_gui", description="LoRA training that fits.")
+    parser = argparse.ArgumentParser(prog=program(), description="LoRA training that fits.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a LoRA adapter")
+    train = sub.add_parser("train", help="train a LoRA adapter",
+                           epilog=f"Settings: '{program()} settings' lists every setting with what it "
+                                  f"accepts, its default and its help; '{program()} settings NAME' "
+                                  "shows one in full.")
     train.add_argument("--preset", help="presets/NAME.yaml or a path")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override one setting (repeatable)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help())
     train.add_argument("--out", help="run folder")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     train.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--json", action="store_true",
+                       help="end with the whole run summary as JSON (run.json without the settings) "
+                            "instead of the short one")
     train.set_defaults(func=cmd_train)
+    add_settings_parser(sub)
     plan = sub.add_parser("plan", help="predict peak memory and batch sizes before a run (CPU only)")
     plan.add_argument("--preset", help="presets/NAME.yaml or a path")
-    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help())
     plan.add_argument("--budget-gb", type=float,
                       help="VRAM budget in decimal GB (1 GB = 1e9 bytes; default: the budget_gb setting, "
                            "this GPU, else a 24 GB card)")
@@ -434,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="traditional vs optimized, measured per length or resolution")
     cmp.add_argument("--preset", help="presets/NAME.yaml or a path")
     cmp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override one setting of every row (repeatable)")
+                     help=f"{set_help()} (every row)")
     cmp.add_argument("--seq-lens", help="text: comma-separated lengths, e.g. 512,1024,2048")
     cmp.add_argument("--resolutions", help="image: comma-separated resolutions, e.g. 512,768")
     cmp.add_argument("--steps", type=int, help="optimizer steps per row (default 20; --quick: 2)")

@@ -1,7 +1,9 @@
 """Adapter variants (DoRA, LoHa, LoKr, OFT, rsLoRA, PiSSA, LoRA-FA, LoRA+): tiny text runs on a
 Qwen2-family model saved with save_pretrained. Each run's predicted peak must be within
--1%...+3% of the peak it measures (run.json), and its saved adapter, loaded back with peft onto
-the base model, must give the logits the trained model gave at the end of training."""
+-1%...+3% of the peak it measures (run.json); its saved adapter folder must say it is the variant
+asked for (adapter_config.json and the tensor names in adapter_model.safetensors: a DoRA run that
+trained plain LoRA fails here), and loaded back with peft onto the base model, it must give the
+logits the trained model gave at the end of training."""
 
 from __future__ import annotations
 
@@ -27,6 +29,19 @@ VARIANTS = {
     "lora-fa": {"lora_fa": True},
     "lora-plus": {"lora_plus_ratio": 16.0},
 }
+# What each variant's saved adapter folder must say: adapter_config.json's fields, and a piece of
+# a tensor name that only that method writes (None: a plain LoRA layout, no DoRA magnitudes).
+# LoRA+ changes only the optimizer's learning rates, so its adapter is plain LoRA on disk.
+PLAIN = {"peft_type": "LORA", "use_dora": False, "use_rslora": False, "init_lora_weights": True}
+SAVED = {
+    "dora": ({**PLAIN, "use_dora": True}, "lora_magnitude_vector"),
+    "loha": ({"peft_type": "LOHA", "r": 4}, "hada_"),
+    "lokr": ({"peft_type": "LOKR", "r": 4}, "lokr_"),
+    "oft": ({"peft_type": "OFT", "oft_block_size": 4}, "oft_"),
+    "rslora-pissa": ({**PLAIN, "use_rslora": True, "init_lora_weights": "pissa"}, None),
+    "lora-fa": (PLAIN, None),
+    "lora-plus": (PLAIN, None),
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +51,8 @@ def qwen2_dir(tmp_path_factory):
 
 
 def _run(tmp_path, monkeypatch, model_dir, **overrides):
-    """Trains; returns (summary, logits of IDS from the trained model just before it is saved)."""
+    """Trains; returns (summary, logits of IDS from the trained model just before it is saved,
+    whether any lora_A matrix was trainable then)."""
     cfg = apply_overrides(RunConfig(), {**TINY, "model": str(model_dir), **overrides})
     seen = {}
     save = text_train._save_adapter
@@ -45,11 +61,30 @@ def _run(tmp_path, monkeypatch, model_dir, **overrides):
         model.eval()
         with torch.no_grad():
             seen["logits"] = model(input_ids=IDS).logits.float()
+        # LoRA-FA leaves no mark in the saved files: its A matrices are frozen in the model
+        seen["a_trained"] = any(p.requires_grad for n, p in model.named_parameters() if ".lora_A." in n)
         return save(model, out)
 
     monkeypatch.setattr(text_train, "_save_adapter", save_and_look)
     summary = text_train.train_text(cfg, tmp_path / "run", progress=False)
-    return summary, seen["logits"]
+    return summary, seen["logits"], seen["a_trained"]
+
+
+def _check_saved_variant(adapter_dir, expected: dict, marker: str | None) -> None:
+    """The adapter folder is the variant asked for: adapter_config.json's fields as ``expected``,
+    and ``marker`` in some tensor name (None: no DoRA magnitude, LoHa, LoKr or OFT tensor)."""
+    from safetensors import safe_open
+
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert {k: config.get(k) for k in expected} == expected, config
+    with safe_open(adapter_dir / "adapter_model.safetensors", "pt") as saved:
+        names = list(saved.keys())
+    others = [m for _, m in SAVED.values() if m]
+    if marker is None:
+        assert names and all(".lora_A." in n or ".lora_B." in n for n in names), names[:4]
+    else:
+        assert any(marker in n for n in names), names[:4]
+        assert not any(m in n for n in names for m in others if m != marker), names[:4]
 
 
 def _loaded_logits(model_dir, adapter_dir) -> torch.Tensor:
@@ -71,8 +106,11 @@ def _check_prediction(summary) -> None:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_is_planned_and_loads_back(variant, qwen2_dir, tmp_path, monkeypatch):
-    summary, trained = _run(tmp_path, monkeypatch, qwen2_dir, **VARIANTS[variant])
+    summary, trained, a_trained = _run(tmp_path, monkeypatch, qwen2_dir, **VARIANTS[variant])
     assert summary["status"] == "completed"
+    _check_saved_variant(tmp_path / "run" / "adapter", *SAVED[variant])
+    if SAVED[variant][0]["peft_type"] == "LORA":
+        assert a_trained == (variant != "lora-fa")
     _check_prediction(summary)
     saved = json.loads((tmp_path / "run" / "run.json").read_text())
     report = summary["memory_report"]
@@ -93,8 +131,9 @@ def _base_logits(model_dir) -> torch.Tensor:
 def test_dora_on_an_nf4_base_trains_and_is_planned(qwen2_dir, tmp_path, monkeypatch):
     """QDoRA: DoRA's magnitude and dense product on bitsandbytes 4-bit layers."""
     pytest.importorskip("bitsandbytes")
-    summary, _ = _run(tmp_path, monkeypatch, qwen2_dir, adapter="dora", quantization="nf4")
+    summary, _, _ = _run(tmp_path, monkeypatch, qwen2_dir, adapter="dora", quantization="nf4")
     assert summary["status"] == "completed"
+    _check_saved_variant(tmp_path / "run" / "adapter", *SAVED["dora"])
     _check_prediction(summary)
     records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(records) == 2 and all(torch.isfinite(torch.tensor(json.loads(r)["loss"])) for r in records)
