@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test quick lint bench
+.PHONY: run test quick lint bench docs-check
 
 # test processes: one per core, at most 4 (each test process holds up to ~2.4 GB); each runs
 # torch on its share of the cores (tests/conftest.py), so the processes do not oversubscribe them
@@ -27,7 +27,11 @@ run: $(VENV)/.runtime
 lint: $(VENV)/.test
 	$(PY) -m ruff check .
 
-test: $(VENV)/.test lint
+# the figures pages in docs/results/ are what bench/results/ makes (a second, no torch)
+docs-check: $(VENV)/.runtime
+	$(PY) -m bench.docs --check
+
+test: $(VENV)/.test lint docs-check
 	$(PY) -m pytest tests -q --durations=10 -n $(TEST_WORKERS) --dist loadscope
 
 # the inner loop: everything but the slow and integration tests (launches, browser)

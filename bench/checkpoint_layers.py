@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from bench.docs.meta import with_stamp
 from bench.peer_trl import LORA_CONFIGS, bench_run_config, run_lora
 from lora_gui.memory.predict.estimate import estimate_text_step
 from lora_gui.memory.predict.trace import trace_text_step
@@ -102,7 +103,8 @@ def main() -> int:
               f"{statistics.median(x['real_tokens_per_s'] for x in mine):.0f} | "
               f"{', '.join(f'{q:.2f}x' for q in ratios)} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n", encoding="utf-8")
+        body = with_stamp(rows)
+        Path(args.json).write_text(json.dumps(body, indent=1, default=str) + "\n", encoding="utf-8")
     return 0
 
 

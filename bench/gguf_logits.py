@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.docs.meta import stamp
+
 log = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results" / "gguf_logits.json"
 KINDS = ("f16", "q8_0")
@@ -157,7 +159,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     result = run(args.run, args.steps, args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps({"meta": stamp(), **result}, indent=1) + "\n")
     print(table(result))
 
 

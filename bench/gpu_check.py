@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from bench import gpu_context, gpu_peers, gpu_plans
+from bench.docs.meta import stamp
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -662,7 +663,8 @@ def _outside_allocator_bytes() -> int:
 def _write(out: Path, result: dict[str, Any]) -> None:
     """Both files after every section, so a run cut short still returns what it measured."""
     view = {**result, "text": result.get("text", []) + result.get("nf4", [])}  # one accuracy table
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    body = {"meta": stamp(), **result}
+    (out / "gpu_check.json").write_text(json.dumps(body, indent=1, default=str), encoding="utf-8")
     (out / "gpu_check.md").write_text(_markdown(view), encoding="utf-8")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from bench.docs.meta import stamp
 from lora_gui.memory.predict.trace_result import TraceResult
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def planner_fingerprint() -> str:
 # the source this process runs (taken when it starts): a plan saved after the files changed must
 # not carry the new files' fingerprint
 _RUNNING = planner_fingerprint()
+_COMMIT = stamp()["commit"]  # the commit checked out then (+dirty: its planner files were changed)
 
 
 def load(path: Path) -> None:
@@ -61,7 +63,7 @@ def save(path: Path) -> None:
     """Writes every plan computed or read so far, with the torch version that traced them."""
     plans = {key: ({"trace": dataclasses.asdict(v)} if isinstance(v, TraceResult) else {"value": v})
              for key, v in _PLANS.items()}
-    meta = {"torch": _META.get("torch", torch.__version__), "planner": _RUNNING}
+    meta = {"torch": _META.get("torch", torch.__version__), "planner": _RUNNING, "commit": _COMMIT}
     path.write_text(json.dumps({"meta": meta, "plans": plans}, indent=1, default=str), encoding="utf-8")
 
 

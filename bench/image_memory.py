@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from bench.docs.meta import with_stamp
 from lora_gui.data.build_images import SIZES, build
 from lora_gui.engine.image.train import train_image
 from lora_gui.presets import load_config
@@ -87,7 +88,7 @@ def main() -> None:
             rows += run_pair(res, count, batch, data, args.out, args.epochs)
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(with_stamp(rows), indent=1))
 
 
 if __name__ == "__main__":

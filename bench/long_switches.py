@@ -34,6 +34,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from bench.docs.meta import stamp
 from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.chunked_loss import enable_chunked_loss
 from lora_gui.models.long_context import apply_long_context
@@ -109,7 +110,7 @@ def main() -> None:
         print(f"  {switch:22s} x{ratio:.3f} vs {base_arm}")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        RESULTS.write_text(json.dumps({"meta": stamp(), **results}, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {RESULTS}")
 
 

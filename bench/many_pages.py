@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from bench.docs.meta import stamp
 from lora_gui.ui.tabs.train import LIVE_TICK_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows, args.pages)
     print(table(rows, summary, args))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+        body = {"meta": stamp(), "rows": rows, "summary": summary}
+        Path(args.json).write_text(json.dumps(body, indent=1) + "\n")
     return 0
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from bench.docs.meta import with_stamp
 from bench.tracker_cost import without_cpu_tracker
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.text import load_documents, split_documents, tokenize_documents
@@ -384,7 +385,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        args.json.write_text(json.dumps(with_stamp(rows), indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from bench.docs.meta import with_stamp
 from bench.peer_trl import TARGET_PEAK, LoopClock, json_lines, pair_order, speed_rounds, tracked_train
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.pairs import load_pairs, read_pairs
@@ -234,7 +235,7 @@ def main() -> None:
                 print(json.dumps(out[-1]), flush=True)
     print_table(out)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1), encoding="utf-8")
+        args.json.write_text(json.dumps(with_stamp(out), indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

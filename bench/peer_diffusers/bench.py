@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from bench.docs.meta import with_stamp
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPS = ROOT / "bench" / ".peer_deps"
 STARS = ROOT / "assets" / "drawing-stars"
@@ -290,7 +292,7 @@ def main() -> None:
     loss_chart(rows, a.chart)
     print(f"\nloss chart: {a.chart}")
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        a.json.write_text(json.dumps(with_stamp(rows), indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
