@@ -197,8 +197,7 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=1))
     else:
         print("\n".join(describe(result)))
-        print(f"  (budget from {budget_from}; host memory allowed: "
-              f"{'unknown' if host is None else f'{host / 1e9:,.1f} GB'})")
+        print(f"  (budget from {budget_from})")
     return 0
 
 

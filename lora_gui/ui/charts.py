@@ -221,18 +221,20 @@ BREAKDOWN_ORDER = ("frozen_weights", "lora_params", "gradients", "optimizer_stat
 
 
 def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
-                     budget_bytes: int | None = None) -> go.Figure:
-    """One stacked bar of the predicted peak by category (MiB), with the budget as a line."""
+                     budget_bytes: int | None = None, unit: str = "MiB") -> go.Figure:
+    """One stacked bar of the predicted peak by category, with the budget as a line; ``unit``:
+    'MiB' (2**20 bytes) or 'GB' (1e9 bytes, the Plan page's unit)."""
+    div = 1e9 if unit == "GB" else MIB
     fig = go.Figure()
     parts = [(k, breakdown.get(k, 0)) for k in BREAKDOWN_ORDER] + [
         (k, v) for k, v in breakdown.items() if k not in BREAKDOWN_ORDER] + [
         (f"overhead: {k}", v) for k, v in overheads.items() if v]
     for name, nbytes in parts:
-        fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / MIB], name=name))
+        fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / div], name=name))
     if budget_bytes:
-        fig.add_hline(y=budget_bytes / MIB, line_dash="dash", line_color="red", annotation_text="budget")
+        fig.add_hline(y=budget_bytes / div, line_dash="dash", line_color="red", annotation_text="budget")
     fig.update_layout(barmode="stack", title="Predicted peak by category (source: predicted)",
-                      yaxis_title="MiB", height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
+                      yaxis_title=unit, height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
     return fig
 
 

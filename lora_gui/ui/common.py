@@ -65,7 +65,7 @@ def card_choices() -> list[tuple[str, str]]:
     from lora_gui.cards import CARDS
 
     return [("Budget typed below (GB)", CUSTOM_CARD),
-            *((f"{c.label}: {c.total_gib:,.1f} GiB", c.name) for c in CARDS.values())]
+            *((f"{c.label}: {c.total_bytes / GB:,.2f} GB", c.name) for c in CARDS.values())]
 
 
 def card_budget_gb(name: str | None) -> float | None:
@@ -76,7 +76,7 @@ def card_budget_gb(name: str | None) -> float | None:
     if not name or name == CUSTOM_CARD:
         return None
     try:
-        return round(card_by_name(name).total_bytes / GB, 4)
+        return card_by_name(name).total_bytes / GB  # exact: the bytes `plan --card` plans with
     except ValueError:
         return None
 

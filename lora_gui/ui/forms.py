@@ -50,8 +50,21 @@ def applies_to(f: dataclasses.Field, task: str, kind: str | None = None) -> bool
     return kind is None or task != "image" or kinds is None or kind in kinds
 
 
+# words a setting's name spells in lower case that people write otherwise
+NAME_WORDS = {"lora": "LoRA", "dora": "DoRA", "loha": "LoHa", "lokr": "LoKr", "oft": "OFT", "lr": "LR",
+              "gguf": "GGUF", "vae": "VAE", "dit": "DiT", "eva": "EVA", "mlp": "MLP", "gb": "GB",
+              "kohya": "kohya", "dpo": "DPO", "orpo": "ORPO", "simpo": "SimPO"}
+
+
 def label_for(f: dataclasses.Field) -> str:
-    return f.metadata.get("label") or f.name.replace("_", " ").capitalize()
+    """The setting's label: its own, else its name in words ('lora_rank' -> 'LoRA rank')."""
+    if f.metadata.get("label"):
+        return f.metadata["label"]
+    words = f.name.split("_")
+    named = [NAME_WORDS.get(w, w) for w in words]
+    if named[0] == words[0]:
+        named[0] = named[0].capitalize()
+    return " ".join(named)
 
 
 def number_text(value: float, integer: bool = False) -> str:

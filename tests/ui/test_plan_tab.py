@@ -52,13 +52,25 @@ def test_the_verdict_agrees_with_the_bucket_table_in_one_unit():
     assert units(text) == {"GB"}
 
 
-def test_what_fits_where_has_the_budgets_row_and_never_says_nothing_fits_beside_a_fitting_bucket():
-    assert plan_handlers.cards_with(int(8.3582 * GB)) == (8, 8.3582, 12, 16, 24, 40, 48, 80)
-    rows = [CardFit(8, None, 0, {2: (256, 0)}), CardFit(8.3582, None, 0, {2: (256, 0)}),
-            CardFit(12, 256, 0, {2: (512, 0)})]
-    _, _, _, table = outputs(short_plan(), rows)
-    assert [r[:2] for r in table] == [[8, "under 256 tokens"], ["8.36 (this budget)", "under 256 tokens"],
-                                      [12, 256]]
+def test_what_fits_where_rows_are_the_cards_and_never_say_nothing_fits_beside_a_fitting_bucket():
+    """The rows are the cards as the picker plans them (an 8 GB card holds 8.36 GB), the card
+    being planned marked on its own row (no second "8" row beside it), a budget that is no card
+    a row of its own; a card that holds no length says so in the CLI's words too."""
+    from lora_gui.cards import CARDS
+    from lora_gui.memory.predict.report import fits_lines
+
+    eight = CARDS["8gb"].total_bytes
+    sizes = plan_handlers.cards_with(eight)
+    assert len(sizes) == 7 and sizes[0] == eight / GB and sizes[-1] == CARDS["a100-80gb"].total_bytes / GB
+    assert 10.0 in plan_handlers.cards_with(10 * GB) and len(plan_handlers.cards_with(10 * GB)) == 8
+    rows = [CardFit(eight / GB, None, 0, {2: (None, 0)}), CardFit(sizes[1], 256, 0, {2: (512, 0)})]
+    step = SimpleNamespace(peak_bytes=17_458 * MIB, breakdown={"weights": 9_000 * MIB}, cuda_overheads={})
+    _, _, _, table = plan_handlers._outputs(short_plan(), step, rows, eight, "cuda", "the run's largest")
+    assert [r[:2] for r in table] == [["8 GB card (8.36 GB) (this budget)", "under 256 tokens"],
+                                      ["12 GB card (12.45 GB)", 256]]
+    assert table[0][3] == "under 256 tokens"  # the 2-GPU column in the same words
+    cli = "\n".join(fits_lines(rows, 1024, eight / GB))
+    assert "- / 0" not in cli and "under 256 tokens" in cli and "8 GB card (8.36 GB) (this budget)" in cli
 
 
 def test_longest_speaks_the_pages_unit():

@@ -333,6 +333,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
             check_host_memory(_host(step), host_limit_bytes, "the offloaded tensors of the shortest length")
         if seq_len == 0:
             raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
+        if most.seq_len > seq_len:  # more host memory would have let the offloading switches go longer
+            bound = BOUND_HOST
     else:
         step = search.estimate(chosen.changes, seq_len)[1]
     host = _host(step)

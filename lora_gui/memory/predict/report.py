@@ -295,16 +295,25 @@ def _short_of_budget(plan: Any, unit: str) -> str:
 
 def verdict_markdown(plan: Any, peak_bytes: int, budget_bytes: int, shape: str, device: str,
                      unit: str = "tokens") -> str:
-    """The Plan tab's verdict: fits or not, said with the bucket table's own figures, the
-    predicted peak against the budget and whether each suggested switch fits; every figure in
-    GB (see :func:`gb`). ``unit``: what a bucket counts (tokens or px)."""
-    fits = plan.fits if plan is not None else peak_bytes <= budget_bytes
+    """The Plan tab's verdict, judged by one figure: the run's own predicted peak (``peak_bytes``,
+    the micro-batches it executes on its data) against the budget. The bucket table's worst case
+    (a full-length sample in each bucket) is named apart when it says otherwise, and so are the
+    suggested switches; every figure in GB (see :func:`gb`). ``unit``: what a bucket counts."""
+    fits = peak_bytes <= budget_bytes
     if plan is None:
         head = "fixed batch per bucket"
-    elif fits:
+    elif fits and plan.fits:
         head = plan.message
-    else:
+    elif fits:
+        over = [b for b in plan.buckets if not b.micro_batch] or plan.buckets
+        worst = max(over, key=lambda b: b.peak_bytes)
+        head = (f"the run's micro-batches fit its data; a full-length sample in the "
+                f"{_bucket_name(worst.bucket, unit)} bucket would need {gb(worst.peak_bytes)} at batch 1 "
+                "(bucket table), and the data has none that long")
+    elif not plan.fits:
         head = _short_of_budget(plan, unit)
+    else:
+        head = "the run's largest micro-batch is over the budget"
     text = (f"**{'Fits' if fits else 'Does not fit'}** — {head}\n\nPredicted peak at {shape}: "
             f"**{gb(peak_bytes)}** against the {gb(budget_bytes)} budget (source: predicted, {device})")
     buckets = plan.buckets if plan is not None else []

@@ -14,9 +14,11 @@ FILLED = ("max_seq_len", "loss_chunk", "gradient_checkpointing", "offload_checkp
           "embeddings_on_host", "optimizer", "batching", "attention_head_groups")
 
 
-def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB") -> tuple[dict[str, Any], str]:
+def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB",
+           host_gb: float | None = None) -> tuple[dict[str, Any], str]:
     """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``;
-    ``unit``: the memory unit of the page it goes to (the Plan tab's is GB).
+    ``unit``: the memory unit of the page it goes to (the Plan tab's is GB); ``host_gb``: host
+    memory the offloaded tensors may take (None: what this machine has free).
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
     batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
@@ -32,7 +34,8 @@ def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB") -> 
             return {}, (f"Image run: largest resolution at batch 1 **{res['largest_resolution']} px**, "
                         f"largest batch at {res['resolution']} px **{res['batch_at_resolution']}** "
                         f"(source: {res['source']}, {device})")
-        result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host_available_bytes())
+        host = host_available_bytes() if host_gb is None else int(host_gb * GB)
+        result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host)
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
         return {}, f"Error: {err}"
     lines = describe(result, unit)
@@ -53,8 +56,10 @@ def fill_form(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointing: bool,
-             quantization: str = "none", optimizer: str = "auto") -> str:
-    """The Plan tab's button: the preset with the tab's model and settings."""
+             quantization: str = "none", optimizer: str = "auto", host_gb: float | None = None,
+             lora_rank: float | None = None, batch_size: float | None = None) -> str:
+    """The Plan tab's button: the preset with the tab's model and settings (LoRA rank, batch
+    size, quantization...), under its budget and host memory."""
     from lora_gui.config import ConfigError
     from lora_gui.memory.predict.model_configs import (
         bundled_models,
@@ -67,12 +72,19 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
     try:
         image = model in bundled_models() and (is_unet_config(load_model_config(model))
                                                or is_dit_config(load_model_config(model)))
-        settings = {"model": model, "gradient_checkpointing": bool(checkpointing), "optimizer": optimizer}
+        if model != "builtin" and not model.startswith("builtin:") and model not in bundled_models():
+            from lora_gui.ui import paths
+
+            paths.check("model", model)  # a local folder typed in the page: inside the allowed folders
+        settings = {"model": model, "gradient_checkpointing": bool(checkpointing), "optimizer": optimizer,
+                    **{k: int(v) for k, v in (("lora_rank", lora_rank), ("batch_size", batch_size)) if v}}
         settings.update({"task": "image"} if image else {"quantization": quantization})
         cfg = load_config(preset, settings)
     except (ConfigError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
-    text = answer(cfg, float(budget_gb or 0), device, unit="GB")[1]
+    if host_gb is not None and not host_gb >= 0:  # also catches NaN
+        return f"Error: host memory: {host_gb} GB is not a size (0 or more GB)"
+    text = answer(cfg, float(budget_gb or 0), device, unit="GB", host_gb=host_gb)[1]
     if text.startswith("**Longest"):  # the verdict above judges the settings as they are
         text += ("\n- (with the switches listed here on; the verdict and the bucket table above judge "
                  "the settings as they are)")

@@ -1,5 +1,6 @@
 """Plan tab: will it fit? Predicted breakdown against the budget, batch per bucket, what to switch.
-Handlers: plan_handlers.py."""
+Every memory figure on this page is in GB (1e9 bytes), the unit of its budget field and of the
+card picker. Handlers: plan_handlers.py."""
 
 from __future__ import annotations
 
@@ -13,22 +14,29 @@ from lora_gui.ui.tabs import plan_handlers as handlers
 
 def build() -> dict[str, gr.components.Component]:
     gr.Markdown("Predicted on this machine's CPU from the model's real shapes (a fake-tensor trace "
-                "of one training step); no weights are downloaded. Bundled architectures: "
-                + ", ".join(handlers.bundled_model_names()) + ".")
+                "of one training step); no weights are downloaded. Every figure here is in GB (1e9 "
+                "bytes). Bundled architectures: " + ", ".join(handlers.bundled_model_names()) + ".")
     with gr.Row():
         preset = gr.Dropdown(common.preset_names(), value="text-demo", label="Preset")
         model = gr.Dropdown(["builtin", *handlers.bundled_model_names()], value="builtin",
                             allow_custom_value=True, label="Model (bundled config, builtin or local dir)")
         card = gr.Dropdown(common.card_choices(), value=common.CUSTOM_CARD,
-                           label="GPU card (sets the budget)",
-                           elem_id="plan-card", scale=2)
+                           label="GPU card (sets the budget on this page)",
+                           elem_id="plan-card", scale=2, min_width=320)
     fields = {f.name: f for f in forms.settings_fields()}
+    defaults = dict(handlers.FIELD_DEFAULTS)
     with gr.Row():  # the settings' own widgets (choices, ranges and help from RunConfig)
-        max_seq_len, resolution, budget = (forms.widget_for(fields[name], value, elem_prefix="plan")
-                                           for name, value in handlers.FIELD_DEFAULTS[:3])
+        max_seq_len, resolution, budget = (forms.widget_for(fields[name], defaults[name], elem_prefix="plan")
+                                           for name in ("max_seq_len", "resolution", "budget_gb"))
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
-        checkpointing, quantization, optimizer = (forms.widget_for(fields[name], value, elem_prefix="plan")
-                                                  for name, value in handlers.FIELD_DEFAULTS[3:])
+        host_gb = gr.Number(value=round(handlers.host_free_gb(), 1), label="Host memory (GB)",
+                            info="Memory the offloaded tensors may take on this computer (the longest "
+                                 "length stops at it); default: what is free now.",
+                            elem_id="plan-host-gb", minimum=0)
+    with gr.Row():
+        lora_rank, batch_size, checkpointing, quantization, optimizer = (
+            forms.widget_for(fields[name], defaults[name], elem_prefix="plan")
+            for name in ("lora_rank", "batch_size", "gradient_checkpointing", "quantization", "optimizer"))
     with gr.Row():
         button = gr.Button("Plan", variant="primary", elem_id="plan-button")
         longest = gr.Button("Longest that fits", elem_id="plan-longest")
@@ -36,16 +44,26 @@ def build() -> dict[str, gr.components.Component]:
     longest_message = gr.Markdown(elem_id="plan-longest-message")
     chart = gr.Plot(label="Breakdown", elem_id="plan-chart")
     buckets = gr.Dataframe(headers=["bucket (tokens or px)", "micro-batch", "grad accum",
-                                    "predicted peak GB"], label="Batch per bucket", interactive=False)
-    cards = gr.Dataframe(headers=["card GB", "longest / largest at batch 1", "batch at chosen size",
+                                    "worst case at this micro-batch, GB"],
+                           label="Batch per bucket (a full-length sample in each bucket)", interactive=False)
+    cards = gr.Dataframe(headers=["card", "longest / largest at batch 1", "batch at chosen size",
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
                                   *(f"1 GPU, {q} base: longest / batch" for q in choices_of("quantization"))],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     card.change(lambda name: common.card_budget_gb(name) or gr.update(), card, budget)
     budget.input(lambda: common.CUSTOM_CARD, None, card)
-    inputs = [preset, model, max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer]
-    button.click(handlers.plan, inputs, [chart, message, buckets, cards])
+    settings = [max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer,
+                lora_rank, batch_size]
+    inputs = [preset, model, *settings]
+    preset.input(handlers.preset_settings, preset,
+                 [max_seq_len, resolution, checkpointing, quantization, optimizer, lora_rank, batch_size])
+    for widget in [preset, model, card, host_gb, *settings]:  # an answer for other settings is stale
+        widget.change(handlers.mark_stale, [message, longest_message], [message, longest_message])
+    button.click(lambda: "", None, longest_message).then(  # the earlier longest answer goes with it
+        handlers.plan, inputs, [chart, message, buckets, cards])
     longest.click(longest_handlers.plan_tab,
-                  [preset, model, budget, device, checkpointing, quantization, optimizer], longest_message)
+                  [preset, model, budget, device, checkpointing, quantization, optimizer, host_gb, lora_rank,
+                   batch_size], longest_message)
     return {"card": card, "button": button, "chart": chart, "message": message, "preset": preset,
-            "longest": longest, "longest_message": longest_message}
+            "longest": longest, "longest_message": longest_message, "host_gb": host_gb,
+            "lora_rank": lora_rank, "batch_size": batch_size}

@@ -12,7 +12,34 @@ from lora_gui.ui import charts, common, paths
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
 # The RunConfig settings the tab shows (in its order) and their values on a fresh page.
 FIELD_DEFAULTS = (("max_seq_len", 1024), ("resolution", 1024), ("budget_gb", 24.0),
-                  ("gradient_checkpointing", False), ("quantization", "none"), ("optimizer", "auto"))
+                  ("gradient_checkpointing", False), ("quantization", "none"), ("optimizer", "auto"),
+                  ("lora_rank", RunConfig().lora_rank), ("batch_size", RunConfig().batch_size))
+STALE = "*Settings changed since this answer: press the button again.*"
+
+
+def mark_stale(*answers: str) -> tuple[str, ...]:
+    """Each answer shown, marked as made for other settings (an empty one stays empty)."""
+    return tuple(f"{STALE}\n\n{a}" if a and not a.startswith(STALE) else a for a in answers)
+
+
+def preset_settings(preset: str) -> tuple[Any, ...]:
+    """The tab's fields filled from a preset: max_seq_len, resolution, checkpointing,
+    quantization, optimizer, LoRA rank, batch size (a preset that cannot be read leaves them)."""
+    import gradio as gr
+
+    try:
+        cfg = load_config(preset)
+    except common.USER_ERRORS:
+        return (gr.update(),) * 7
+    return (cfg.max_seq_len, cfg.resolution, cfg.gradient_checkpointing, cfg.quantization, cfg.optimizer,
+            cfg.lora_rank, cfg.batch_size)
+
+
+def host_free_gb() -> float:
+    """Host memory free now, in GB (the default of the tab's host memory field)."""
+    from lora_gui.memory.runtime.host import host_available_bytes
+
+    return (host_available_bytes() or 0) / 1e9
 
 
 def bundled_model_names() -> list[str]:
@@ -41,46 +68,51 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
 
 
 def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_gb: float, device: str,
-         checkpointing: bool, quantization: str = "none",
-         optimizer: str = "auto") -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
+         checkpointing: bool, quantization: str = "none", optimizer: str = "auto",
+         lora_rank: float | None = None, batch_size: float | None = None,
+         ) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Breakdown figure, verdict, bucket table and card table (source: predicted): the run's own
-    plan (the same call as ``python -m lora_gui plan`` and the Train tab), or for a bundled UNet
-    config (shapes only) the trace at one resolution."""
+    plan (the same call and the same budget rule as ``python -m lora_gui plan`` and the Train
+    tab), or for a bundled UNet config (shapes only) the trace at one resolution."""
     from lora_gui.memory.predict import planner, predict, report, run_plan
     from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
 
     empty: list[list[Any]] = []
     try:
-        budget = report.resolve_budget(RunConfig(), budget_gb or None, budget_from="VRAM budget").bytes
+        if not budget_gb:
+            raise ConfigError("budget_gb: pick a card or type a VRAM budget in GB to plan against")
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
+            budget = report.resolve_budget(RunConfig(), budget_gb or None, budget_from="VRAM budget").bytes
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
             return _outputs(result, step, rows, budget, device, "batch 1 at this resolution", image=True)
         if model != "builtin" and not model.startswith("builtin:"):
             paths.check("model", model)  # a local folder typed in the page
-        sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0)}
+        sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0),
+                 "lora_rank": int(lora_rank or 0), "batch_size": int(batch_size or 0)}
         cfg = load_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
                                    "gradient_checkpointing": bool(checkpointing),
                                    "quantization": quantization, "optimizer": optimizer})
-        pred = predict(cfg, budget, device)
+        question = report.resolve_question(cfg, budget_gb=budget_gb or None, device=device,
+                                           budget_from="VRAM budget")
+        pred = predict(question.cfg, None, question.device)
+        budget = question.budget.bytes
         if cfg.task == "image":
             return _outputs(pred.plan, pred.step, [], budget, device, "the run's largest micro-batch",
                             pred.peak_bytes, image=True)
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
-                                       cards_gb=cards_with(budget), **run_plan.step_kwargs(cfg, device))
+                                       cards_gb=cards_with(budget), **run_plan.step_kwargs(cfg, "cuda"))
     except (ValueError, *common.USER_ERRORS) as err:
-        return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
+        return charts.breakdown_figure({}, {}, unit="GB"), f"Error: {err}", empty, empty
     return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
                     pred.peak_bytes)
 
 
 def cards_with(budget: int) -> tuple[float, ...]:
-    """The card sizes of "What fits where" (GB) with the budget being planned among them (a
-    picked 8 GB card holds 8.36 GB, more than the table's 8 GB row), so the table has a row for
-    the same budget as the verdict."""
-    from lora_gui.memory.predict.planner import CARDS_GB
-    from lora_gui.units import GB
+    """The card sizes of "What fits where" (GB): the cards as torch reports them (an 8 GB card
+    holds 8.36 GB) and the budget being planned, as a row of its own when it is no card's."""
+    from lora_gui.memory.predict.report import table_cards_gb
 
-    return tuple(sorted({*CARDS_GB, budget / GB}))
+    return tuple(table_cards_gb(budget))
 
 
 def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int | None = None,
@@ -92,5 +124,5 @@ def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int
     text = report.verdict_markdown(result, step.peak_bytes if peak is None else peak, budget, shape, device,
                                    unit)
     smallest = "512 px" if image else "256 tokens"  # what_fits_where's smallest size tried
-    return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text,
+    return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget, unit="GB"), text,
             report.plan_rows(result), report.fits_rows(rows, smallest, budget / GB))
