@@ -189,7 +189,7 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
         result = longest(cfg, budget, args.device, count_cuda_context=not args.no_cuda_context,
                          host_limit_bytes=host, beyond_context=args.beyond_context,
-                         confirm=not args.estimate_only)
+                         confirm=not args.estimate_only, margin=not args.count_unconfirmed)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -441,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "as published figures do")
     plan.add_argument("--estimate-only", action="store_true",
                       help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")
+    plan.add_argument("--count-unconfirmed", action="store_true",
+                      help="--longest: count memory savings no card has confirmed yet instead of keeping "
+                           "them as a margin (see the answer's note)")
     plan.add_argument("--beyond-context", action="store_true",
                       help="--longest: search past the model's context (only for runs that extend it)")
     plan.set_defaults(func=cmd_plan)

@@ -7,6 +7,9 @@ layers that read it keep as a recompute."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -110,6 +113,23 @@ class ReadOnce:
         return self.out
 
 
+# whether rebuilds are made in this context: always in a run; a plan that must not lean on them
+# (their saving is not yet confirmed on a card) traces the step without them
+_REBUILDS = contextvars.ContextVar("lora_gui_rebuilds", default=True)
+
+
+@contextlib.contextmanager
+def rebuilds_made(on: bool) -> Iterator[None]:
+    """Within the block (this thread only), :func:`rebuilt_from` marks nothing when ``on`` is
+    False: the step keeps what it would keep without the rebuilds. The planner traces with it
+    to leave a margin for savings no card has confirmed yet."""
+    token = _REBUILDS.set(on)
+    try:
+        yield
+    finally:
+        _REBUILDS.reset(token)
+
+
 def rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
     """Marks a norm's (or an activation's) output ``out`` as rebuilt from its input ``x`` by
     ``fn`` for the LoRA layers that read it (``lean_backward``'s ``_Rebuilt``, ``_Casts``,
@@ -119,5 +139,5 @@ def rebuilt_from(out: object, x: torch.Tensor, fn: Any) -> None:
     :data:`MIN_REBUILD_WIDTH`: there the recompute costs more than it saves."""
     if (isinstance(out, torch.Tensor) and out is not x and out.requires_grad and x.requires_grad
             and out.is_contiguous() and worth_rebuilding(out.shape[-1]) and torch.is_grad_enabled()
-            and not other_hooks_active()):
+            and not other_hooks_active() and _REBUILDS.get()):
         out._lean_rebuild = Recompute(ReadOnce(same_autocast(fn, x.device.type)), x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
 from lora_gui.ui import common
@@ -24,21 +26,18 @@ CSS = """
 """
 
 
-def _remember_card(demo: gr.Blocks, memory: gr.BrowserState, pickers: list[gr.Dropdown]) -> None:
-    """Every card picker shows the card last picked in this browser (on any tab), and a pick on
-    one tab is stored and shown on the others."""
-    def restore(card: str | None) -> list:
+def _remember_card(demo: gr.Blocks, pickers: dict[str, gr.Dropdown]) -> None:
+    """Each tab's card picker shows the card last picked on that tab in this browser; a pick on
+    one tab changes no other tab's budget (choices stay where they are made)."""
+    def restore(card: str | None) -> Any:
         known = {key for _, key in common.card_choices()}
-        card = card if card in known else common.CUSTOM_CARD
-        return [card if card != common.CUSTOM_CARD else gr.update()] * len(pickers)
+        return card if card in known and card != common.CUSTOM_CARD else gr.update()
 
-    def copies(n: int):
-        return lambda card: [card] * n
-
-    demo.load(restore, memory, pickers)
-    for picker in pickers:
-        others = [p for p in pickers if p is not picker]
-        picker.input(lambda card: card, picker, memory).then(copies(len(others)), picker, others)
+    for tab, picker in pickers.items():
+        key = f"{common.CARD_STORAGE_KEY}-{tab}"  # a preference, not a secret
+        memory = gr.BrowserState(common.CUSTOM_CARD, storage_key=key, secret=key)
+        demo.load(restore, memory, picker)
+        picker.input(lambda card: card, picker, memory)
 
 
 def build_app() -> gr.Blocks:
@@ -51,9 +50,6 @@ def build_app() -> gr.Blocks:
         gr.Markdown("**lora_gui — LoRA training that fits.** Every memory figure names its source: "
                     "`cuda_allocator` (GPU), `tracker` (live tensor bytes; the CPU stand-in for the "
                     "GPU allocator) or `predicted` (the planner, before a run).")
-        # the picked card, kept in this browser between visits (a preference, not a secret)
-        card_memory = gr.BrowserState(common.CUSTOM_CARD, storage_key=common.CARD_STORAGE_KEY,
-                                      secret=common.CARD_STORAGE_KEY)
         with gr.Tab("Train"):
             train_tab = train.build()
         with gr.Tab("Runs") as runs_page:
@@ -72,7 +68,9 @@ def build_app() -> gr.Blocks:
         runs_page.select(runs_tab["reload"], None, runs_tab["outputs"]).then(
             runs_tab["reload_queue"], None, runs_tab["queue_outputs"])
         try_page.select(try_tab.refresh, try_parts["run"], try_parts["run"])  # runs finished since
-        _remember_card(demo, card_memory, [train_tab["card"], plan_tab["card"], compare_tab["card"]])
+        # the card picked on each tab, kept in this browser between visits
+        _remember_card(demo, {"train": train_tab["card"], "plan": plan_tab["card"],
+                              "compare": compare_tab["card"]})
         demo.load(train_tab["estimate"], train_tab["estimate_in"], train_tab["estimate_out"]).then(
             train_tab["plan"], train_tab["inputs"], train_tab["panel_out"], concurrency_limit=1,
             concurrency_id="plan")

@@ -346,3 +346,32 @@ def test_quantization_and_optimizer_switches_reach_the_plan(page):
 
     assert peak(after) < peak(before), f"nf4 did not lower the plan: {before!r} -> {after!r}"
     page.screenshot(path=str(ARTIFACTS / "train-nf4.png"), full_page=True)
+
+
+def test_plan_tab_longest_names_its_bound_and_no_answer_outlives_its_settings(page):
+    """On the Plan tab: the longest length under the card and the host memory typed there names
+    the bound that stopped it; a changed field marks both answers stale; a new plan clears the
+    previous longest answer; the page speaks GB only."""
+    page.get_by_role("tab", name="Plan").click()
+
+    def fill(elem_id: str, value: str) -> None:
+        box = page.locator(f"#{elem_id} input").first
+        box.fill(value)
+        box.press("Tab")
+
+    fill("plan-budget_gb", "0.05")
+    page.locator("#plan-lora_rank input").first.wait_for(state="visible")
+    fill("plan-batch_size", "1")
+    page.get_by_label("cpu").check()
+    fill("plan-host-gb", "0.002")
+    page.click("#plan-longest")
+    wait_text(page, "plan-longest-message", "stopped by: host memory")
+    longest = text_of(page, "plan-longest-message")
+    assert "GiB" not in longest and "MiB" not in longest
+    fill("plan-host-gb", "100")
+    wait_text(page, "plan-longest-message", "Settings changed since this answer")
+    page.click("#plan-button")
+    wait_text(page, "plan-message", "Predicted peak")
+    assert "stopped by" not in text_of(page, "plan-longest-message")
+    assert "MiB" not in text_of(page, "plan-message") and "GiB" not in text_of(page, "plan-message")
+    page.screenshot(path=str(ARTIFACTS / "plan-longest.png"), full_page=True)

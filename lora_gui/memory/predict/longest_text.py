@@ -35,6 +35,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.predict import planner
+from lora_gui.memory.predict.confirmed import is_confirmed, margin_needed, unconfirmed
 from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step
 from lora_gui.memory.predict.model_configs import max_positions
 from lora_gui.memory.predict.run_plan import model_config_for, step_kwargs
@@ -42,6 +43,7 @@ from lora_gui.memory.predict.run_predict import worst_case_shapes
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.host import check_host_memory, size_text
+from lora_gui.models.stand_ins import rebuilds_made
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ class Longest:
     card: dict[str, Any] = field(default_factory=dict)  # CUDA: kernel, workspace, allocated, reserved
     bound: str = "card memory"  # what stopped the length: card memory, host memory, the model's context
     host_limit_bytes: int | None = None  # host memory the offloaded tensors were allowed (None: no limit)
+    unconfirmed: list[str] = field(default_factory=list)  # savings counted or margined, no card yet
+    margin_bytes: int = 0  # what the unconfirmed savings would save at seq_len (kept as a margin)
 
     def to_json(self) -> dict[str, Any]:
         """The ``plan --longest --json`` object."""
@@ -121,6 +125,7 @@ class Longest:
                 "counted_peak_bytes": self.counted_bytes,
                 "confirmed_by_trace": self.confirmed_by_trace, "traces": self.traces, "notes": self.notes,
                 "bound": self.bound, "host_limit_bytes": self.host_limit_bytes,
+                "unconfirmed_savings": self.unconfirmed, "margin_bytes": self.margin_bytes,
                 **self.card,
                 "alternatives": [{"switches": c.changes, "estimated_seq_len": c.seq_len,
                                   "estimated_host_bytes": c.host_bytes} for c in self.candidates]}
@@ -176,8 +181,8 @@ def _head_groups(cfg: RunConfig, device: str) -> list[int]:
     """Attention in one call per key/value head, where it saves memory: on CUDA with SDPA (the
     kernels' backward scratch; a CPU kernel has none), when the user has not set it."""
     if device != "cuda" or cfg.attention_head_groups or cfg.attention == "windowed" \
-            or cfg.resolved_attn_backend() != "sdpa":
-        return []
+            or cfg.resolved_attn_backend() != "sdpa" or not is_confirmed("attention_head_groups"):
+        return []  # (a saving no card has confirmed is not proposed: memory/predict/confirmed.py)
     from lora_gui.attention.head_groups import key_value_heads
 
     kv = key_value_heads(model_config_for(cfg))
@@ -271,7 +276,7 @@ def _host(step: TraceResult) -> int:
 
 def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, count_cuda_context: bool = True,
                  host_limit_bytes: int | None = None, beyond_context: bool = False,
-                 confirm: bool = True) -> Longest:
+                 confirm: bool = True, margin: bool = True) -> Longest:
     """The longest ``max_seq_len`` this run fits under the budget, with the switches it needs.
 
     Args:
@@ -283,6 +288,9 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
         host_limit_bytes: host memory the offloaded tensors may take (None: no limit).
         beyond_context: search past the model's context (only for a run that extends it).
         confirm: confirm with the trace (False: estimate only, instant).
+        margin: keep a margin for the savings no card has confirmed yet: the traces count the
+            step without them (:mod:`lora_gui.memory.predict.confirmed`), and the answer says
+            what they would add (False: count them).
 
     Returns:
         A :class:`Longest`.
@@ -327,8 +335,10 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
                      f"{allows:,} (estimate)")
     seq_len, step, traces = best_len, None, 0
     bound = BOUND_HOST if most.seq_len > best_len else BOUND_CARD  # the estimate's answer
+    kept = margin and margin_needed(cfg, chosen.changes)
     if confirm:
-        seq_len, step, traces, bound = _confirm(search, chosen.changes, best_len, cap, host_limit_bytes)
+        with rebuilds_made(not kept):  # with a margin: traced as if the unconfirmed rebuilds were off
+            seq_len, step, traces, bound = _confirm(search, chosen.changes, best_len, cap, host_limit_bytes)
         if seq_len == 0 and bound == BOUND_HOST:
             check_host_memory(_host(step), host_limit_bytes, "the offloaded tensors of the shortest length")
         if seq_len == 0:
@@ -343,6 +353,18 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     capped = seq_len == cap and cap < MAX_LEN and not beyond_context
     if capped:
         bound = BOUND_CONTEXT
+    names = [s.name for s in unconfirmed(cfg, chosen.changes)]
+    margin_bytes = 0
+    if kept and confirm:
+        margin_bytes = max(0, step.peak_bytes - search.trace(chosen.changes, seq_len).peak_bytes)
+    if margin_bytes:
+        more = int(margin_bytes / _slope(search, chosen.changes, [(seq_len, search.counted(step))]))
+        notes.append(f"kept at a margin: {', '.join(names)} not yet confirmed on a card, so this answer "
+                     f"counts the step without them ({size_text(margin_bytes)} more at this length); "
+                     f"counting them: about {min(cap, seq_len + more) // GRANULE * GRANULE:,} tokens "
+                     "(unconfirmed; --count-unconfirmed)")
+    elif names and not kept:
+        notes.append(f"counts savings not yet confirmed on a card: {', '.join(names)}")
     if beyond_context and context and seq_len > context:
         notes.append(f"beyond the model's context ({context:,} tokens): the run must extend it")
     ctx = step.cuda_overheads.get("cuda_context", 0)
@@ -356,7 +378,7 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
                    capped, context, max(allows, seq_len),
                    {k: measured.get(k) for k in chosen.changes}, count_cuda_context, ctx,
                    confirm, traces, search.counted(step), notes, alternatives, card, bound=bound,
-                   host_limit_bytes=host_limit_bytes)
+                   host_limit_bytes=host_limit_bytes, unconfirmed=names, margin_bytes=margin_bytes)
 
 
 def _candidates(search: _Search, cfg: RunConfig, device: str, cap: int, host_limit: int | None,
