@@ -79,6 +79,9 @@ LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidde
 TINY_LLAMA = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
 
+# wide enough for the rebuilds (models/stand_ins.py MIN_REBUILD_WIDTH), small enough for a CPU
+REBUILT_LLAMA = {**TINY_LLAMA, "hidden_size": 256, "intermediate_size": 512}
+
 TINY_UNET = {"_class_name": "UNet2DConditionModel", "block_out_channels": [32, 64],
              "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
              "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "cross_attention_dim": 32,
@@ -303,12 +306,24 @@ def _step_under(model, optimizer, ids, budget: int, device: str) -> dict[str, An
     return out
 
 
+OVER = 1.02  # the +2% row above each longest answer: it must run out of memory or come within the margin
+
+
+def _over(seq: int) -> int:
+    """The length 2% above a longest answer, in the search's steps of 64 tokens."""
+    return -(-int(seq * OVER) // 64) * 64
+
+
 def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -> list[dict[str, Any]]:
     """Llama nf4, LoRA r32 all-linear, batch 1, under each card's memory (the CUDA context
-    counted): at ``lengths`` (first card) and at the longest length ``plan --card NAME --longest``
-    gives, with its switches. Per row: planned allocated / reserved / nvidia-smi and the kernel's
-    backward workspace vs the measured max_memory_allocated / max_memory_reserved, and whether it
-    ran out of memory (a planned length must not)."""
+    counted): at ``lengths`` (first card), at the longest length ``plan --card NAME --longest``
+    gives (with its switches and its margin for savings no card has confirmed) and 2% above it;
+    on the first card the answer again with each memory switch the other way (the rebuilds, the
+    attention head groups, offloaded checkpoints, the chunked loss). Per row: planned allocated /
+    reserved / nvidia-smi and the kernel's backward workspace vs the measured
+    max_memory_allocated / max_memory_reserved, whether it ran out of memory, and whether that
+    agrees with the plan (a planned length must not run out of memory; the +2% row must, or come
+    within the margin the answer kept)."""
     import dataclasses
     import tempfile
     import types
@@ -322,6 +337,7 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
     from lora_gui.memory.predict.run_plan import step_kwargs
     from lora_gui.models import text as text_models
     from lora_gui.models.long_context import apply_long_context
+    from lora_gui.models.stand_ins import rebuilds_made
 
     cfg = load_model_config(config)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -341,39 +357,58 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
             longest = gpu_plans.planned(f"{key}:longest", lambda c=card: dataclasses.asdict(longest_text(
                 base, c.total_bytes, "cuda", count_cuda_context=True)))
             answer = types.SimpleNamespace(**longest)
-            run = apply_overrides(base, {**answer.switches, "max_seq_len": max(answer.seq_len, 16)})
-            runs = [(seq, run) for seq in [*(lengths if k == 0 else []), answer.seq_len]]
+            run = apply_overrides(base, {**answer.switches, "max_seq_len": max(_over(answer.seq_len), 16)})
+            # (length, settings, rebuilds made, what the row checks)
+            runs = [(seq, run, True, "as planned") for seq in [*(lengths if k == 0 else []), answer.seq_len]]
+            runs.append((_over(answer.seq_len), run, True, "+2% over the answer"))
             if k == 0:
-                other = 0 if run.attention_head_groups > 1 else key_value_heads(cfg)
-                runs.append((answer.seq_len, replace(run, attention_head_groups=other)))
-            plans = [gpu_plans.planned(f"{key}:{seq}:{at.attention_head_groups}",
-                                       lambda seq=seq, at=at: tr.trace_text_step(
-                                           cfg, batch_size=1, seq_len=seq, **step_kwargs(at, "cuda")))
-                     for seq, at in runs]
+                groups = 0 if run.attention_head_groups > 1 else key_value_heads(cfg)
+                runs += [(answer.seq_len, run, False, "rebuilds off"),
+                         (answer.seq_len, replace(run, attention_head_groups=groups), True,
+                          f"head groups {'off' if groups == 0 else 'on'}"),
+                         (answer.seq_len, replace(run, offload_checkpoints=not run.offload_checkpoints),
+                          True, f"offloaded checkpoints {'off' if run.offload_checkpoints else 'on'}"),
+                         (answer.seq_len, replace(run, loss_chunk=0 if run.loss_chunk else 1024), True,
+                          f"chunked loss {'off' if run.loss_chunk else 'on'}")]
+            plans = []
+            for seq, at, rebuilt, _what in runs:
+                def trace(seq=seq, at=at, rebuilt=rebuilt):
+                    with rebuilds_made(rebuilt):
+                        return tr.trace_text_step(cfg, batch_size=1, seq_len=seq, **step_kwargs(at, "cuda"))
+                plans.append(gpu_plans.planned(
+                    f"{key}:{seq}:{at.attention_head_groups}:{at.offload_checkpoints}:{at.loss_chunk}:{rebuilt}",
+                    trace))
             if PLAN_ONLY[0]:
                 continue
-            model = text_models.attach_lora(
-                text_models.load_model_for(run, folder, dtype, torch.device(device)), run)
-            if run.gradient_checkpointing:
-                enable_checkpointing(model)
-            apply_long_context(model, offload_checkpoints=run.offload_checkpoints, mlp_chunk=run.mlp_chunk,
-                               embeddings_on_host=run.embeddings_on_host)
-            base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
-            register_head_groups(base_model.config._attn_implementation)
-            model.train()
-            optimizer, _ = make_optimizer(run, [p for p in model.parameters() if p.requires_grad],
-                                          torch.device(device))
-            # the planned lengths, then (first card) the longest again with attention in head groups
-            # switched the other way (off when the plan chose them, one key/value head a call when
-            # not): the plan says whether that fits, the card says whether the plan is right
-            for (seq, at), planned in zip(runs, plans):
+            built: dict[tuple, Any] = {}
+            for (seq, at, rebuilt, what), planned in zip(runs, plans):
+                shape = (at.offload_checkpoints, at.loss_chunk)  # what needs a model built its own way
+                if shape not in built:
+                    built.clear()
+                    if device == "cuda":
+                        _release()
+                    model = text_models.attach_lora(
+                        text_models.load_model_for(at, folder, dtype, torch.device(device)), at)
+                    if at.gradient_checkpointing:
+                        enable_checkpointing(model)
+                    apply_long_context(model, offload_checkpoints=at.offload_checkpoints,
+                                       mlp_chunk=at.mlp_chunk, embeddings_on_host=at.embeddings_on_host)
+                    base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+                    register_head_groups(base_model.config._attn_implementation)
+                    model.train()
+                    optimizer, _ = make_optimizer(at, [p for p in model.parameters() if p.requires_grad],
+                                                  torch.device(device))
+                    built[shape] = (model, optimizer)
+                model, optimizer = built[shape]
                 _set_head_groups(model, at.attention_head_groups)
                 ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+                fits = planned.peak_bytes <= card.total_bytes
                 row = {"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers} nf4 r32",
-                       "card": card.name, "budget_bytes": card.total_bytes, "seq_len": seq,
-                       "planned_longest": seq == answer.seq_len and at is run,
-                       "attention_head_groups": at.attention_head_groups,
-                       "planned_to_fit": planned.peak_bytes <= card.total_bytes,
+                       "card": card.name, "budget_bytes": card.total_bytes, "seq_len": seq, "row": what,
+                       "planned_longest": seq == answer.seq_len and what == "as planned",
+                       "attention_head_groups": at.attention_head_groups, "rebuilds": rebuilt,
+                       "planned_to_fit": fits, "margin_bytes": answer.margin_bytes,
+                       "unconfirmed_savings": answer.unconfirmed,
                        "predicted_reserved_unlimited_bytes": planned.info.get("allocator_replay", {}).get(
                            "peak_reserved", 0),
                        "switches": answer.switches, "kernel": planned.info.get("kernel"),
@@ -381,16 +416,60 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                        "predicted_bytes": planned.allocator_peak_bytes,
                        "predicted_reserved_bytes": planned.reserved_peak_bytes,
                        "predicted_nvidia_smi_bytes": planned.peak_bytes,
-                       "host_bytes": planned.info["host_bytes"],
-                       **_step_under(model, optimizer, ids, card.total_bytes, device)}
+                       "host_bytes": planned.info["host_bytes"]}
+                with rebuilds_made(rebuilt):
+                    row.update(_step_under(model, optimizer, ids, card.total_bytes, device))
                 measured, reserved = row["measured_bytes"], row["measured_reserved_bytes"]
                 row["error"] = planned.allocator_peak_bytes / measured - 1 if measured else None
                 row["reserved_error"] = planned.reserved_peak_bytes / reserved - 1 if reserved else None
+                # a plan that fits must run; one over the card must run out of memory, or run within
+                # the margin the answer kept (its unconfirmed savings)
+                ran = not row["out_of_memory"]
+                row["agrees"] = ran if fits else (not ran or planned.peak_bytes - card.total_bytes
+                                                  <= answer.margin_bytes)
                 rows.append(row)
-            del model, optimizer
+            built.clear()
             if device == "cuda":
                 _release()
     return rows
+
+
+def check_rebuild_grads(config: Any, seq: int, device: str) -> list[dict[str, Any]]:
+    """The LoRA gradients of one step with the rebuilds (norm, feed-forward and attention
+    outputs recomputed in the backward) and without them, on the same weights and tokens: the
+    largest difference relative to each tensor's largest gradient. Tolerance: 1e-2 in bf16 (8
+    significant bits: one rounding is 2**-8 = 0.4%, and the recompute may run other kernels),
+    1e-5 in float32."""
+    from lora_gui.models.stand_ins import rebuilds_made
+
+    cfg = load_model_config(config)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if PLAN_ONLY[0]:
+        return []
+    torch.manual_seed(0)
+    model = tr.build_text_model(cfg, attn_implementation="sdpa", dtype=dtype, lora_rank=16, lora_alpha=None,
+                                target_modules="all-linear", lean_backward=True)
+    model = _materialized(model, device, dtype)
+    for name, p in model.named_parameters():  # B = 0 at init: give the LoRA a gradient path through both
+        if "lora_B" in name:
+            with torch.no_grad():
+                p.normal_(0, 0.02)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+    grads = []
+    for rebuilt in (True, False):
+        model.zero_grad(set_to_none=True)
+        with rebuilds_made(rebuilt), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        grads.append({n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
+    worst = max((float((grads[0][n] - grads[1][n]).abs().max() / grads[1][n].abs().max().clamp_min(1e-30)), n)
+                for n in grads[1])
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    del model
+    if device == "cuda":
+        _release()
+    return [{"model": f"llama {cfg.hidden_size}x{cfg.num_hidden_layers}", "seq_len": seq, "dtype": str(dtype),
+             "tensors": len(grads[1]), "max_relative_difference": worst[0], "worst_tensor": worst[1],
+             "tolerance": tolerance, "within": worst[0] <= tolerance}]
 
 
 def _set_head_groups(model: torch.nn.Module, groups: int) -> None:
@@ -605,7 +684,8 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-SECTIONS = ("context", "text", "card", "nf4", "dit", "unet", "flex")  # the order a lent card runs them in
+# the order a lent card runs them in
+SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex")
 # asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu_peers.py)
 OPTIONAL_SECTIONS = ("peers",)
 
@@ -619,6 +699,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "unet": lambda: check_unet(TINY_UNET, [64], device)
                 + check_unet(TINY_SDXL_UNET, [64, 128], device),
                 "card": lambda: check_card(TINY_LLAMA, ["8gb"], [64], device),
+                "grads": lambda: check_rebuild_grads(REBUILT_LLAMA, 64, device),
                 "dit": lambda: check_dit(TINY_SD3, [512], device, text_tokens=16) + check_dit(
                     TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16),
                 "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
@@ -631,7 +712,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
             + check_text(LLAMA_1B, [512, 1024, 2048, 8192], device),
             "unet": lambda: check_unet("sd15-unet", [512, 768, 1024], device)
             + check_unet("sdxl-unet", [512, 768, 1024], device),
-            "card": lambda: check_card("llama-3.1-8b", ["8gb", "24gb"], [1024, 4096], device),
+            "card": lambda: check_card("llama-3.1-8b", ["8gb", "12gb", "24gb"], [1024, 4096], device),
+            "grads": lambda: check_rebuild_grads(LLAMA_1B, 2048, device),
             "dit": lambda: check_dit("sd3.5-medium", [512, 1024], device) + check_dit(
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
             "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),

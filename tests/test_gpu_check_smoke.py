@@ -44,16 +44,22 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
         assert row.get("tokens_per_s", 0) > 0 or row.get("images_per_s", 0) > 0
     assert "## Speed" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     cards = out["card"]
-    # the planned lengths, then the longest again with attention in head groups switched the other way
-    assert [r["planned_longest"] for r in cards] == [False, True, False]
-    groups = [r["attention_head_groups"] for r in cards]
-    assert groups[0] == groups[1] and {groups[1] or 0, groups[2] or 0} == {0, 2}  # 2 key/value heads
-    assert cards[2]["seq_len"] == cards[1]["seq_len"]
-    on, off = sorted(cards[1:], key=lambda r: -(r["attention_head_groups"] or 0))
+    # the planned lengths, the +2% row, then the longest again with each memory switch the other way
+    rows = [r["row"] for r in cards]
+    assert rows[:4] == ["as planned", "as planned", "+2% over the answer", "rebuilds off"]
+    assert [r["row"].split()[0] for r in cards[4:]] == ["head", "offloaded", "chunked"]
+    assert [r["planned_longest"] for r in cards] == [False, True] + [False] * 5
+    answer, over, heads = cards[1], cards[2], cards[4]
+    assert over["seq_len"] == -(-int(answer["seq_len"] * 1.02) // 64) * 64 > answer["seq_len"]
+    assert all(r["seq_len"] == answer["seq_len"] for r in cards[3:])
+    assert {answer["attention_head_groups"] or 0, heads["attention_head_groups"] or 0} == {0, 2}  # 2 kv heads
+    on, off = sorted([answer, heads], key=lambda r: -(r["attention_head_groups"] or 0))
     assert on["attention_workspace_bytes"] < off["attention_workspace_bytes"]
     assert all(r["out_of_memory"] is False and r["attention_workspace_bytes"] > 0 for r in cards)
-    assert cards[1]["predicted_nvidia_smi_bytes"] <= cards[1]["budget_bytes"]  # the plan fits the card
-    assert cards[1]["planned_to_fit"]
+    assert answer["predicted_nvidia_smi_bytes"] <= answer["budget_bytes"]  # the plan fits the card
+    assert answer["planned_to_fit"] and answer["agrees"]
+    grads = out["grads"][0]  # the rebuilds' gradients against none, float32 on a CPU
+    assert grads["tensors"] > 0 and grads["within"] and grads["max_relative_difference"] <= 1e-5
     assert "## Cards" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
 
 
