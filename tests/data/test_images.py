@@ -173,3 +173,21 @@ def test_the_ram_cache_holds_each_caption_once(tmp_path):
     a, b = ram.batch((0, 1, 2), torch.float32), disk.batch((0, 1, 2), torch.float32)
     assert torch.equal(a.hidden, b.hidden) and torch.equal(a.latents, b.latents)
     assert distinct_captions(types.SimpleNamespace(train=items)) == 2
+
+
+def test_a_short_run_plans_only_the_micro_batches_it_trains():
+    """The image planner traces the largest micro-batch of the steps the run executes: with
+    ``max_steps`` below an epoch, buckets no executed step reaches are left out, and a bucket's
+    micro-batch is what its executed steps hold (dealt over the processes)."""
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.data.image_batches import epoch_plan, executed_bucket_sizes
+
+    buckets = [(512, 512)] * 5 + [(768, 512)] * 3 + [(512, 768)]
+    cfg = apply_overrides(RunConfig(), {"task": "image", "batch_size": 4, "max_steps": 1, "seed": 3})
+    first = epoch_plan(cfg, buckets, 0)[0].micro_batches[0]
+    sizes = executed_bucket_sizes(cfg, buckets)
+    assert sizes == {buckets[first.indices[0]]: len(first.indices)}
+    whole = executed_bucket_sizes(apply_overrides(cfg, {"max_steps": 0, "epochs": 1}), buckets)
+    assert whole == {(512, 512): 4, (768, 512): 3, (512, 768): 1}
+    assert executed_bucket_sizes(apply_overrides(cfg, {"max_steps": 0, "epochs": 1}), buckets, 2) == {
+        (512, 512): 2, (768, 512): 2, (512, 768): 1}
