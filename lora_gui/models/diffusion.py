@@ -358,6 +358,16 @@ def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[
                   generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
     """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
     this on fake tensors: :mod:`lora_gui.memory.predict.encode_trace`)."""
+    latents = encode_latents(model, pixels, device, sample=sample, generator=generator)
+    hidden, pooled = encode_prompts(model, captions, device)
+    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
+    return Encoded(latents, hidden, pooled, ids)
+
+
+def encode_latents(model: ImageModel, pixels: list[torch.Tensor], device: torch.device, *, sample: bool,
+                   generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
+    """The VAE's latents of loaded pixels of one bucket ((3, H, W) pictures or (3, F, H, W) clips),
+    sampled or the mean, shifted and scaled into the denoiser's space."""
     batch = torch.stack(pixels).to(device, model.vae.dtype)
     dist = model.vae.encode(batch).latent_dist
     if sample and isinstance(generator, list):
@@ -369,9 +379,7 @@ def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[
         latents = video.normalise_latents(model.vae, latents)
     else:  # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
         latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
-    hidden, pooled = encode_prompts(model, captions, device)
-    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
-    return Encoded(latents, hidden, pooled, ids)
+    return latents
 
 
 def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],

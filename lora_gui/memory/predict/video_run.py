@@ -1,0 +1,232 @@
+"""A video run's predicted peak (source: predicted): the one function the video run calls when it
+starts (:func:`video_run_prediction`, through :func:`lora_gui.memory.predict.image_run.image_run_prediction`)
+and that ``plan`` calls before it, on the same pipeline built on the meta device, so both give
+the same bytes; and :func:`trace_video_step`, the fake-tensor trace of one step of a Wan
+transformer for a (width, height, frames) clip bucket, from a loaded model or a bundled config
+(``presets/models/wan2.1-t2v-14b.json``: no weights read).
+
+The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` on video
+latents (B, C, T, h, w) (noisy latents, the transformer, the flow-matching MSE), then backward,
+AdamW step and ``zero_grad`` through the shared :func:`lora_gui.memory.predict.trace._trace`.
+A clip is ``T x (h / 2) x (w / 2)`` tokens (``T = (frames - 1) / 4 + 1`` latent frames, ``h``,
+``w`` the latent sides): 832 x 480 x 81 frames is 21 x 30 x 52 = 32,760 tokens for Wan 2.1.
+
+The run's peak is the larger of the largest micro-batch's step plus what stays beside it (on a
+CPU, where the host is the device: the cached latents and caption embeddings and the encoded
+held-out clips) and the caching pass (VAE and text encoder weights, the VAE encoder's
+activations on the largest clip, traced on fake tensors with the run's own encode code).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lora_gui.config import ConfigError, RunConfig
+from lora_gui.data.video_batches import VideoData, VideoGeometry, clip_tokens
+from lora_gui.memory.predict.encode_trace import (
+    CACHE_BYTES_PER_VALUE,
+    _fake_weights,
+    denoiser_waits_for_cache,
+    module_bytes,
+)
+from lora_gui.memory.predict.trace import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    TraceResult,
+    _check_common,
+    _trace,
+    as_dtype,
+    attach_lora,
+    run_autocast,
+)
+from lora_gui.memory.runtime.guard import BatchCaps
+from lora_gui.memory.runtime.tracker import StorageTracker
+
+Bucket = tuple[int, int, int]  # (width px, height px, frames)
+
+
+def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
+                            lora_alpha: float | None, target_modules: Any, adapter: Any = None,
+                            lean_backward: bool = True) -> nn.Module:
+    """The Wan transformer of ``config`` on the meta device with the run's adapter (still meta)."""
+    import diffusers
+
+    cls = getattr(diffusers, config["_class_name"])
+    kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = cls.from_config(kwargs)
+    nn.Module.to(model, dtype)
+    model.train()
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, 0.0, adapter=adapter,
+                       lean_backward=lean_backward)
+
+
+def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket, geometry: VideoGeometry,
+                     text_tokens: int, text_width: int, lora_rank: int = 16, lora_alpha: float | None = None,
+                     target_modules: Any = None, gradient_checkpointing: bool = False,
+                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
+                     attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
+                     lean_backward: bool = True) -> TraceResult:
+    """Traces one LoRA training step of a WanTransformer3DModel on ``batch_size`` clips of
+    ``bucket`` (width, height, frames) with ``text_tokens`` x ``text_width`` prompt embeddings.
+
+    Raises:
+        ValueError: a config that is not a Wan transformer's; a bucket off the model's grid.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from lora_gui.models.dit import FlowMatching
+    from lora_gui.models.video import LORA_TARGETS, set_video_attention
+
+    _check_common(batch_size, device)
+    if config.get("_class_name") != "WanTransformer3DModel":
+        raise ValueError(f"not a WanTransformer3DModel config: {config.get('_class_name')!r} (LTX-Video "
+                         "steps are not traced yet)")
+    w, h, frames = bucket
+    if w % geometry.grid or h % geometry.grid or (frames - 1) % geometry.temporal:
+        raise ValueError(f"clip {w}x{h}x{frames} is off this model's grid ({geometry.grid} px, "
+                         f"{geometry.temporal}k+1 frames)")
+    dt = as_dtype(dtype)
+    model = build_video_transformer(config, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                                    target_modules=target_modules or LORA_TARGETS, adapter=adapter,
+                                    lean_backward=lean_backward)
+    set_video_attention(model.get_base_model(), attention)
+    objective = FlowMatching("wan", FlowMatchEulerDiscreteScheduler(), weighting_scheme)
+    latent = (batch_size, int(config.get("in_channels", 16)), *geometry.latent_shape(bucket))
+
+    def make_inputs() -> dict:
+        enc = types.SimpleNamespace(latents=torch.randn(latent), pooled=None,
+                                    hidden=torch.randn(batch_size, text_tokens, text_width, dtype=dt))
+        sigmas = torch.rand(batch_size)
+        return {"enc": enc, "noise": torch.randn(latent), "sigmas": sigmas, "timesteps": sigmas * 1000,
+                "draws": torch.zeros(batch_size, dtype=torch.long)}  # the run's int64 timestep draws
+
+    def loss_fn(m: nn.Module, batch: dict, _tracker) -> torch.Tensor:
+        loss = objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        loss.held_inputs = batch  # the loop holds its batch until the backward is done
+        return loss
+
+    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=0,
+                 autocast=run_autocast(device, dt))
+    res.info.update(model_type="wan", batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
+                    video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
+    return res
+
+
+def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.device) -> int:
+    """Largest transient bytes of encoding one clip of any of ``buckets`` and its caption with
+    the run's VAE and text encoder: the pixels, the VAE encoder's activations, the latent
+    distribution and sample (fake tensors through the run's own
+    :func:`lora_gui.models.diffusion.encode_latents`), then the prompt embeddings beside the
+    latents (Wan's ``encode_prompt`` trims each prompt by its length, a value fake tensors do not
+    have: its output is counted, its activations, one caption's, are left out)."""
+    from lora_gui.models.diffusion import encode_latents
+
+    if device.type == "cuda" and not torch.cuda.is_available():
+        device = torch.device("cpu")  # a plan for a GPU made without one: the same bytes
+    modules = [model.vae, *model.text_encoders]
+    largest = max(math.prod(b) for b in buckets)
+    embed = next(model.text_encoders[0].parameters())
+    prompt = int(model.info["text_tokens"]) * int(model.info["text_width"]) * embed.element_size()
+    peak = 0
+    for w, h, f in sorted(b for b in set(buckets) if math.prod(b) == largest):
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        tracker = StorageTracker()
+        with torch.no_grad(), mode, _fake_weights(modules, mode, device) as fakes:
+            tracker.track(fakes)
+            start = tracker.live_bytes
+            with tracker:
+                pixels = [torch.empty(3, f, h, w)]  # load_clip's float32 (3, F, H, W)
+                latents = encode_latents(model, pixels, device, sample=True)
+                after = tracker.live_bytes - start  # the pixels and latents, while the prompt encodes
+                del latents, pixels
+        peak = max(peak, tracker.peak_bytes - start, after + prompt)
+    return peak
+
+
+def clip_held_bytes(data: VideoData, geometry: VideoGeometry, channels: int, text_tokens: int,
+                    text_width: int, embed_dtype: torch.dtype, cache_mode: str, caching_pass: bool) -> int:
+    """Host bytes a video run keeps between steps: the encoded held-out clips (latents float32,
+    embeddings in the encoder's dtype) and, with ``cache_latents=ram``, every training clip's
+    latents and each distinct caption's embeddings (float32); ``caching_pass``: at that pass's
+    peak, where a repeated caption's fresh embeddings live beside the kept copy (one more)."""
+    size = torch.empty((), dtype=embed_dtype).element_size()
+    lat = lambda b: channels * math.prod(geometry.latent_shape(b)) * CACHE_BYTES_PER_VALUE  # noqa: E731
+    prompt = text_tokens * text_width
+    held = sum(lat(b) + prompt * size for b in data.held_buckets)
+    if cache_mode == "ram":
+        captions = len({item.caption for item in data.train})
+        held += sum(lat(b) for b in data.buckets)
+        repeated = caching_pass and captions < len(data.buckets)
+        held += (captions + repeated) * prompt * CACHE_BYTES_PER_VALUE
+    return held
+
+
+def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: int | None,
+                         device: torch.device, weights_dtype: torch.dtype, world_size: int = 1) -> Any:
+    """The run's micro-batch cap per (size, frames) bucket (adaptive under a budget: the largest
+    micro-batch whose traced step fits) and its predicted peak, per process.
+
+    Raises:
+        ConfigError: export_kohya (no ComfyUI Wan layout is written yet).
+    """
+    from lora_gui.memory.predict.image_run import ImagePrediction
+    from lora_gui.models.adapters import adapter_spec
+    from lora_gui.models.video import lora_targets
+
+    if cfg.export_kohya:
+        raise ConfigError("export_kohya: video runs write diffusers' format only for now "
+                          "(pytorch_lora_weights.safetensors, which WanPipeline.load_lora_weights reads)")
+    geometry: VideoGeometry = model.info["geometry"]
+    config = {**dict(model.unet.config), "_class_name": "WanTransformer3DModel"}
+    cache = cfg.resolved_cache_latents()
+    encoders = (model.vae, *model.text_encoders)
+    resident = 0 if cache != "off" else module_bytes(encoders)
+    step = {"geometry": geometry, "text_tokens": int(model.info["text_tokens"]),
+            "text_width": int(model.info["text_width"]), "lora_rank": cfg.lora_rank,
+            "lora_alpha": cfg.lora_alpha, "target_modules": lora_targets(cfg.lora_targets),
+            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
+            "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
+            "lean_backward": cfg.resolved_lean_backward()}
+    used = sorted(set(data.buckets), key=geometry.tokens)
+    per_rank = math.ceil(cfg.batch_size / world_size)
+    out = ImagePrediction(BatchCaps())
+    embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
+    held, caching = (0 if device.type == "cuda" else clip_held_bytes(
+        data, geometry, int(config.get("in_channels", 16)), step["text_tokens"], step["text_width"],
+        embed_dtype, cache, caching_pass=p) for p in (False, True))
+    traces: dict[tuple[Bucket, int], TraceResult] = {}
+
+    def traced(bucket: Bucket, batch: int) -> TraceResult:
+        if (bucket, batch) not in traces:
+            traces[bucket, batch] = trace_video_step(config, batch_size=batch, bucket=bucket, **step)
+        return traces[bucket, batch]
+
+    if budget and cfg.resolved_image_batch() == "adaptive":  # the largest micro-batch that fits
+        for bucket in used:
+            fits = [m for m in range(per_rank, 0, -1)
+                    if traced(bucket, m).peak_bytes + resident + held <= budget]
+            out.caps.caps[clip_tokens(bucket)] = fits[0] if fits else 1
+    sizes = {b: min(per_rank, out.caps.cap(clip_tokens(b)) or per_rank,
+                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
+    worst = max(used, key=lambda b: (sizes[b] * geometry.tokens(b), b))
+    out.step = traced(worst, sizes[worst])
+    train_peak = out.step.peak_bytes + resident + held
+    modules = [*encoders] if denoiser_waits_for_cache(cache, device.type) else [model.unet, *encoders]
+    encoding = module_bytes(modules) + caching + trace_clip_encode_peak(
+        model, [*data.buckets, *data.held_buckets], device)
+    if cache == "off":  # every step encodes beside the optimizer state
+        encoding += out.step.breakdown.get("optimizer_state", 0)
+    if device.type == "cuda":
+        encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+    out.step.info["encoding_pass_bytes"] = encoding
+    out.peak_bytes, out.train_peak_bytes = max(train_peak, encoding), train_peak
+    return out
