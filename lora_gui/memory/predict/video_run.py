@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,6 +50,33 @@ from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.tracker import StorageTracker
 
 Bucket = tuple[int, int, int]  # (width px, height px, frames)
+
+
+@dataclass
+class VideoPrediction:
+    """A video run's plan (source: predicted), read as the image run reads its
+    :class:`~lora_gui.memory.predict.image_run.ImagePrediction`.
+
+    Attributes:
+        caps: micro-batch cap per bucket (keyed by :func:`lora_gui.data.video_batches.clip_tokens`).
+        peak_bytes: the run's predicted peak (the step with what stays beside it, or the caching pass).
+        train_peak_bytes: the training steps' peak alone (run.json's ``train_peak_bytes``).
+        step: the trace of the largest micro-batch.
+    """
+
+    caps: BatchCaps
+    peak_bytes: int | None = None
+    train_peak_bytes: int | None = None
+    step: TraceResult | None = None
+    plan: None = None  # the image planner's per-bucket table; a video plan keeps its caps only
+
+    def figures(self, device_type: str) -> dict[str, Any] | None:
+        """What run.json's ``prediction`` holds (None without a prediction)."""
+        if self.peak_bytes is None or self.step is None:
+            return None
+        return {"peak_bytes": self.peak_bytes, "train_peak_bytes": self.train_peak_bytes,
+                "source": "predicted", "device": device_type, "kernel": self.step.info.get("kernel"),
+                "batch_size": self.step.info.get("batch_size")}
 
 
 def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
@@ -120,8 +148,10 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     return res
 
 
-def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.device) -> int:
-    """Largest transient bytes of encoding one clip of any of ``buckets`` and its caption with
+def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.device,
+                           batches: dict[Bucket, int] | None = None) -> int:
+    """Largest transient bytes of encoding one clip of any of ``buckets`` (``batches``: that many
+    clips of each bucket at once, as a step without a cache encodes its micro-batch) and its caption with
     the run's VAE and text encoder: the pixels, the VAE encoder's activations, the latent
     distribution and sample (fake tensors through the run's own
     :func:`lora_gui.models.diffusion.encode_latents`), then the prompt embeddings beside the
@@ -132,22 +162,25 @@ def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.devi
     if device.type == "cuda" and not torch.cuda.is_available():
         device = torch.device("cpu")  # a plan for a GPU made without one: the same bytes
     modules = [model.vae, *model.text_encoders]
-    largest = max(math.prod(b) for b in buckets)
+    batches = batches or {}
+    size = lambda b: batches.get(b, 1) * math.prod(b)  # noqa: E731
+    largest = max(size(b) for b in buckets)
     embed = next(model.text_encoders[0].parameters())
     prompt = int(model.info["text_tokens"]) * int(model.info["text_width"]) * embed.element_size()
     peak = 0
-    for w, h, f in sorted(b for b in set(buckets) if math.prod(b) == largest):
+    for w, h, f in sorted(b for b in set(buckets) if size(b) == largest):
+        n = batches.get((w, h, f), 1)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker = StorageTracker()
         with torch.no_grad(), mode, _fake_weights(modules, mode, device) as fakes:
             tracker.track(fakes)
             start = tracker.live_bytes
             with tracker:
-                pixels = [torch.empty(3, f, h, w)]  # load_clip's float32 (3, F, H, W)
+                pixels = [torch.empty(3, f, h, w) for _ in range(n)]  # load_clip's float32 (3, F, H, W)
                 latents = encode_latents(model, pixels, device, sample=True)
                 after = tracker.live_bytes - start  # the pixels and latents, while the prompt encodes
                 del latents, pixels
-        peak = max(peak, tracker.peak_bytes - start, after + prompt)
+        peak = max(peak, tracker.peak_bytes - start, after + n * prompt)
     return peak
 
 
@@ -170,14 +203,14 @@ def clip_held_bytes(data: VideoData, geometry: VideoGeometry, channels: int, tex
 
 
 def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: int | None,
-                         device: torch.device, weights_dtype: torch.dtype, world_size: int = 1) -> Any:
+                         device: torch.device, weights_dtype: torch.dtype,
+                         world_size: int = 1) -> VideoPrediction:
     """The run's micro-batch cap per (size, frames) bucket (adaptive under a budget: the largest
     micro-batch whose traced step fits) and its predicted peak, per process.
 
     Raises:
         ConfigError: export_kohya (no ComfyUI Wan layout is written yet).
     """
-    from lora_gui.memory.predict.image_run import ImagePrediction
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.video import lora_targets
 
@@ -198,7 +231,7 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "lean_backward": cfg.resolved_lean_backward()}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
-    out = ImagePrediction(BatchCaps())
+    out = VideoPrediction(BatchCaps())
     embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
     held, caching = (0 if device.type == "cuda" else clip_held_bytes(
         data, geometry, int(config.get("in_channels", 16)), step["text_tokens"], step["text_width"],
@@ -221,12 +254,14 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     out.step = traced(worst, sizes[worst])
     train_peak = out.step.peak_bytes + resident + held
     modules = [*encoders] if denoiser_waits_for_cache(cache, device.type) else [model.unet, *encoders]
+    # the caching pass encodes one clip at a time; without a cache each step encodes its micro-batch
     encoding = module_bytes(modules) + caching + trace_clip_encode_peak(
-        model, [*data.buckets, *data.held_buckets], device)
+        model, [*data.buckets, *data.held_buckets], device, sizes if cache == "off" else None)
     if cache == "off":  # every step encodes beside the optimizer state
         encoding += out.step.breakdown.get("optimizer_state", 0)
     if device.type == "cuda":
         encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
     out.step.info["encoding_pass_bytes"] = encoding
-    out.peak_bytes, out.train_peak_bytes = max(train_peak, encoding), train_peak
+    out.peak_bytes = max(train_peak, encoding)
+    out.train_peak_bytes = out.peak_bytes if cache == "off" else train_peak  # steps encode too
     return out

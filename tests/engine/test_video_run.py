@@ -1,0 +1,43 @@
+"""A video run on the built-in tiny Wan pipeline: clips in two sizes and two frame buckets, the
+run's own prediction against the tracked peak, the adapter read by WanPipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from lora_gui.config import RunConfig, apply_overrides
+from lora_gui.engine import train
+from tests.data.test_videos import clip
+
+LOW, HIGH = -0.01, 0.03  # the prediction's band around the tracked peak
+
+
+@pytest.fixture(scope="module")
+def clips_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("clips")
+    shapes = [((48, 32), 5), ((48, 32), 9), ((32, 48), 9), ((32, 48), 6), ((48, 32), 9), ((32, 48), 12)]
+    for i, (size, frames) in enumerate(shapes):
+        direction = "left" if i % 2 else "right"
+        clip(folder / f"c{i}.mp4", frames, size=size, caption=f"a red square moving {direction}")
+    return folder
+
+
+def video_cfg(data, **extra) -> RunConfig:
+    return apply_overrides(RunConfig(), {
+        "task": "video", "model": "builtin:video", "data": str(data), "resolution": "48x32",
+        "video_frames": 9, "text_max_length": 8, "batch_size": 2, "max_steps": 4, "eval_fraction": 0.0,
+        "sample_images": 0, "measure_every_step": True, **extra})
+
+
+@pytest.mark.parametrize("cache", ["ram", "off"])
+def test_video_run_two_sizes_two_frame_buckets_predicted_within_band(clips_folder, tmp_path, cache):
+    summary = train(video_cfg(clips_folder, cache_latents=cache), tmp_path / "run", progress=False)
+    assert summary["status"] == "completed" and summary["task"] == "video"
+    assert set(summary["buckets"]) == {"48x32x5", "48x32x9", "32x48x9", "32x48x5"}
+    assert summary["final_loss"] > 0
+    report = summary["memory_report"]
+    assert report["predicted_source"] == "predicted"
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, report
+    train_error = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1
+    assert LOW <= train_error <= HIGH, (summary["prediction"], summary["train_peak_bytes"])
+    assert (tmp_path / "run" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
