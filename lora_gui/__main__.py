@@ -111,10 +111,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_host(pred.step, args)
     kernels, short = report.cuda_rows(cfg, pred, budget)
     if args.json:
-        print(json.dumps(report.plan_json(pred, kernels, short), indent=1, default=str))
+        out = report.plan_json(pred, kernels, short)
+        if cfg.task == "video":  # one plan, no bucket table: fits is the peak against the budget
+            out.setdefault("fits", pred.peak_bytes <= budget.bytes)
+        print(json.dumps(out, indent=1, default=str))
         return 0
     if cfg.task == "image":
         print("\n".join(report.image_plan_lines(cfg, pred, budget)))
+        return 0
+    if cfg.task == "video":
+        from lora_gui.memory.predict.video_run import video_plan_lines
+
+        print("\n".join(video_plan_lines(cfg, pred, budget)))
         return 0
     print("\n".join(report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short)),
           flush=True)  # on screen while the search below makes its plans

@@ -7,6 +7,7 @@ import pytest
 
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine import train
+from lora_gui.memory.predict import predict
 from tests.data.test_videos import clip
 
 LOW, HIGH = -0.01, 0.03  # the prediction's band around the tracked peak
@@ -41,3 +42,18 @@ def test_video_run_two_sizes_two_frame_buckets_predicted_within_band(clips_folde
     train_error = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1
     assert LOW <= train_error <= HIGH, (summary["prediction"], summary["train_peak_bytes"])
     assert (tmp_path / "run" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
+    if cache == "ram":  # `plan` before the run: the same function on the meta pipeline, the same bytes
+        planned = predict(video_cfg(clips_folder, cache_latents=cache), None, "cpu")
+        assert planned.peak_bytes == summary["prediction"]["peak_bytes"]
+        assert planned.train_peak_bytes == summary["prediction"]["train_peak_bytes"]
+
+
+@pytest.mark.slow  # two fake traces of a 30-block transformer: about 20 s
+def test_plan_for_a_bundled_wan_shape_answers_fits_and_checkpointing_lowers_it():
+    cfg = apply_overrides(RunConfig(), {"task": "video", "model": "wan2.1-t2v-1.3b", "resolution": "320x192",
+                                        "video_frames": 9, "batch_size": 1})
+    plain = predict(cfg, 24 * 10**9, "cuda")
+    checkpointed = predict(apply_overrides(cfg, {"gradient_checkpointing": True}), 24 * 10**9, "cuda")
+    assert plain.step.info["video_tokens"] == 3 * (192 // 16) * (320 // 16)
+    assert plain.step.breakdown["frozen_weights"] > 2.5e9  # 1.42B parameters in bf16
+    assert checkpointed.peak_bytes < plain.peak_bytes

@@ -265,3 +265,87 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     out.peak_bytes = max(train_peak, encoding)
     out.train_peak_bytes = out.peak_bytes if cache == "off" else train_peak  # steps encode too
     return out
+
+
+def bundled_video_config(name: str) -> dict[str, Any] | None:
+    """A bundled video transformer config (``presets/models/<name>.json`` with its ``_vae`` and
+    ``_text`` shapes), or None when ``name`` is not one."""
+    import json
+
+    from lora_gui.memory.predict.model_configs import PRESET_DIR
+
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    video = ("WanTransformer3DModel", "LTXVideoTransformer3DModel")
+    return config if config.get("_class_name") in video else None
+
+
+def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
+                     device: str) -> VideoPrediction:
+    """`plan` for a bundled video config (no pipeline, no data): one clip bucket, the run's
+    ``resolution`` (a side or WxH) and ``video_frames``, ``batch_size`` clips a step (under a
+    budget: the largest micro-batch that fits), latents and embeddings cached (the text encoder
+    resident beside the step without a cache). The caching pass is not planned here (the bundled
+    config has no VAE weights to trace); a run on the real pipeline plans it.
+
+    Raises:
+        ValueError: an LTX-Video config (its step is not traced yet); a clip off the model's grid.
+    """
+    from lora_gui.data.video_batches import clip_size
+    from lora_gui.models.adapters import adapter_spec
+    from lora_gui.models.precision import planned_weights_dtype
+    from lora_gui.models.video import lora_targets
+
+    patch = config.get("patch_size", (1, 2, 2))
+    vae, text = config["_vae"], config["_text"]
+    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
+        (int(config.get("patch_size_t", 1)), int(patch))
+    geometry = VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
+                             patch_s, patch_t)
+    bucket = (*clip_size(cfg), cfg.video_frames)
+    dtype = planned_weights_dtype(cfg.precision, device)
+    resident = 0 if cfg.resolved_cache_latents() != "off" else \
+        int(text["encoder_params"]) * torch.empty((), dtype=dtype).element_size()
+    step = {"geometry": geometry, "text_tokens": text_length_or(cfg, int(text["tokens"])),
+            "text_width": int(text["width"]), "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+            "target_modules": lora_targets(cfg.lora_targets),
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
+            "attention": cfg.resolved_attn_backend(),
+            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward()}
+    out = VideoPrediction(BatchCaps())
+    batch = cfg.batch_size
+    while True:
+        out.step = trace_video_step(config, batch_size=batch, bucket=bucket, **step)
+        if not budget or batch == 1 or out.step.peak_bytes + resident <= budget:
+            break
+        batch = max(1, batch // 2)
+    out.caps.caps = {clip_tokens(bucket): batch}
+    out.peak_bytes = out.train_peak_bytes = out.step.peak_bytes + resident
+    return out
+
+
+def text_length_or(cfg: RunConfig, default: int) -> int:
+    """The run's prompt length: ``text_max_length``, else the pipeline's default."""
+    return int(cfg.text_max_length) or default
+
+
+def video_plan_lines(cfg: RunConfig, pred: Any, budget: Any) -> list[str]:
+    """What `plan` prints for a video run (``pred``: a :class:`lora_gui.memory.predict.run.Prediction`)."""
+    mib = 2**20
+    step = pred.step
+    bucket = "x".join(str(v) for v in step.info.get("bucket", ()))
+    lines = [f"Predicted peak of the video run on {pred.device} (source: predicted, {cfg.model}, largest "
+             f"micro-batch {step.info.get('batch_size')} clip(s) of {bucket} px x frames, "
+             f"{step.info.get('video_tokens', 0):,} video tokens): {pred.peak_bytes / mib:,.0f} MiB"]
+    if step.info.get("encoding_pass_bytes"):
+        encoding = step.info["encoding_pass_bytes"]
+        lines.append(f"  training steps alone: {pred.train_peak_bytes / mib:,.0f} MiB; the caching pass "
+                     f"(VAE and text encoder on the device): {encoding / mib:,.0f} MiB")
+    lines.append("  breakdown at the peak: " + ", ".join(
+        f"{k} {v / mib:,.0f} MiB" for k, v in step.breakdown.items() if v))
+    verdict = "fits" if pred.peak_bytes <= budget.bytes else "does not fit"
+    lines.append(f"\nBudget {budget.label()}: {verdict}")
+    lines += [f"  {name:>14}  micro-batch {batch}" for name, batch in pred.bucket_batches]
+    return lines
