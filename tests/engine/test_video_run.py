@@ -3,11 +3,16 @@ run's own prediction against the tracked peak, the adapter read by WanPipeline."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from diffusers import WanPipeline
 
 from lora_gui.config import RunConfig, apply_overrides
+from lora_gui.data import videos
 from lora_gui.engine import train
 from lora_gui.memory.predict import predict
+from lora_gui.models.diffusion import resolve_pipeline_source
 from tests.data.test_videos import clip
 
 LOW, HIGH = -0.01, 0.03  # the prediction's band around the tracked peak
@@ -30,9 +35,12 @@ def video_cfg(data, **extra) -> RunConfig:
         "sample_images": 0, "measure_every_step": True, **extra})
 
 
-@pytest.mark.parametrize("cache", ["ram", "off"])
-def test_video_run_two_sizes_two_frame_buckets_predicted_within_band(clips_folder, tmp_path, cache):
-    summary = train(video_cfg(clips_folder, cache_latents=cache), tmp_path / "run", progress=False)
+@pytest.mark.parametrize("cache, checkpointing", [("ram", False), ("off", False), ("ram", True)])
+def test_video_run_two_sizes_two_frame_buckets_predicted_within_band(clips_folder, tmp_path, cache,
+                                                                     checkpointing):
+    samples = {"sample_images": 1, "sample_steps": 1} if not checkpointing and cache == "ram" else {}
+    cfg = video_cfg(clips_folder, cache_latents=cache, gradient_checkpointing=checkpointing, **samples)
+    summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["task"] == "video"
     assert set(summary["buckets"]) == {"48x32x5", "48x32x9", "32x48x9", "32x48x5"}
     assert summary["final_loss"] > 0
@@ -42,10 +50,15 @@ def test_video_run_two_sizes_two_frame_buckets_predicted_within_band(clips_folde
     train_error = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1
     assert LOW <= train_error <= HIGH, (summary["prediction"], summary["train_peak_bytes"])
     assert (tmp_path / "run" / "adapter" / "pytorch_lora_weights.safetensors").is_file()
-    if cache == "ram":  # `plan` before the run: the same function on the meta pipeline, the same bytes
-        planned = predict(video_cfg(clips_folder, cache_latents=cache), None, "cpu")
+    if samples:  # `plan` before the run: the same function on the meta pipeline, the same bytes
+        planned = predict(cfg, None, "cpu")
         assert planned.peak_bytes == summary["prediction"]["peak_bytes"]
         assert planned.train_peak_bytes == summary["prediction"]["train_peak_bytes"]
+        [sample] = summary["samples"]  # an mp4 of the run's size and longest frame bucket
+        assert videos.probe_clip(Path(sample)) == ((48, 32), 9)
+        pipe = WanPipeline.from_pretrained(resolve_pipeline_source("builtin:video"))
+        pipe.load_lora_weights(str(tmp_path / "run" / "adapter"))  # diffusers reads the adapter
+        assert sum("lora" in name for name, _ in pipe.transformer.named_parameters()) == 2 * 2 * 4 * 2
 
 
 @pytest.mark.slow  # two fake traces of a 30-block transformer: about 20 s
