@@ -219,8 +219,9 @@ class RunConfig(PreferenceSettings):
                                "LTX-Video); a shorter clip trains on the longest bucket it fills.",
                                "video", low=1, high=1025, tasks=("video",))
     clip_frames: str = option("first", "Video: which frames of a longer clip train: its first ones, "
-                              "or frames spread evenly over it.", "video", choices=("first", "spaced"),
-                              tasks=("video",))
+                              "frames spread evenly over it, or every window of consecutive frames "
+                              "(a long clip trains as several clips).", "video",
+                              choices=("first", "spaced", "windows"), tasks=("video",))
     # -- quantized base and 8-bit optimizer states (bitsandbytes) ------------------------------
     quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
                                "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "

@@ -88,7 +88,8 @@ def load_video_data(cfg: RunConfig, geometry: VideoGeometry) -> VideoData:
     train = [items[i] for i in sorted(order[n_eval:])]
     sizes = (videos.size_buckets(target, geometry.grid, cfg.bucket_max_ratio)
              if cfg.resolved_aspect_buckets() else [target])
-    train, buckets = videos.assign_clip_buckets(train, sizes, cfg.video_frames, geometry.temporal)
+    train, buckets = videos.assign_clip_buckets(train, sizes, cfg.video_frames, geometry.temporal,
+                                                cfg.clip_frames)
     held_buckets = [(*target, videos.frame_bucket(i.frames, cfg.video_frames, geometry.temporal))
                     for i in held]  # evaluated at the run's own size, as image runs do
     return VideoData(train, buckets, held, held_buckets, geometry)

@@ -24,10 +24,14 @@ Buckets:
   squared, or W x H) and as close as the grid allows, long/short side at most
   ``bucket_max_ratio``; each clip goes to the nearest aspect ratio and is resized to cover it and
   centre-cropped (the image code's resize).
+- windows (``clip_frames: windows``): a clip that holds several buckets' worth of frames trains
+  as that many clips, one a window of consecutive frames (frames 0-16, 17-33... of a 40-frame
+  clip at 17 frames), so a long clip is not cut to its start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,7 +47,7 @@ from lora_gui.errors import UserError
 
 log = logging.getLogger(__name__)
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".gif")
-FRAME_CHOICES = ("first", "spaced")  # how a clip is cut to its frame bucket
+FRAME_CHOICES = ("first", "spaced", "windows")  # how a clip is cut to its frame bucket
 
 
 class VideoDataError(UserError, ValueError):
@@ -53,12 +57,13 @@ class VideoDataError(UserError, ValueError):
 @dataclass(frozen=True)
 class ClipItem:
     """One training clip: its file, caption, frame size (width, height) px and frame count
-    (1 for a still image)."""
+    (1 for a still image); ``start``: the first frame it trains on (a window of a longer clip)."""
 
     path: Path
     caption: str
     size: tuple[int, int]
     frames: int
+    start: int = 0
 
     @property
     def still(self) -> bool:
@@ -157,9 +162,11 @@ def probe_clip(path: Path) -> tuple[tuple[int, int], int]:
     return size, frames
 
 
-def frame_indices(total: int, wanted: int, how: str = "first") -> list[int]:
-    """Which of ``total`` frames a clip cut to ``wanted`` keeps: the first ones, or spread evenly
-    from the first to the last."""
+def frame_indices(total: int, wanted: int, how: str = "first", start: int = 0) -> list[int]:
+    """Which of ``total`` frames a clip cut to ``wanted`` keeps: the first ones (from ``start``,
+    a window's first frame), or spread evenly from the first to the last."""
+    if how == "windows":
+        return list(range(start, min(start + wanted, total)))
     if wanted >= total or how == "first":
         return list(range(min(wanted, total)))
     if wanted == 1:
@@ -188,7 +195,7 @@ def load_clip(item: ClipItem, bucket: Bucket, how: str = "first") -> torch.Tenso
     """The clip cut to ``bucket`` (width, height, frames): (3, frames, H, W) in [-1, 1], the
     video VAE's input."""
     w, h, n = bucket
-    frames = read_frames(item.path, frame_indices(item.frames, n, how))
+    frames = read_frames(item.path, frame_indices(item.frames, n, how, item.start))
     return torch.stack([image_data.to_tensor(image_data.resize_crop(f, (w, h))[0]) for f in frames], dim=1)
 
 
@@ -263,9 +270,10 @@ def load_clips(source: str | Path, min_frames: int = 1) -> list[ClipItem]:
 
 
 def assign_clip_buckets(items: list[ClipItem], sizes: list[tuple[int, int]], longest: int,
-                        temporal: int) -> tuple[list[ClipItem], list[Bucket]]:
-    """Each clip with its (width, height, frames) bucket; a clip whose size bucket needs more
-    than ``MAX_UPSCALE`` x upscaling is skipped with a warning naming it.
+                        temporal: int, how: str = "first") -> tuple[list[ClipItem], list[Bucket]]:
+    """Each clip with its (width, height, frames) bucket (``how="windows"``: each window of a
+    long clip, see the module docstring); a clip whose size bucket needs more than
+    ``MAX_UPSCALE`` x upscaling is skipped with a warning naming it.
 
     Raises:
         VideoDataError: when no clip is left.
@@ -278,8 +286,11 @@ def assign_clip_buckets(items: list[ClipItem], sizes: list[tuple[int, int]], lon
             log.warning("skipping %s: %dx%d px would be upscaled more than %gx", item.path, *item.size,
                         image_data.MAX_UPSCALE)
             continue
-        kept.append(item)
-        chosen.append((*size, frame_bucket(item.frames, longest, temporal)))
+        frames = frame_bucket(item.frames, longest, temporal)
+        windows = item.frames // frames if how == "windows" else 1
+        for k in range(windows):
+            kept.append(dataclasses.replace(item, start=k * frames))
+            chosen.append((*size, frames))
     if not kept:
         raise VideoDataError("data: no clip is large enough for the chosen resolution; lower it")
     return kept, chosen

@@ -114,3 +114,20 @@ def test_run_data_with_two_frame_buckets_and_resolution_as_wxh(tmp_path):
     steps = video_epoch_plan(cfg, data.buckets, 0)
     assert sorted(len(s.indices) for s in steps) == [1, 1, 2]
     assert all(len({data.buckets[i] for i in s.indices}) == 1 for s in steps)
+
+
+def test_windows_make_a_long_clip_several_clips(tmp_path):
+    clip(tmp_path / "long.mp4", 20, size=(64, 32))
+    clip(tmp_path / "short.mp4", 6, size=(64, 32))
+    base = {"task": "video", "data": str(tmp_path), "resolution": "64x32", "video_frames": 9,
+            "eval_fraction": 0.0}
+    first = load_video_data(apply_overrides(RunConfig(), base), VideoGeometry())
+    windows = load_video_data(apply_overrides(RunConfig(), {**base, "clip_frames": "windows"}),
+                              VideoGeometry())
+    assert [(i.path.name, i.start) for i in first.train] == [("long.mp4", 0), ("short.mp4", 0)]
+    assert [(i.path.name, i.start) for i in windows.train] == [("long.mp4", 0), ("long.mp4", 9),
+                                                               ("short.mp4", 0)]
+    assert windows.buckets == [(64, 32, 9), (64, 32, 9), (64, 32, 5)]
+    second = videos.load_clip(windows.train[1], windows.buckets[1], "windows")
+    direct = videos.load_clip(videos.ClipItem(windows.train[1].path, "", (64, 32), 20), (64, 32, 18))
+    assert np.allclose(second.numpy(), direct[:, 9:].numpy())  # frames 9-17 of the clip
