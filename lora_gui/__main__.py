@@ -177,6 +177,12 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
             return 0
+        if cfg.task == "video":
+            result = longest(cfg, budget, args.device)
+            print(json.dumps(result, indent=1) if args.json else
+                  f"Video run, budget {plan_budget.label()}, {args.device}: {result['note']} "
+                  f"({result['peak_bytes_at_longest'] / 2**30:,.2f} GiB, {result['source']})")
+            return 0
         from lora_gui.memory.predict.longest_text import describe
 
         host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()

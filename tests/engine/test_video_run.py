@@ -70,3 +70,18 @@ def test_plan_for_a_bundled_wan_shape_answers_fits_and_checkpointing_lowers_it()
     assert plain.step.info["video_tokens"] == 3 * (192 // 16) * (320 // 16)
     assert plain.step.breakdown["frozen_weights"] > 2.5e9  # 1.42B parameters in bf16
     assert checkpointed.peak_bytes < plain.peak_bytes
+
+
+def test_longest_clip_that_fits_is_the_last_frame_count_under_the_budget():
+    from lora_gui.memory.predict.run import longest
+    from lora_gui.memory.predict.video_run import plan_video_shape, shape_config
+
+    cfg = apply_overrides(RunConfig(), {"task": "video", "model": "builtin:video", "resolution": "32x32",
+                                        "text_max_length": 8, "batch_size": 1})
+    config = shape_config(cfg)
+    peak = {f: plan_video_shape(apply_overrides(cfg, {"video_frames": f}), config, None, "cpu").peak_bytes
+            for f in (9, 13)}
+    assert peak[9] < peak[13]
+    result = longest(cfg, (peak[9] + peak[13]) // 2, "cpu")
+    assert result["frames"] == 9 and result["peak_bytes_at_longest"] == peak[9]
+    assert longest(cfg, 1000, "cpu")["frames"] == 0  # not even one frame

@@ -349,3 +349,64 @@ def video_plan_lines(cfg: RunConfig, pred: Any, budget: Any) -> list[str]:
     lines.append(f"\nBudget {budget.label()}: {verdict}")
     lines += [f"  {name:>14}  micro-batch {batch}" for name, batch in pred.bucket_batches]
     return lines
+
+
+def shape_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run's transformer config with its ``_vae`` and ``_text`` shapes: a bundled one, or
+    read from the pipeline built on the meta device (no weights read)."""
+    config = bundled_video_config(cfg.model)
+    if config is not None:
+        return config
+    from lora_gui.models.diffusion import image_model_for_run
+
+    model = image_model_for_run(cfg, torch.bfloat16, weights=False)
+    if model.kind != "wan":
+        raise ValueError(f"{cfg.model} is not a video pipeline")
+    geometry: VideoGeometry = model.info["geometry"]
+    encoder = sum(p.numel() for m in model.text_encoders for p in m.parameters())
+    return {**dict(model.unet.config), "_class_name": "WanTransformer3DModel",
+            "_vae": {"scale_factor_temporal": geometry.temporal, "scale_factor_spatial": geometry.spatial},
+            "_text": {"tokens": int(model.info["text_tokens"]), "width": int(model.info["text_width"]),
+                      "encoder_params": encoder}}
+
+
+def longest_video(cfg: RunConfig, budget: int, device: str, most_frames: int = 1025) -> dict[str, Any]:
+    """The longest clip (frames, ``4k+1`` for Wan) at the run's size that fits ``budget`` at
+    batch 1 with the run's switches (source: predicted; one traced step a probe: doubling, then
+    halving the interval, about 2 log2(k) probes).
+
+    Raises:
+        ValueError: a model the video plan cannot trace.
+    """
+    import dataclasses
+
+    from lora_gui.data.video_batches import clip_size
+
+    config = shape_config(cfg)
+    temporal = int(config["_vae"]["scale_factor_temporal"])
+    peaks: dict[int, int] = {}
+
+    def peak(k: int) -> int:
+        if k not in peaks:
+            one = dataclasses.replace(cfg, video_frames=k * temporal + 1, batch_size=1)
+            peaks[k] = plan_video_shape(one, config, None, device).peak_bytes
+        return peaks[k]
+
+    width, height = clip_size(cfg)
+    out = {"size": f"{width}x{height}", "source": "predicted", "budget_bytes": budget}
+    if peak(0) > budget:
+        return {**out, "frames": 0, "peak_bytes_at_longest": peaks[0],
+                "note": f"not even one frame fits: {peaks[0] / 2**30:,.2f} GiB at 1 frame"}
+    low, high = 0, 1
+    top = (most_frames - 1) // temporal
+    while high <= top and peak(high) <= budget:  # double until a length does not fit
+        low, high = high, high * 2
+    high = min(high, top + 1)
+    while high - low > 1:  # peak(low) fits, peak(high) does not (or is past the top)
+        mid = (low + high) // 2
+        low, high = (mid, high) if peak(mid) <= budget else (low, mid)
+    frames = low * temporal + 1
+    switches = "gradient checkpointing" if cfg.gradient_checkpointing else "no gradient checkpointing"
+    return {**out, "frames": frames, "peak_bytes_at_longest": peaks[low],
+            "note": f"longest clip at {width}x{height}: {frames} frames ({switches}, latents cached, "
+                    "batch 1)"}
