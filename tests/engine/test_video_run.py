@@ -85,3 +85,17 @@ def test_longest_clip_that_fits_is_the_last_frame_count_under_the_budget():
     result = longest(cfg, (peak[9] + peak[13]) // 2, "cpu")
     assert result["frames"] == 9 and result["peak_bytes_at_longest"] == peak[9]
     assert longest(cfg, 1000, "cpu")["frames"] == 0  # not even one frame
+
+
+def test_a_wan_pipeline_of_a_shape_no_preset_has_is_predicted_within_band(clips_folder, tmp_path):
+    from lora_gui.models.build_video import build_pipeline
+
+    pipe = build_pipeline(seed=3, clips=None, num_layers=3, num_attention_heads=3, attention_head_dim=24,
+                          ffn_dim=96)
+    pipe.save_pretrained(tmp_path / "wan")
+    cfg = video_cfg(clips_folder, model=str(tmp_path / "wan"), max_steps=3, lora_rank=8)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed"
+    assert LOW <= summary["memory_report"]["predicted_vs_measured"] <= HIGH, summary["memory_report"]
+    train_error = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1
+    assert LOW <= train_error <= HIGH, (summary["prediction"], summary["train_peak_bytes"])
