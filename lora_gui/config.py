@@ -396,7 +396,7 @@ class RunConfig(PreferenceSettings):
         hints = typing.get_type_hints(RunConfig)
         for f in dataclasses.fields(self):
             _check_value(f, hints[f.name], getattr(self, f.name))
-        if self.resolution % IMAGE_GRID:
+        if self.resolution % IMAGE_GRID and self.task != "video":  # clips: the model's grid (data)
             raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
                               f"(64-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
@@ -562,6 +562,8 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], where: str = "") 
             raise ConfigError(unknown_key_message(key, where))
         if key == "resolution" and isinstance(value, str) and "x" in value.lower():
             values["video_size"], value = value.lower(), video_side(value)  # WxH: a video clip size
+        elif key == "resolution" and "video_size" not in overrides:
+            values["video_size"] = ""  # a side replaces an earlier WxH
         if hints[key] in (int, float) and isinstance(value, str):
             value = parse_value(key, value)  # YAML 1.1 reads 3e-4 as text
         if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):

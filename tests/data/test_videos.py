@@ -131,3 +131,10 @@ def test_windows_make_a_long_clip_several_clips(tmp_path):
     second = videos.load_clip(windows.train[1], windows.buckets[1], "windows")
     direct = videos.load_clip(videos.ClipItem(windows.train[1].path, "", (64, 32), 20), (64, 32, 18))
     assert np.allclose(second.numpy(), direct[:, 9:].numpy())  # frames 9-17 of the clip
+
+
+def test_resolution_as_a_side_replaces_an_earlier_wxh():
+    cfg = apply_overrides(RunConfig(), {"task": "video", "resolution": "832x480"})
+    assert (cfg.video_size, cfg.resolution) == ("832x480", 640)
+    side = apply_overrides(cfg, {"resolution": 480})
+    assert side.video_size == "" and side.resolution == 480  # a video side need not be a multiple of 64
