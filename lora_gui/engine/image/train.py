@@ -13,6 +13,10 @@ loss divided by the step's global image count, so N processes train what one pro
 the same global batch (see :mod:`lora_gui.engine.image.ranks`); the main process alone writes the
 run folder and makes the samples. Resolution is sequence length here: a bucket of W x H px is
 (W/8) x (H/8) latent tokens, the key the planner's caps and the guard use.
+
+A video run (``task: video``) is this loop on clips: its data, encoding, bucket keys and samples
+come from :mod:`lora_gui.engine.image.clips`, its step is the same flow-matching loss on video
+latents, its plan :mod:`lora_gui.memory.predict.video_run`.
 """
 
 from __future__ import annotations
