@@ -124,12 +124,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_host(pred.step, args)
     kernels, short = report.cuda_rows(cfg, pred, budget)
     if args.json:
-        out = report.plan_json(pred, kernels, short, budget)
+        out = report.plan_json(pred, kernels, short, budget)  # video: one plan, fits against the budget
         out.update(settings=question.settings(), budget_rule=question.rule)
         print(json.dumps(out, indent=1, default=str))
         return 0
     if cfg.task == "image":
         print("\n".join([*report.image_plan_lines(cfg, pred, budget), question.rule]))
+        return 0
+    if cfg.task == "video":
+        from lora_gui.memory.predict.video_run import video_plan_lines
+
+        print("\n".join([*video_plan_lines(cfg, pred, budget), question.rule]))
         return 0
     print("\n".join([*report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short),
                      question.rule]), flush=True)  # on screen while the search below makes its plans
@@ -183,6 +188,12 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
                 print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
                       f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
+            return 0
+        if cfg.task == "video":
+            result = longest(cfg, budget, args.device)
+            print(json.dumps(result, indent=1) if args.json else
+                  f"Video run, budget {plan_budget.label()}, {args.device}: {result['note']} "
+                  f"({result['peak_bytes_at_longest'] / 2**30:,.2f} GiB, {result['source']})")
             return 0
         from lora_gui.memory.predict.longest_text import describe
 

@@ -33,6 +33,7 @@ BUILTIN_DATA = {"builtin": ASSETS / "corpus" / "finetune.txt",
                 "builtin:pairs": ASSETS / "pairs" / "demo.jsonl",  # lora_gui.data.build_pairs_demo
                 "builtin:stars": ASSETS / "drawing-stars"}  # image folder (lora_gui.data.drawings)
 BUILTIN_IMAGES = ASSETS / "images"  # data=builtin when task=image (lora_gui.data.build_images)
+BUILTIN_CLIPS = ASSETS / "video-clips"  # data=builtin when task=video (lora_gui.data.build_clips)
 IMAGE_GRID = 64  # image sides are multiples of 64 px
 MIN_SEQ_LEN = 16  # shorter rows leave no room for a useful document
 AUTO_LOSS_CHUNK = 1024  # loss_chunk=-1 in optimized mode: 1024 x vocab x 12 bytes of logits at most
@@ -53,8 +54,9 @@ class RunConfig(PreferenceSettings):
     """All settings of a training run (text now; image settings join with the image engine)."""
 
     # -- task and model ----------------------------------------------------------------------
-    task: str = option("text", "What to train: a causal language model (text) or a diffusion "
-                       "model's UNet (image).", "task", choices=("text", "image"))
+    task: str = option("text", "What to train: a causal language model (text), a diffusion "
+                       "model's UNet (image) or a text-to-video transformer (video: Wan, LTX-Video).",
+                       "task", choices=("text", "image", "video"))
     model: str = option("builtin", "Base model: 'builtin' (text: bundled 4M-parameter Llama; image: "
                         "bundled small SD-style pipeline), 'builtin:drawing' (image: bundled SD3-style "
                         "pipeline that draws shapes at 64 px), a Hugging Face id (needs network) or a "
@@ -210,6 +212,16 @@ class RunConfig(PreferenceSettings):
                                 "the end (samples/*.png; 0 = none).", "image", low=0, high=16)
     sample_steps: int = option(8, "Image: denoising steps per sample picture.", "image",
                                low=1, high=200)
+    # -- video runs (task=video: lora_gui.data.videos, lora_gui.models.video) -------------------
+    video_size: str = option("", "Video: clip size as WxH (e.g. 832x480); set it by giving resolution "
+                             "as WxH. Empty: resolution x resolution.", "video", tasks=("video",))
+    video_frames: int = option(17, "Video: the longest frame bucket (4k+1 frames for Wan, 8k+1 for "
+                               "LTX-Video); a shorter clip trains on the longest bucket it fills.",
+                               "video", low=1, high=1025, tasks=("video",))
+    clip_frames: str = option("first", "Video: which frames of a longer clip train: its first ones, "
+                              "frames spread evenly over it, or every window of consecutive frames "
+                              "(a long clip trains as several clips).", "video",
+                              choices=("first", "spaced", "windows"), tasks=("video",))
     # -- quantized base and 8-bit optimizer states (bitsandbytes) ------------------------------
     quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
                                "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "
@@ -341,7 +353,7 @@ class RunConfig(PreferenceSettings):
         """
         if self.optimizer != "auto":
             return self.optimizer
-        if self.task == "image" and self.mode == "optimized" and device_type == "cuda" \
+        if self.task in ("image", "video") and self.mode == "optimized" and device_type == "cuda" \
                 and bitsandbytes_present():
             return "adamw8bit"
         return "adamw"
@@ -372,6 +384,8 @@ class RunConfig(PreferenceSettings):
         """The data file (or image folder): a bundled name resolved to its path, or the given path."""
         if self.task == "image" and self.data == "builtin":
             return BUILTIN_IMAGES
+        if self.task == "video" and self.data == "builtin":
+            return BUILTIN_CLIPS
         return BUILTIN_DATA.get(self.data, Path(self.data))
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,15 +396,15 @@ class RunConfig(PreferenceSettings):
         hints = typing.get_type_hints(RunConfig)
         for f in dataclasses.fields(self):
             _check_value(f, hints[f.name], getattr(self, f.name))
-        if self.resolution % IMAGE_GRID:
+        if self.resolution % IMAGE_GRID and self.task != "video":  # clips: the model's grid (data)
             raise ConfigError(f"resolution: {self.resolution} is not a multiple of {IMAGE_GRID} "
                               f"(64-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
         self.trackers()
-        if self.task == "image" and self.quantization != "none":
+        if self.task in ("image", "video") and self.quantization != "none":
             raise ConfigError(f"quantization: {self.quantization!r} is for text runs; image runs "
                               "use quantization: none")
-        if self.task == "image" and self.attention == "windowed":
+        if self.task in ("image", "video") and self.attention == "windowed":
             raise ConfigError("attention: windowed is for text runs; image runs use attn_backend")
         if self.attention == "windowed":
             for key in ("window", "global_tokens"):
@@ -400,7 +414,7 @@ class RunConfig(PreferenceSettings):
         self._check_adapter()
         if problem := self.preference_problem():
             raise ConfigError(problem)
-        if self.checkpoint_layers and self.task == "image":
+        if self.checkpoint_layers and self.task in ("image", "video"):
             raise ConfigError("checkpoint_layers: applies to text runs (a decoder's layers); image runs "
                               "checkpoint every block, leave it at 0")
         if self.checkpoint_layers and not self.gradient_checkpointing:
@@ -433,7 +447,7 @@ class RunConfig(PreferenceSettings):
 
     def _check_adapter(self) -> None:
         """Refuses adapter settings that peft or bitsandbytes cannot run, naming what works."""
-        if self.task == "image":
+        if self.task in ("image", "video"):
             self._check_image_adapter()
         if self.adapter not in ("lora", "dora"):
             lora_only = {"rslora": self.rslora, "lora_fa": self.lora_fa,
@@ -546,6 +560,10 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], where: str = "") 
     for key, value in overrides.items():
         if key not in values:
             raise ConfigError(unknown_key_message(key, where))
+        if key == "resolution" and isinstance(value, str) and "x" in value.lower():
+            values["video_size"], value = value.lower(), video_side(value)  # WxH: a video clip size
+        elif key == "resolution" and "video_size" not in overrides:
+            values["video_size"] = ""  # a side replaces an earlier WxH
         if hints[key] in (int, float) and isinstance(value, str):
             value = parse_value(key, value)  # YAML 1.1 reads 3e-4 as text
         if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):
@@ -557,6 +575,16 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], where: str = "") 
         return RunConfig(**values).validate()
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}" if where else str(err)) from None
+
+
+def video_side(size: str) -> int:
+    """The square side (px, a multiple of 64) nearest the area of a ``WxH`` clip size: what
+    ``resolution`` holds when it is given as WxH (the clip size itself goes to ``video_size``)."""
+    try:
+        w, h = (int(v) for v in size.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"resolution: {size!r} is not a side (512) or WxH (832x480)") from None
+    return max(IMAGE_GRID, round((w * h) ** 0.5 / IMAGE_GRID) * IMAGE_GRID)
 
 
 def parse_set_args(pairs: list[str]) -> dict[str, Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lora_gui.config import RunConfig
 from lora_gui.data import images as image_data
@@ -63,9 +65,13 @@ def table_batch(cfg: RunConfig, bucket: Bucket) -> int:
     return table[covering[0]] if covering else 1
 
 
-def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
+def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int,
+               key: Callable[[Any], int] | None = None) -> list[Step]:
     """Steps of ``batch_size`` same-bucket images (the last of a bucket may be smaller), in a
-    seeded order; one micro-batch each (the caps of the guard cut them when adaptive)."""
+    seeded order; one micro-batch each (the caps of the guard cut them when adaptive).
+    ``key``: a bucket's size key, which the caps are read by (default: :func:`latent_tokens`;
+    a video run's clips: :func:`lora_gui.data.video_batches.clip_tokens`)."""
+    key = key or latent_tokens
     groups: dict[Bucket, list[int]] = defaultdict(list)
     for i, b in enumerate(buckets):
         groups[b].append(i)
@@ -76,7 +82,7 @@ def epoch_plan(cfg: RunConfig, buckets: list[Bucket], epoch: int) -> list[Step]:
         rng.shuffle(idx)
         for start in range(0, len(idx), cfg.batch_size):
             chunk = tuple(idx[start : start + cfg.batch_size])
-            steps.append(Step((MicroBatch(chunk, latent_tokens(bucket)),)))
+            steps.append(Step((MicroBatch(chunk, key(bucket)),)))
     rng.shuffle(steps)
     return steps
 

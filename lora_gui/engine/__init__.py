@@ -25,7 +25,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: b
         control: stop request and listeners (the dashboard's job and compare rows use it).
         progress: show a progress bar.
     """
-    if cfg.task == "image":
+    if cfg.task in ("image", "video"):  # a video run is the image run on clips
         from lora_gui.engine.image.train import train_image as train_task
     else:
         from lora_gui.engine.text.train import train_text as train_task
@@ -35,8 +35,8 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: b
 def check_inputs(cfg: RunConfig) -> None:
     """Reads the run's data (and for text its model's limits) as the run would, raising the
     user error that names a bad file or value; nothing is written."""
-    if cfg.task == "image":
-        from lora_gui.engine.image.train import load_image_data as check
+    if cfg.task in ("image", "video"):
+        from lora_gui.engine.image.clips import load_run_data as check
     else:
         from lora_gui.engine.text.train import check_text_inputs as check
     check(cfg)

@@ -21,15 +21,16 @@ import torch
 from peft import get_peft_model_state_dict
 
 from lora_gui.config import ASSETS, RunConfig
-from lora_gui.models import dit
+from lora_gui.models import dit, video
 from lora_gui.models.text import ModelError, check_hub_id
 
 log = logging.getLogger(__name__)
 BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
 BUILTIN_DRAWING_DIR = ASSETS / "drawing-model"  # model=builtin:drawing (lora_gui.models.build_drawing)
+BUILTIN_VIDEO_DIR = ASSETS / "video-model"  # model=builtin:video (lora_gui.models.build_video)
 # pipeline class -> kind; other architectures (Kandinsky, PixArt...) are refused by name
 SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
-                       **dit.DIT_PIPELINES}
+                       **dit.DIT_PIPELINES, **video.VIDEO_PIPELINES}
 PIPELINE_CLASSES = {kind: name for name, kind in SUPPORTED_PIPELINES.items()}
 UNET_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # diffusers' train_text_to_image_lora
 ADAPTER_FILE = "pytorch_lora_weights.safetensors"
@@ -82,6 +83,7 @@ def pipeline_kind(source: str) -> str:
     """'sd', 'sdxl', 'sd3' or 'flux' from model_index.json; any other architecture raises
     :class:`ModelError` listing the supported pipeline classes."""
     name = _model_index(source).get("_class_name", "?")
+    video.refuse_planned_only(name, source)
     if name not in SUPPORTED_PIPELINES:
         raise ModelError(f"model: {source} is a {name}; supported are "
                          f"{', '.join(SUPPORTED_PIPELINES)}")
@@ -104,6 +106,11 @@ def resolve_pipeline_source(name: str) -> str:
             raise ModelError(f"model: the built-in drawing model is missing in {BUILTIN_DRAWING_DIR}; "
                              "build it with `python -m lora_gui.models.build_drawing`")
         return str(BUILTIN_DRAWING_DIR)
+    if name == "builtin:video":
+        if not (BUILTIN_VIDEO_DIR / "model_index.json").is_file():
+            raise ModelError(f"model: the built-in video model is missing in {BUILTIN_VIDEO_DIR}; "
+                             "build it with `python -m lora_gui.models.build_video`")
+        return str(BUILTIN_VIDEO_DIR)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "model_index.json").is_file():
@@ -187,6 +194,11 @@ def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None,
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     kind = pipeline_kind(source)
+    if video.is_video_kind(kind):  # Wan: the same parts, a video VAE and one text encoder
+        pipe = None if weights else meta_pipeline(source, weights_dtype)
+        parts = video.load_video_parts(source, weights_dtype, cfg or RunConfig(), pipe)
+        return ImageModel(kind, source, parts["transformer"], parts["vae"], parts["text_encoders"],
+                          parts["tokenizers"], parts["objective"], parts["info"], parts["pipe"])
     if dit.is_dit_kind(kind):
         pipe = None if weights else meta_pipeline(source, weights_dtype)
         parts = dit.load_dit_parts(source, PIPELINE_CLASSES[kind], weights_dtype, cfg or RunConfig(), pipe)
@@ -236,6 +248,12 @@ def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:
     per image in fp32); sdpa: AttnProcessor2_0 (torch SDPA, flash/memory-efficient kernels)."""
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
+    if video.is_video_module(unet):
+        if image_window:
+            raise ModelError("image_window: windowed attention over image tokens is for SD3 / Flux; "
+                             "set it to 0 for a video model")
+        video.set_video_attention(unet, backend)
+        return
     if dit.is_dit_module(unet):
         dit.set_dit_attention(unet, backend, image_window)
         return
@@ -253,6 +271,8 @@ def lora_targets(cfg: RunConfig, kind: str = "sd") -> list[str]:
     targets of diffusers' SD3 / Flux LoRA scripts."""
     if dit.is_dit_kind(kind):
         return dit.lora_targets(kind, cfg.lora_targets)
+    if video.is_video_kind(kind):
+        return video.lora_targets(cfg.lora_targets)
     if cfg.lora_targets == "all-linear":
         return list(UNET_LORA_TARGETS)
     return [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
@@ -267,7 +287,8 @@ def attach_unet_lora(unet, cfg: RunConfig) -> None:
 
     from lora_gui.models.adapters import adapter_spec, peft_config
 
-    kind = {v: k for k, v in dit.DIT_TRANSFORMERS.items()}.get(type(unet).__name__, "sd")
+    kind = {v: k for k, v in {**dit.DIT_TRANSFORMERS, **video.VIDEO_TRANSFORMERS}.items()}.get(
+        type(unet).__name__, "sd")
     spec = adapter_spec(cfg)
     if spec.kind in ("lora", "dora"):
         spec = dataclasses.replace(spec, init="gaussian")
@@ -299,6 +320,8 @@ def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
     SD 1.x: last hidden state of the CLIP text encoder. SDXL: penultimate hidden states of both
     encoders concatenated, pooled output of the second (as StableDiffusionXLPipeline does).
     """
+    if video.is_video_kind(model.kind):
+        return video.encode_video_prompts(model.pipe, captions, device, model.info["text_length"])
     if dit.is_dit_kind(model.kind):
         return dit.encode_dit_prompts(model.pipe, model.kind, captions, device, model.info["text_length"])
     states, pooled = [], None
@@ -335,6 +358,16 @@ def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[
                   generator: torch.Generator | list[torch.Generator] | None = None) -> Encoded:
     """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
     this on fake tensors: :mod:`lora_gui.memory.predict.encode_trace`)."""
+    latents = encode_latents(model, pixels, device, sample=sample, generator=generator)
+    hidden, pooled = encode_prompts(model, captions, device)
+    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
+    return Encoded(latents, hidden, pooled, ids)
+
+
+def encode_latents(model: ImageModel, pixels: list[torch.Tensor], device: torch.device, *, sample: bool,
+                   generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
+    """The VAE's latents of loaded pixels of one bucket ((3, H, W) pictures or (3, F, H, W) clips),
+    sampled or the mean, shifted and scaled into the denoiser's space."""
     batch = torch.stack(pixels).to(device, model.vae.dtype)
     dist = model.vae.encode(batch).latent_dist
     if sample and isinstance(generator, list):
@@ -342,11 +375,11 @@ def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[
         latents = dist.mean + dist.std * draws.to(dist.mean.device, dist.mean.dtype)
     else:
         latents = dist.sample(generator) if sample else dist.mode()
-    # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
-    latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
-    hidden, pooled = encode_prompts(model, captions, device)
-    ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
-    return Encoded(latents, hidden, pooled, ids)
+    if video.is_video_kind(model.kind):  # (B, C, T, h, w): per-channel mean and std
+        latents = video.normalise_latents(model.vae, latents)
+    else:  # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
+        latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
+    return latents
 
 
 def sdxl_time_ids(original_hw: tuple[int, int], crop_tl: tuple[int, int],
@@ -376,7 +409,7 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     if not image_adapter.diffusers_loads(kind):
         image_adapter.save_peft_folder(tmp, model.unet, peft_sd)
         files[image_adapter.PEFT_FOLDER] = image_adapter.READERS[image_adapter.PEFT_FOLDER]
-    elif dit.is_dit_kind(model.kind):
+    elif dit.is_dit_kind(model.kind) or video.is_video_kind(model.kind):
         dit.save_dit_adapter(model.pipeline_class, tmp, model.unet)
     else:  # the adapter metadata carries lora_alpha: without it a loader assumes alpha = rank
         from lora_gui.models import text_encoder_lora
@@ -384,7 +417,7 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
         model.pipeline_class.save_lora_weights(
             tmp, unet_lora_layers=convert_state_dict_to_diffusers(peft_sd),
             unet_lora_adapter_metadata=config.to_dict(), **text_encoder_lora.save_kwargs(model))
-    is_dit = dit.is_dit_kind(model.kind)
+    is_dit = dit.is_dit_kind(model.kind) or video.is_video_kind(model.kind)
     if image_adapter.diffusers_loads(kind):
         files[ADAPTER_FILE] = (image_adapter.DIT_DIFFUSERS_READERS if is_dit
                                else image_adapter.READERS[ADAPTER_FILE])

@@ -163,12 +163,14 @@ class FlowMatching:
     def loss_at(self, transformer, enc, noise: torch.Tensor, sigmas: torch.Tensor, timesteps: torch.Tensor,
                 reduction: str = "mean") -> torch.Tensor:
         """The loss at given sigmas (B,) and model timesteps (B,) (the memory trace calls this)."""
-        from diffusers.training_utils import compute_loss_weighting_for_sd3
-
         x0 = enc.latents
-        sig = sigmas.view(-1, 1, 1, 1)
+        sig = sigmas.view(-1, *[1] * (x0.dim() - 1))  # (B, 1, 1, 1), or (B, 1, 1, 1, 1) for video
         noisy = (1.0 - sig) * x0 + sig * noise
         dtype = enc.hidden.dtype
+        if self.kind == "wan":  # video latents (B, C, T, h, w): Wan patchifies and ropes them itself
+            pred = transformer(hidden_states=noisy.to(dtype), timestep=timesteps,
+                               encoder_hidden_states=enc.hidden, return_dict=False)[0]
+            return self._weighted(pred, noise - x0, sig, x0.shape[0], reduction)
         with image_grid(*token_grid(transformer, self.kind, x0.shape[-2:])):  # for windowed attention
             if self.kind == "flux":
                 pred = self._flux_forward(transformer, noisy, timesteps, enc, dtype)
@@ -179,8 +181,15 @@ class FlowMatching:
         target = noise - x0
         if self.precondition_outputs:
             pred, target = pred.float() * (-sig) + noisy, x0
+        return self._weighted(pred, target, sig, x0.shape[0], reduction)
+
+    def _weighted(self, pred: torch.Tensor, target: torch.Tensor, sig: torch.Tensor, batch: int,
+                  reduction: str) -> torch.Tensor:
+        """The weighting scheme's MSE per picture or clip, summed or averaged over the batch."""
+        from diffusers.training_utils import compute_loss_weighting_for_sd3
+
         weighting = compute_loss_weighting_for_sd3(self.weighting_scheme, sig).float()
-        per_image = (weighting * (pred.float() - target.float()) ** 2).reshape(x0.shape[0], -1).mean(1)
+        per_image = (weighting * (pred.float() - target.float()) ** 2).reshape(batch, -1).mean(1)
         return per_image.sum() if reduction == "sum" else per_image.mean()
 
     def _flux_forward(self, transformer, noisy: torch.Tensor, timesteps: torch.Tensor, enc,

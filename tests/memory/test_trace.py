@@ -10,6 +10,7 @@ from lora_gui.memory.predict.model_configs import (
     bundled_models,
     is_dit_config,
     is_unet_config,
+    is_video_config,
     load_model_config,
 )
 from lora_gui.memory.predict.trace import CATEGORIES, CUDA_ALLOC_ROUNDING, trace_text_step, trace_unet_step
@@ -99,7 +100,7 @@ def test_bundled_configs_load_and_unknown_names_say_what_is_supported(tmp_path):
     assert wanted <= set(bundled_models())
     for name in bundled_models():
         cfg = load_model_config(name)
-        assert is_unet_config(cfg) or is_dit_config(cfg) or cfg.num_hidden_layers > 0
+        assert is_unet_config(cfg) or is_dit_config(cfg) or is_video_config(cfg) or cfg.num_hidden_layers > 0
     assert load_model_config("mistral-7b").sliding_window == 4096
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
     assert load_model_config(tmp_path).hidden_size == 64

@@ -64,9 +64,11 @@ class InputSource:
     """Gives the UNet inputs of any set of training images (same bucket), cached or not."""
 
     def __init__(self, model: ImageModel, items: list[ImageItem], buckets: list[tuple[int, int]],
-                 mode: str, device: torch.device, cache_dir: Path | None = None) -> None:
+                 mode: str, device: torch.device, cache_dir: Path | None = None,
+                 encode: Any = encode_images) -> None:
         self.model, self.items, self.buckets, self.mode = model, items, buckets, mode
         self.device, self.cache_dir = device, cache_dir
+        self.encode = encode  # encode_images, or a video run's clip encoder (engine/image/clips.py)
         self._ram: list[Encoded] = []
 
     def build_cache(self, on_progress: Any = None) -> None:
@@ -78,8 +80,8 @@ class InputSource:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         prompts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # caption -> its embeddings
         for i, (item, bucket) in enumerate(zip(self.items, self.buckets, strict=True)):
-            enc = encode_images(self.model, [item], [bucket], self.device, sample=True,
-                                generator=gen if self.device.type == "cpu" else None)
+            enc = self.encode(self.model, [item], [bucket], self.device, sample=True,
+                              generator=gen if self.device.type == "cpu" else None)
             enc = Encoded(*(None if t is None else t[0].detach().to("cpu", torch.float32) for t in
                             (enc.latents, enc.hidden, enc.pooled, enc.time_ids)))
             # a caption's embeddings do not depend on the image: held once per distinct caption
@@ -110,8 +112,8 @@ class InputSource:
         if self.mode == "off":
             gens = [torch.Generator().manual_seed((CACHE_SEED * 1_000_003 + step) * 1_000_033 + i)
                     for i in indices]
-            enc = encode_images(self.model, [self.items[i] for i in indices],
-                                [self.buckets[i] for i in indices], self.device, sample=True, generator=gens)
+            enc = self.encode(self.model, [self.items[i] for i in indices],
+                              [self.buckets[i] for i in indices], self.device, sample=True, generator=gens)
         else:
             parts = [self._cached(i) for i in indices]
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
@@ -192,15 +194,24 @@ def build_inputs(cfg: RunConfig, out: Path, model: ImageModel, data: Any, device
         data: the run's ImageData (train, buckets, held_out).
         control: the run's TrainControl (phase events).
     """
+    import functools
+
+    from lora_gui.engine.image import clips
+
     mode = cfg.resolved_cache_latents()
+    video = clips.is_video(data)
+    encode = functools.partial(clips.encode_clips, how=cfg.clip_frames) if video else encode_images
     inputs = InputSource(model, data.train, data.buckets, mode, device,
-                         out / "cache" if mode == "disk" else None)
+                         out / "cache" if mode == "disk" else None, encode)
     control.phase("caching")
     start = time.perf_counter()
     with meter:
         meter.start_step()
         held = data.held_out if dist.is_main else []
-        eval_set = encode_eval_set(model, held, cfg.resolution, device)
+        if video:  # each held-out clip at the run's size and its frame bucket
+            eval_set = clips.encode_clip_eval_set(model, data, cfg.clip_frames, device) if held else []
+        else:
+            eval_set = encode_eval_set(model, held, cfg.resolution, device)
         if model.info.get("train_text_encoder"):
             eval_set = EvalSet(eval_set, model, [item.caption for item in held], device)
         if mode != "disk" or dist.is_main:

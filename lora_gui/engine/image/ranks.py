@@ -47,7 +47,7 @@ def image_sampler_state(cfg: RunConfig, buckets: list[tuple[int, int]]) -> dict[
     """What the global image order depends on: seed, global batch and every image's bucket (the
     fingerprint changes when the folder or the bucketing changes)."""
     state = sampler_state(cfg, [])
-    digest = hashlib.sha1(",".join(f"{w}x{h}" for w, h in buckets).encode()).hexdigest()[:16]
+    digest = hashlib.sha1(",".join("x".join(map(str, b)) for b in buckets).encode()).hexdigest()[:16]
     return {**state, "train_samples": len(buckets), "data_fingerprint": digest}
 
 

@@ -25,7 +25,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
     cache_peak = run.cache_peak_bytes or 0
     cfg = run.cfg
     summary = {
-        "status": status, "message": message, "task": "image",
+        "status": status, "message": message, "task": cfg.task,
         "final_loss": records[-1]["loss"] if records else None, "eval_loss": eval_loss_value,
         "base_eval_loss": run.state.base_eval_loss, "steps": len(records), "images": images,
         "images_per_s": images / seconds if seconds else None,
@@ -42,7 +42,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
         "optimizer": run.optimizer_name, "train_images": len(run.data.train),
         "eval_images": len(run.data.held_out), "resolution": cfg.resolution,
-        "buckets": {f"{w}x{h}": run.data.buckets.count((w, h)) for w, h in sorted(set(run.data.buckets))},
+        "buckets": {"x".join(map(str, b)): run.data.buckets.count(b) for b in sorted(set(run.data.buckets))},
         "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],
         "world_size": run.dist.world_size, "fsdp": False,
         "peak_bytes_by_rank": peaks_by_rank(records),

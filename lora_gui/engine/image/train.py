@@ -13,6 +13,10 @@ loss divided by the step's global image count, so N processes train what one pro
 the same global batch (see :mod:`lora_gui.engine.image.ranks`); the main process alone writes the
 run folder and makes the samples. Resolution is sequence length here: a bucket of W x H px is
 (W/8) x (H/8) latent tokens, the key the planner's caps and the guard use.
+
+A video run (``task: video``) is this loop on clips: its data, encoding, bucket keys and samples
+come from :mod:`lora_gui.engine.image.clips`, its step is the same flow-matching loss on video
+latents, its plan :mod:`lora_gui.memory.predict.video_run`.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from lora_gui.engine.core.setup import (
 from lora_gui.engine.core.speed import headroom, run_peak, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.trackers import check_trackers, closing_values
+from lora_gui.engine.image import clips
 from lora_gui.engine.image.inputs import InputSource, build_inputs, eval_loss
 from lora_gui.engine.image.ranks import (
     image_noise,
@@ -162,7 +167,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     dist = Dist.from_env()
     dist.on_main(lambda: _prepare_folder(out, resume, overwrite))
     control.phase("loading")
-    data = load_image_data(cfg)
+    data = clips.load_run_data(cfg)  # pictures, or a video run's clips
     if dist.active:
         check_world_size(dist.world_size, len(data.train), cfg.batch_size)
     if not resume:
@@ -191,7 +196,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     inputs, eval_set, cache = build_inputs(cfg, out, model, data, device, meter, control, dist)
     model.unet.to(device)  # no-op unless it waited for the cache
     accelerator = new_accelerator(device, mixed)
-    per_epoch = len(epoch_plan(cfg, data.buckets, 0))
+    per_epoch = len(clips.epoch_plan(cfg, data, 0))
     total = cfg.max_steps or per_epoch * cfg.epochs
     optimizer, optimizer_name = make_optimizer(cfg, text_encoder_lora.param_groups(model, cfg), device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
@@ -214,7 +219,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unet, headroom(predicted, meter)),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     session.plan_event(budget, **cache, optimizer=optimizer_name,
-                       bucket_names=resolution_names(data.buckets))
+                       bucket_names=clips.bucket_names(data))
     return session
 
 
@@ -259,14 +264,14 @@ def _run_share(run: ImageSession, step: Step) -> dict[str, Any]:
 
 def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
     """One optimizer step; returns its metric record (every rank's figures combined)."""
-    w, h = run.data.buckets[step.indices[0]]
+    bucket = run.data.buckets[step.indices[0]]  # (w, h) px, or (w, h, frames) for a clip
     stats, seconds = optimizer_step(run, step, lambda st: _run_share(run, st),
-                                    shape=step_shape(step, other=(w, h)))
+                                    shape=step_shape(step, other=bucket))
     total = combine_step_stats(run.dist, run.meter.step_peak(), stats["loss"], stats["images"], 0)
     images = total["real_tokens"]  # combine_step_stats sums the count it is given: images here
     record = {"step": run.state.step, "total_steps": run.total, "epoch": epoch, "loss": total["loss"],
-              "lr": run.scheduler.get_last_lr()[0], "images": images, "bucket": f"{w}x{h}",
-              "latent_tokens": latent_tokens((w, h)), "batch_size": len(step.indices),
+              "lr": run.scheduler.get_last_lr()[0], "images": images, "bucket": clips.bucket_name(bucket),
+              "latent_tokens": clips.bucket_key(run.data, bucket), "batch_size": len(step.indices),
               "micro_batches": stats["micro_batches"], "seconds": seconds,
               "images_per_s": images / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
@@ -278,7 +283,7 @@ def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
     return record
 
 
-@writes_run_folder(load_image_data)  # inputs checked before a run is replaced; lock released
+@writes_run_folder(clips.load_run_data)  # inputs checked before a run is replaced; lock released
 def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
                 control: TrainControl | None = None, progress: bool = True) -> dict[str, Any]:
     """Trains a UNet LoRA and writes the run folder; returns the run.json summary.
@@ -292,12 +297,12 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
         control: stop request and record listener (the UI's job uses it).
         progress: show a progress bar.
     """
-    if cfg.task != "image":
-        raise ConfigError(f"task: train_image needs task=image, got {cfg.task!r}")
+    if cfg.task not in ("image", "video"):
+        raise ConfigError(f"task: train_image needs task=image or video, got {cfg.task!r}")
     out = Path(out)
     control = control or TrainControl()
     run = _setup(cfg, out, resume, overwrite, control)
-    status, message = run_loop(run, lambda epoch: epoch_plan(cfg, run.data.buckets, epoch),
+    status, message = run_loop(run, lambda epoch: clips.epoch_plan(cfg, run.data, epoch),
                                lambda step, epoch: _one_step(run, step, epoch), progress)
     control.phase("saving")
     run.checkpoint(status)
@@ -326,7 +331,8 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
         gc.collect()
         free_memory()
         try:
-            summary["samples"] = generate_samples(cfg, source, adapter, prompts, out, device)
+            sample = clips.generate_clips if cfg.task == "video" else generate_samples
+            summary["samples"] = sample(cfg, source, adapter, prompts, out, device)
         except torch.OutOfMemoryError as err:
             log.warning("sampling ran out of memory: %s", err)
         write_atomic(out / "run.json", json.dumps(summary, indent=1))

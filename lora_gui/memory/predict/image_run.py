@@ -75,6 +75,10 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
     Raises:
         ModelError / ConfigError: buckets, embedding cache or export settings the run refuses.
     """
+    if model.kind == "wan":  # a video run: clips of (width, height, frames)
+        from lora_gui.memory.predict.video_run import video_run_prediction
+
+        return video_run_prediction(cfg, model, data, budget, device, weights_dtype, world_size)
     if dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
         return dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}

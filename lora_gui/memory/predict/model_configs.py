@@ -16,6 +16,7 @@ from transformers import AutoConfig, PretrainedConfig
 PRESET_DIR = Path(__file__).resolve().parents[3] / "presets" / "models"
 UNET_CLASS = "UNet2DConditionModel"
 DIT_CLASSES = ("SD3Transformer2DModel", "FluxTransformer2DModel")  # flow-matching DiT denoisers
+VIDEO_CLASSES = ("WanTransformer3DModel", "LTXVideoTransformer3DModel")  # video denoisers (task video)
 ModelConfig = Union[PretrainedConfig, dict]  # noqa: UP007 (readable alias)
 
 
@@ -51,6 +52,11 @@ def is_dit_config(config: Any) -> bool:
     return isinstance(config, dict) and config.get("_class_name") in DIT_CLASSES
 
 
+def is_video_config(config: Any) -> bool:
+    """True for a diffusers Wan / LTX-Video transformer config (dict with ``_class_name``)."""
+    return isinstance(config, dict) and config.get("_class_name") in VIDEO_CLASSES
+
+
 def config_from_dict(data: dict) -> ModelConfig:
     """Turns a parsed config.json into a ``PretrainedConfig`` (text) or a UNet dict.
 
@@ -61,7 +67,7 @@ def config_from_dict(data: dict) -> ModelConfig:
     if data.get("_class_name") == UNET_CLASS or UNET_CLASS in data.get("architectures", []):
         data["_class_name"] = UNET_CLASS
         return data
-    if data.get("_class_name") in DIT_CLASSES:
+    if data.get("_class_name") in DIT_CLASSES + VIDEO_CLASSES:
         return data
     model_type = data.get("model_type")
     if model_type not in supported_text_model_types():

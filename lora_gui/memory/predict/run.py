@@ -159,6 +159,8 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
         budget_bytes = int(cfg.budget_gb * GB) or None  # as the engines read budget_gb
     if cfg.task == "image":
         return _predict_image(cfg, budget_bytes, device, processes)
+    if cfg.task == "video":
+        return _predict_video(cfg, budget_bytes, device, processes)
     from lora_gui.models.text import resolve_model_source
 
     parallel = Parallel(processes, fsdp) if processes > 1 or fsdp else None
@@ -218,6 +220,35 @@ def _predict_image(cfg: RunConfig, budget: int | None, device: str, processes: i
                       rows, train_peak_bytes=planned.train_peak_bytes, figures=figures)
 
 
+def _predict_video(cfg: RunConfig, budget: int | None, device: str, processes: int) -> Prediction:
+    """The video run's own plan (its pipeline on the meta device and its real clips), or for a
+    bundled config (``wan2.1-t2v-14b``...) the step of one clip bucket at the run's size."""
+    from lora_gui.data.video_batches import clip_tokens
+    from lora_gui.memory.predict import video_run
+
+    config = video_run.bundled_video_config(cfg.model)
+    if config is not None:
+        planned = video_run.plan_video_shape(cfg, config, budget, device)
+        rows = [(str(planned.step.info["bucket"]), planned.step.info["batch_size"])]
+    else:
+        from lora_gui.data.video_batches import load_video_data
+        from lora_gui.models.diffusion import image_model_for_run
+        from lora_gui.models.precision import planned_weights_dtype
+
+        dtype = planned_weights_dtype(cfg.precision, device)
+        model = image_model_for_run(cfg, dtype, weights=False)
+        data = load_video_data(cfg, model.info["geometry"])
+        planned = video_run.video_run_prediction(cfg, model, data, budget, torch.device(device), dtype,
+                                                 processes)
+        rows = [("x".join(map(str, b)), planned.caps.caps.get(clip_tokens(b), min(cfg.batch_size,
+                                                                                 data.buckets.count(b))))
+                for b in sorted(set(data.buckets))]
+    figures = planned.figures(device) or {}
+    planned.step.info["prediction"] = figures
+    return Prediction(planned.peak_bytes, device, "plan", dict(planned.caps.caps), None, planned.step,
+                      rows, train_peak_bytes=planned.train_peak_bytes, figures=figures)
+
+
 def estimate(cfg: RunConfig, device: str | None = None) -> Prediction:
     """Instant closed-form estimate of the run's largest micro-batch (a form shows it while
     :func:`predict` computes the plan)."""
@@ -239,6 +270,10 @@ def longest(cfg: RunConfig, budget_bytes: int, device: str | None = None, **text
         from lora_gui.memory.predict.longest_image import longest_image
 
         return longest_image(cfg, budget_bytes, device)
+    if cfg.task == "video":  # the longest clip (frames) at the run's size
+        from lora_gui.memory.predict.video_run import longest_video
+
+        return longest_video(cfg, budget_bytes, device)
     from lora_gui.memory.predict.longest_text import longest_text
 
     return longest_text(cfg, budget_bytes, device, **text_options)

@@ -1,0 +1,415 @@
+"""A video run's predicted peak (source: predicted): the one function the video run calls when it
+starts (:func:`video_run_prediction`, through :func:`lora_gui.memory.predict.image_run.image_run_prediction`)
+and that ``plan`` calls before it, on the same pipeline built on the meta device, so both give
+the same bytes; and :func:`trace_video_step`, the fake-tensor trace of one step of a Wan
+transformer for a (width, height, frames) clip bucket, from a loaded model or a bundled config
+(``presets/models/wan2.1-t2v-14b.json``: no weights read).
+
+The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` on video
+latents (B, C, T, h, w) (noisy latents, the transformer, the flow-matching MSE), then backward,
+AdamW step and ``zero_grad`` through the shared :func:`lora_gui.memory.predict.trace._trace`.
+A clip is ``T x (h / 2) x (w / 2)`` tokens (``T = (frames - 1) / 4 + 1`` latent frames, ``h``,
+``w`` the latent sides): 832 x 480 x 81 frames is 21 x 30 x 52 = 32,760 tokens for Wan 2.1.
+
+The run's peak is the larger of the largest micro-batch's step plus what stays beside it (on a
+CPU, where the host is the device: the cached latents and caption embeddings and the encoded
+held-out clips) and the caching pass (VAE and text encoder weights, the VAE encoder's
+activations on the largest clip, traced on fake tensors with the run's own encode code).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lora_gui.config import ConfigError, RunConfig
+from lora_gui.data.video_batches import VideoData, VideoGeometry, clip_tokens
+from lora_gui.memory.predict.encode_trace import (
+    CACHE_BYTES_PER_VALUE,
+    _fake_weights,
+    denoiser_waits_for_cache,
+    module_bytes,
+)
+from lora_gui.memory.predict.trace import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    TraceResult,
+    _check_common,
+    _trace,
+    as_dtype,
+    attach_lora,
+    run_autocast,
+)
+from lora_gui.memory.runtime.guard import BatchCaps
+from lora_gui.memory.runtime.tracker import StorageTracker
+
+Bucket = tuple[int, int, int]  # (width px, height px, frames)
+
+
+@dataclass
+class VideoPrediction:
+    """A video run's plan (source: predicted), read as the image run reads its
+    :class:`~lora_gui.memory.predict.image_run.ImagePrediction`.
+
+    Attributes:
+        caps: micro-batch cap per bucket (keyed by :func:`lora_gui.data.video_batches.clip_tokens`).
+        peak_bytes: the run's predicted peak (the step with what stays beside it, or the caching pass).
+        train_peak_bytes: the training steps' peak alone (run.json's ``train_peak_bytes``).
+        step: the trace of the largest micro-batch.
+    """
+
+    caps: BatchCaps
+    peak_bytes: int | None = None
+    train_peak_bytes: int | None = None
+    step: TraceResult | None = None
+    plan: None = None  # the image planner's per-bucket table; a video plan keeps its caps only
+
+    def figures(self, device_type: str) -> dict[str, Any] | None:
+        """What run.json's ``prediction`` holds (None without a prediction)."""
+        if self.peak_bytes is None or self.step is None:
+            return None
+        return {"peak_bytes": self.peak_bytes, "train_peak_bytes": self.train_peak_bytes,
+                "source": "predicted", "device": device_type, "kernel": self.step.info.get("kernel"),
+                "batch_size": self.step.info.get("batch_size")}
+
+
+def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
+                            lora_alpha: float | None, target_modules: Any, adapter: Any = None,
+                            lean_backward: bool = True) -> nn.Module:
+    """The Wan transformer of ``config`` on the meta device with the run's adapter (still meta)."""
+    import diffusers
+
+    cls = getattr(diffusers, config["_class_name"])
+    kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = cls.from_config(kwargs)
+    nn.Module.to(model, dtype)
+    model.train()
+    return attach_lora(model, lora_rank, lora_alpha, target_modules, 0.0, adapter=adapter,
+                       lean_backward=lean_backward)
+
+
+def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket, geometry: VideoGeometry,
+                     text_tokens: int, text_width: int, lora_rank: int = 16, lora_alpha: float | None = None,
+                     target_modules: Any = None, gradient_checkpointing: bool = False,
+                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
+                     attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
+                     lean_backward: bool = True) -> TraceResult:
+    """Traces one LoRA training step of a WanTransformer3DModel on ``batch_size`` clips of
+    ``bucket`` (width, height, frames) with ``text_tokens`` x ``text_width`` prompt embeddings.
+
+    Raises:
+        ValueError: a config that is not a Wan transformer's; a bucket off the model's grid.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from lora_gui.models.dit import FlowMatching
+    from lora_gui.models.video import LORA_TARGETS, set_video_attention
+
+    _check_common(batch_size, device)
+    if config.get("_class_name") != "WanTransformer3DModel":
+        raise ValueError(f"not a WanTransformer3DModel config: {config.get('_class_name')!r} (LTX-Video "
+                         "steps are not traced yet)")
+    w, h, frames = bucket
+    if w % geometry.grid or h % geometry.grid or (frames - 1) % geometry.temporal:
+        raise ValueError(f"clip {w}x{h}x{frames} is off this model's grid ({geometry.grid} px, "
+                         f"{geometry.temporal}k+1 frames)")
+    dt = as_dtype(dtype)
+    model = build_video_transformer(config, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                                    target_modules=target_modules or LORA_TARGETS, adapter=adapter,
+                                    lean_backward=lean_backward)
+    set_video_attention(model.get_base_model(), attention)
+    objective = FlowMatching("wan", FlowMatchEulerDiscreteScheduler(), weighting_scheme)
+    latent = (batch_size, int(config.get("in_channels", 16)), *geometry.latent_shape(bucket))
+
+    def make_inputs() -> dict:
+        enc = types.SimpleNamespace(latents=torch.randn(latent), pooled=None,
+                                    hidden=torch.randn(batch_size, text_tokens, text_width, dtype=dt))
+        sigmas = torch.rand(batch_size)
+        return {"enc": enc, "noise": torch.randn(latent), "sigmas": sigmas, "timesteps": sigmas * 1000,
+                "draws": torch.zeros(batch_size, dtype=torch.long)}  # the run's int64 timestep draws
+
+    def loss_fn(m: nn.Module, batch: dict, _tracker) -> torch.Tensor:
+        loss = objective.loss_at(m, batch["enc"], batch["noise"], batch["sigmas"], batch["timesteps"])
+        loss.held_inputs = batch  # the loop holds its batch until the backward is done
+        return loss
+
+    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                 gradient_checkpointing=gradient_checkpointing, warm_steps=0,
+                 autocast=run_autocast(device, dt))
+    res.info.update(model_type="wan", batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
+                    video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
+    return res
+
+
+def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.device,
+                           batches: dict[Bucket, int] | None = None) -> int:
+    """Largest transient bytes of encoding one clip of any of ``buckets`` (``batches``: that many
+    clips of each bucket at once, as a step without a cache encodes its micro-batch) and its caption with
+    the run's VAE and text encoder: the pixels, the VAE encoder's activations, the latent
+    distribution and sample (fake tensors through the run's own
+    :func:`lora_gui.models.diffusion.encode_latents`), then the prompt embeddings beside the
+    latents (Wan's ``encode_prompt`` trims each prompt by its length, a value fake tensors do not
+    have: its output is counted, its activations, one caption's, are left out)."""
+    from lora_gui.models.diffusion import encode_latents
+
+    if device.type == "cuda" and not torch.cuda.is_available():
+        device = torch.device("cpu")  # a plan for a GPU made without one: the same bytes
+    modules = [model.vae, *model.text_encoders]
+    batches = batches or {}
+    size = lambda b: batches.get(b, 1) * math.prod(b)  # noqa: E731
+    largest = max(size(b) for b in buckets)
+    embed = next(model.text_encoders[0].parameters())
+    prompt = int(model.info["text_tokens"]) * int(model.info["text_width"]) * embed.element_size()
+    peak = 0
+    for w, h, f in sorted(b for b in set(buckets) if size(b) == largest):
+        n = batches.get((w, h, f), 1)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        tracker = StorageTracker()
+        with torch.no_grad(), mode, _fake_weights(modules, mode, device) as fakes:
+            tracker.track(fakes)
+            start = tracker.live_bytes
+            with tracker:
+                pixels = [torch.empty(3, f, h, w) for _ in range(n)]  # load_clip's float32 (3, F, H, W)
+                latents = encode_latents(model, pixels, device, sample=True)
+                after = tracker.live_bytes - start  # the pixels and latents, while the prompt encodes
+                del latents, pixels
+        peak = max(peak, tracker.peak_bytes - start, after + n * prompt)
+    return peak
+
+
+def clip_held_bytes(data: VideoData, geometry: VideoGeometry, channels: int, text_tokens: int,
+                    text_width: int, embed_dtype: torch.dtype, cache_mode: str, caching_pass: bool) -> int:
+    """Host bytes a video run keeps between steps: the encoded held-out clips (latents float32,
+    embeddings in the encoder's dtype) and, with ``cache_latents=ram``, every training clip's
+    latents and each distinct caption's embeddings (float32); ``caching_pass``: at that pass's
+    peak, where a repeated caption's fresh embeddings live beside the kept copy (one more)."""
+    size = torch.empty((), dtype=embed_dtype).element_size()
+    lat = lambda b: channels * math.prod(geometry.latent_shape(b)) * CACHE_BYTES_PER_VALUE  # noqa: E731
+    prompt = text_tokens * text_width
+    held = sum(lat(b) + prompt * size for b in data.held_buckets)
+    if cache_mode == "ram":
+        captions = len({item.caption for item in data.train})
+        held += sum(lat(b) for b in data.buckets)
+        repeated = caching_pass and captions < len(data.buckets)
+        held += (captions + repeated) * prompt * CACHE_BYTES_PER_VALUE
+    return held
+
+
+def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: int | None,
+                         device: torch.device, weights_dtype: torch.dtype,
+                         world_size: int = 1) -> VideoPrediction:
+    """The run's micro-batch cap per (size, frames) bucket (adaptive under a budget: the largest
+    micro-batch whose traced step fits) and its predicted peak, per process.
+
+    Raises:
+        ConfigError: export_kohya (no ComfyUI Wan layout is written yet).
+    """
+    from lora_gui.models.adapters import adapter_spec
+    from lora_gui.models.video import lora_targets
+
+    if cfg.export_kohya:
+        raise ConfigError("export_kohya: video runs write diffusers' format only for now "
+                          "(pytorch_lora_weights.safetensors, which WanPipeline.load_lora_weights reads)")
+    geometry: VideoGeometry = model.info["geometry"]
+    config = {**dict(model.unet.config), "_class_name": "WanTransformer3DModel"}
+    cache = cfg.resolved_cache_latents()
+    encoders = (model.vae, *model.text_encoders)
+    resident = 0 if cache != "off" else module_bytes(encoders)
+    step = {"geometry": geometry, "text_tokens": int(model.info["text_tokens"]),
+            "text_width": int(model.info["text_width"]), "lora_rank": cfg.lora_rank,
+            "lora_alpha": cfg.lora_alpha, "target_modules": lora_targets(cfg.lora_targets),
+            "gradient_checkpointing": cfg.gradient_checkpointing,
+            "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
+            "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
+            "lean_backward": cfg.resolved_lean_backward()}
+    used = sorted(set(data.buckets), key=geometry.tokens)
+    per_rank = math.ceil(cfg.batch_size / world_size)
+    out = VideoPrediction(BatchCaps())
+    embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
+    held, caching = (0 if device.type == "cuda" else clip_held_bytes(
+        data, geometry, int(config.get("in_channels", 16)), step["text_tokens"], step["text_width"],
+        embed_dtype, cache, caching_pass=p) for p in (False, True))
+    traces: dict[tuple[Bucket, int], TraceResult] = {}
+
+    def traced(bucket: Bucket, batch: int) -> TraceResult:
+        if (bucket, batch) not in traces:
+            traces[bucket, batch] = trace_video_step(config, batch_size=batch, bucket=bucket, **step)
+        return traces[bucket, batch]
+
+    if budget and cfg.resolved_image_batch() == "adaptive":  # the largest micro-batch that fits
+        for bucket in used:
+            fits = [m for m in range(per_rank, 0, -1)
+                    if traced(bucket, m).peak_bytes + resident + held <= budget]
+            out.caps.caps[clip_tokens(bucket)] = fits[0] if fits else 1
+    sizes = {b: min(per_rank, out.caps.cap(clip_tokens(b)) or per_rank,
+                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
+    worst = max(used, key=lambda b: (sizes[b] * geometry.tokens(b), b))
+    out.step = traced(worst, sizes[worst])
+    train_peak = out.step.peak_bytes + resident + held
+    modules = [*encoders] if denoiser_waits_for_cache(cache, device.type) else [model.unet, *encoders]
+    # the caching pass encodes one clip at a time; without a cache each step encodes its micro-batch
+    encoding = module_bytes(modules) + caching + trace_clip_encode_peak(
+        model, [*data.buckets, *data.held_buckets], device, sizes if cache == "off" else None)
+    if cache == "off":  # every step encodes beside the optimizer state
+        encoding += out.step.breakdown.get("optimizer_state", 0)
+    if device.type == "cuda":
+        encoding += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+    out.step.info["encoding_pass_bytes"] = encoding
+    out.peak_bytes = max(train_peak, encoding)
+    out.train_peak_bytes = out.peak_bytes if cache == "off" else train_peak  # steps encode too
+    return out
+
+
+def bundled_video_config(name: str) -> dict[str, Any] | None:
+    """A bundled video transformer config (``presets/models/<name>.json`` with its ``_vae`` and
+    ``_text`` shapes), or None when ``name`` is not one."""
+    import json
+
+    from lora_gui.memory.predict.model_configs import PRESET_DIR
+
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    video = ("WanTransformer3DModel", "LTXVideoTransformer3DModel")
+    return config if config.get("_class_name") in video else None
+
+
+def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
+                     device: str) -> VideoPrediction:
+    """`plan` for a bundled video config (no pipeline, no data): one clip bucket, the run's
+    ``resolution`` (a side or WxH) and ``video_frames``, ``batch_size`` clips a step (under a
+    budget: the largest micro-batch that fits), latents and embeddings cached (the text encoder
+    resident beside the step without a cache). The caching pass is not planned here (the bundled
+    config has no VAE weights to trace); a run on the real pipeline plans it.
+
+    Raises:
+        ValueError: an LTX-Video config (its step is not traced yet); a clip off the model's grid.
+    """
+    from lora_gui.data.video_batches import clip_size
+    from lora_gui.models.adapters import adapter_spec
+    from lora_gui.models.precision import planned_weights_dtype
+    from lora_gui.models.video import lora_targets
+
+    patch = config.get("patch_size", (1, 2, 2))
+    vae, text = config["_vae"], config["_text"]
+    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
+        (int(config.get("patch_size_t", 1)), int(patch))
+    geometry = VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
+                             patch_s, patch_t)
+    bucket = (*clip_size(cfg), cfg.video_frames)
+    dtype = planned_weights_dtype(cfg.precision, device)
+    resident = 0 if cfg.resolved_cache_latents() != "off" else \
+        int(text["encoder_params"]) * torch.empty((), dtype=dtype).element_size()
+    step = {"geometry": geometry, "text_tokens": text_length_or(cfg, int(text["tokens"])),
+            "text_width": int(text["width"]), "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+            "target_modules": lora_targets(cfg.lora_targets),
+            "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
+            "attention": cfg.resolved_attn_backend(),
+            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward()}
+    out = VideoPrediction(BatchCaps())
+    batch = cfg.batch_size
+    while True:
+        out.step = trace_video_step(config, batch_size=batch, bucket=bucket, **step)
+        if not budget or batch == 1 or out.step.peak_bytes + resident <= budget:
+            break
+        batch = max(1, batch // 2)
+    out.caps.caps = {clip_tokens(bucket): batch}
+    out.peak_bytes = out.train_peak_bytes = out.step.peak_bytes + resident
+    return out
+
+
+def text_length_or(cfg: RunConfig, default: int) -> int:
+    """The run's prompt length: ``text_max_length``, else the pipeline's default."""
+    return int(cfg.text_max_length) or default
+
+
+def video_plan_lines(cfg: RunConfig, pred: Any, budget: Any) -> list[str]:
+    """What `plan` prints for a video run (``pred``: a :class:`lora_gui.memory.predict.run.Prediction`)."""
+    mib = 2**20
+    step = pred.step
+    bucket = "x".join(str(v) for v in step.info.get("bucket", ()))
+    lines = [f"Predicted peak of the video run on {pred.device} (source: predicted, {cfg.model}, largest "
+             f"micro-batch {step.info.get('batch_size')} clip(s) of {bucket} px x frames, "
+             f"{step.info.get('video_tokens', 0):,} video tokens): {pred.peak_bytes / mib:,.0f} MiB"]
+    if step.info.get("encoding_pass_bytes"):
+        encoding = step.info["encoding_pass_bytes"]
+        lines.append(f"  training steps alone: {pred.train_peak_bytes / mib:,.0f} MiB; the caching pass "
+                     f"(VAE and text encoder on the device): {encoding / mib:,.0f} MiB")
+    lines.append("  breakdown at the peak: " + ", ".join(
+        f"{k} {v / mib:,.0f} MiB" for k, v in step.breakdown.items() if v))
+    if budget is None:
+        lines.append("\nNo budget to judge against: the peak above is what the run will hold")
+    else:
+        verdict = "fits" if pred.peak_bytes <= budget.bytes else "does not fit"
+        lines.append(f"\nBudget {budget.label()}: {verdict}")
+    lines += [f"  {name:>14}  micro-batch {batch}" for name, batch in pred.bucket_batches]
+    return lines
+
+
+def shape_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run's transformer config with its ``_vae`` and ``_text`` shapes: a bundled one, or
+    read from the pipeline built on the meta device (no weights read)."""
+    config = bundled_video_config(cfg.model)
+    if config is not None:
+        return config
+    from lora_gui.models.diffusion import image_model_for_run
+
+    model = image_model_for_run(cfg, torch.bfloat16, weights=False)
+    if model.kind != "wan":
+        raise ValueError(f"{cfg.model} is not a video pipeline")
+    geometry: VideoGeometry = model.info["geometry"]
+    encoder = sum(p.numel() for m in model.text_encoders for p in m.parameters())
+    return {**dict(model.unet.config), "_class_name": "WanTransformer3DModel",
+            "_vae": {"scale_factor_temporal": geometry.temporal, "scale_factor_spatial": geometry.spatial},
+            "_text": {"tokens": int(model.info["text_tokens"]), "width": int(model.info["text_width"]),
+                      "encoder_params": encoder}}
+
+
+def longest_video(cfg: RunConfig, budget: int, device: str, most_frames: int = 1025) -> dict[str, Any]:
+    """The longest clip (frames, ``4k+1`` for Wan) at the run's size that fits ``budget`` at
+    batch 1 with the run's switches (source: predicted; one traced step a probe: doubling, then
+    halving the interval, about 2 log2(k) probes).
+
+    Raises:
+        ValueError: a model the video plan cannot trace.
+    """
+    import dataclasses
+
+    from lora_gui.data.video_batches import clip_size
+
+    config = shape_config(cfg)
+    temporal = int(config["_vae"]["scale_factor_temporal"])
+    peaks: dict[int, int] = {}
+
+    def peak(k: int) -> int:
+        if k not in peaks:
+            one = dataclasses.replace(cfg, video_frames=k * temporal + 1, batch_size=1)
+            peaks[k] = plan_video_shape(one, config, None, device).peak_bytes
+        return peaks[k]
+
+    width, height = clip_size(cfg)
+    out = {"size": f"{width}x{height}", "source": "predicted", "budget_bytes": budget}
+    if peak(0) > budget:
+        return {**out, "frames": 0, "peak_bytes_at_longest": peaks[0],
+                "note": f"not even one frame fits: {peaks[0] / 2**30:,.2f} GiB at 1 frame"}
+    low, high = 0, 1
+    top = (most_frames - 1) // temporal
+    while high <= top and peak(high) <= budget:  # double until a length does not fit
+        low, high = high, high * 2
+    high = min(high, top + 1)
+    while high - low > 1:  # peak(low) fits, peak(high) does not (or is past the top)
+        mid = (low + high) // 2
+        low, high = (mid, high) if peak(mid) <= budget else (low, mid)
+    frames = low * temporal + 1
+    switches = "gradient checkpointing" if cfg.gradient_checkpointing else "no gradient checkpointing"
+    return {**out, "frames": frames, "peak_bytes_at_longest": peaks[low],
+            "note": f"longest clip at {width}x{height}: {frames} frames ({switches}, latents cached, "
+                    "batch 1)"}
