@@ -366,7 +366,8 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                 runs += [(answer.seq_len, run, False, "rebuilds off"),
                          (answer.seq_len, replace(run, attention_head_groups=groups), True,
                           f"head groups {'off' if groups == 0 else 'on'}"),
-                         (answer.seq_len, replace(run, offload_checkpoints=not run.offload_checkpoints),
+                         (answer.seq_len, replace(run, offload_checkpoints=not run.offload_checkpoints,
+                                                  gradient_checkpointing=True),  # offload needs it
                           True, f"offloaded checkpoints {'off' if run.offload_checkpoints else 'on'}"),
                          (answer.seq_len, replace(run, loss_chunk=0 if run.loss_chunk else 1024), True,
                           f"chunked loss {'off' if run.loss_chunk else 'on'}")]
@@ -382,7 +383,8 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                 continue
             built: dict[tuple, Any] = {}
             for (seq, at, rebuilt, what), planned in zip(runs, plans):
-                shape = (at.offload_checkpoints, at.loss_chunk)  # what needs a model built its own way
+                # what needs a model built its own way
+                shape = (at.offload_checkpoints, at.gradient_checkpointing, at.loss_chunk)
                 if shape not in built:
                     built.clear()
                     if device == "cuda":
@@ -408,6 +410,7 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                        "planned_longest": seq == answer.seq_len and what == "as planned",
                        "attention_head_groups": at.attention_head_groups, "rebuilds": rebuilt,
                        "planned_to_fit": fits, "margin_bytes": answer.margin_bytes,
+                       "reserve_margin_bytes": answer.reserve_margin_bytes,
                        "unconfirmed_savings": answer.unconfirmed,
                        "predicted_reserved_unlimited_bytes": planned.info.get("allocator_replay", {}).get(
                            "peak_reserved", 0),
@@ -425,8 +428,8 @@ def check_card(config: Any, cards: list[str], lengths: list[int], device: str) -
                 # a plan that fits must run; one over the card must run out of memory, or run within
                 # the margin the answer kept (its unconfirmed savings)
                 ran = not row["out_of_memory"]
-                row["agrees"] = ran if fits else (not ran or planned.peak_bytes - card.total_bytes
-                                                  <= answer.margin_bytes)
+                margin = answer.margin_bytes + answer.reserve_margin_bytes
+                row["agrees"] = ran if fits else (not ran or planned.peak_bytes - card.total_bytes <= margin)
                 rows.append(row)
             built.clear()
             if device == "cuda":
