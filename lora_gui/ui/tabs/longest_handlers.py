@@ -62,14 +62,13 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
         is_unet_config,
         load_model_config,
     )
-    from lora_gui.presets import load_config
 
     try:
         image = model in bundled_models() and (is_unet_config(load_model_config(model))
                                                or is_dit_config(load_model_config(model)))
         settings = {"model": model, "gradient_checkpointing": bool(checkpointing), "optimizer": optimizer}
         settings.update({"task": "image"} if image else {"quantization": quantization})
-        cfg = load_config(preset, settings)
+        cfg = common.preset_config(preset, settings)
     except (ConfigError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
     text = answer(cfg, float(budget_gb or 0), device, unit="GB")[1]

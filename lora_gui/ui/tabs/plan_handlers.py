@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.presets import load_config
 from lora_gui.ui import charts, common, paths
 
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
@@ -58,7 +57,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         if model != "builtin" and not model.startswith("builtin:"):
             paths.check("model", model)  # a local folder typed in the page
         sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0)}
-        cfg = load_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
+        cfg = common.preset_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
                                    "gradient_checkpointing": bool(checkpointing),
                                    "quantization": quantization, "optimizer": optimizer})
         pred = predict(cfg, budget, device)

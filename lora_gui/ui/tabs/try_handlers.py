@@ -132,7 +132,7 @@ def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none
     kind = None if gguf in (None, "", "none") else gguf
     try:
         paths.check("run", run_dir)
-        paths.check("export folder", target)
+        paths.check("export folder", target, writes=True)
         path = export_run(run_dir, target, merged=bool(merged), gguf=kind)
     except USER_ERRORS as err:
         return f"Error: {err}"
