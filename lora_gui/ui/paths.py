@@ -34,6 +34,7 @@ _extra: tuple[Path, ...] = ()  # folders added with --allow-path, resolved
 _any_path = False  # --allow-any-path
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lora_gui/: the app's code
 # beside the run folders: the queue's locks, launch logs, uploads, user presets, the queue file
+PATH_CHARS = 240  # a typed path in a message: long enough for real paths, never a whole page
 APP_ENTRIES = (".queue", ".launch", "uploads", "presets", "queue.json")
 
 
@@ -98,13 +99,13 @@ def check(field: str, value: str | Path, writes: bool = False) -> Path:
     """
     if is_allowed(value, writes):
         return Path(value).expanduser()
-    roots = ", ".join(str(r) for r in allowed_roots())
+    roots, shown = ", ".join(str(r) for r in allowed_roots()), cut(value, PATH_CHARS)
     if writes and any(_resolved(value).is_relative_to(r) for r in allowed_roots()):
         raise PathNotAllowedError(
-            f"{field}: {cut(value)} holds the app's own files (its code, bundled assets and presets, "
+            f"{field}: {shown} holds the app's own files (its code, bundled assets and presets, "
             "the queue and uploads); pick a folder of your own, e.g. under the runs folder")
     raise PathNotAllowedError(
-        f"{field}: {cut(value)} is outside the folders this dashboard may use ({roots}). Start the "
+        f"{field}: {shown} is outside the folders this dashboard may use ({roots}). Start the "
         "dashboard with --allow-path DIR to add a folder, or --allow-any-path to lift the limit")
 
 
