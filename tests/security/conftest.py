@@ -22,10 +22,11 @@ def work(tmp_path, monkeypatch) -> Path:
     (work / "data.txt").write_text(TEXT)
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "data.txt").write_text(TEXT)
+    (tmp_path / "elsewhere" / "other.txt").write_text(TEXT)
     monkeypatch.chdir(work)
     monkeypatch.setattr(common, "RUNS_ROOT", work / "runs")
     fake = Prediction(peak_bytes=2**20, device="cpu", how="plan")  # a queue's plan answers at once
-    monkeypatch.setattr(predict_pkg, "predict", lambda cfg, **_: fake)
+    monkeypatch.setattr(predict_pkg, "predict", lambda cfg, *_, **__: fake)
     # the server's own job manager, never launching a process here
     monkeypatch.setattr(common.MANAGER, "job", None)
     monkeypatch.setattr(common.MANAGER, "_run_launched", lambda *a, **k: None)

@@ -33,7 +33,8 @@ def test_the_path_settings_are_declared_on_the_settings_and_each_is_checked(work
 
 @pytest.mark.parametrize("key", ["data", "tracker_dir", "init_adapter"])
 def test_a_sweep_over_a_path_setting_is_refused_and_queues_nothing(work, outside, key):
-    values = f"{outside},{outside.parent / 'other'}" if key != "init_adapter" else "/etc,/srv/x"
+    values = f"{outside},{outside.parent / 'other.txt'}" if key == "data" else (
+        f"{outside.parent},{outside.parent / 'tb'}" if key == "tracker_dir" else "/etc,/srv/x")
     message = queue_handlers.queue_sweep("text-demo", key, values, "sw")
     assert message.startswith(f"Error: {key}:") and "outside the folders" in message
     assert Queue(common.runs_root()).entries() == []
@@ -88,10 +89,14 @@ def test_the_server_job_manager_gates_every_start(work, outside):
     assert common.MANAGER.job is None
 
 
-def test_a_user_preset_naming_an_outside_file_is_refused_by_plan_and_longest(work, outside):
-    folder = common.user_presets_dir()
-    folder.mkdir(parents=True)
-    (folder / "mine.yaml").write_text(f"# mine\ndata: {outside}\n")
+def test_a_preset_naming_an_outside_file_is_refused_by_plan_and_longest(work, outside, tmp_path,
+                                                                         monkeypatch):
+    from lora_gui import presets
+
+    shipped = tmp_path / "shipped"  # a preset file put there by hand; the real presets/ untouched
+    shipped.mkdir()
+    (shipped / "mine.yaml").write_text(f"# mine\ndata: {outside}\n")
+    monkeypatch.setattr(presets, "PRESET_DIR", shipped)
     _, text, _, _ = plan_handlers.plan("mine", "builtin", 64, 512, 2.0, "cpu", False)
     assert text.startswith("Error: data:") and "outside the folders" in text
     assert longest_handlers.plan_tab("mine", "builtin", 4.0, "cpu", False).startswith("Error: data:")
@@ -99,10 +104,10 @@ def test_a_user_preset_naming_an_outside_file_is_refused_by_plan_and_longest(wor
 
 def test_a_preset_is_named_never_a_path(work):
     for name in ("/etc/passwd", "../../etc/passwd", str(PRESET_DIR / "text-demo.yaml")):
-        with pytest.raises(common.USER_ERRORS):
-            common.preset_file(name)
         _, text, _, _ = plan_handlers.plan(name, "builtin", 64, 512, 2.0, "cpu", False)
         assert text.startswith("Error: preset") and "not found" in text
+        with pytest.raises(common.USER_ERRORS):
+            common.preset_file(name)
 
 
 def test_folders_written_from_the_page_never_hold_the_apps_own_files(work):
