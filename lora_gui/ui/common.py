@@ -25,6 +25,9 @@ def runs_root() -> Path:
     return RUNS_ROOT
 
 
+paths.use_runs_root(lambda: runs_root())  # the path gate follows it (and its test stand-ins)
+
+
 def check_run_name(name: str) -> str:
     """A run name is one folder under runs/: letters, digits, '.', '_', '-'; no '/' or '..'
     (the engine's rule, :func:`lora_gui.engine.core.rundir.run_folder`).

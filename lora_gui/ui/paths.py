@@ -20,7 +20,7 @@ links that exist inside), so it reads the same whether an outside path exists or
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ from lora_gui.presets import PRESET_DIR
 _lock = threading.Lock()
 _extra: tuple[Path, ...] = ()  # folders added with --allow-path, resolved
 _any_path = False  # --allow-any-path
+# the dashboard's runs folder: lora_gui.ui.common hands its runs_root here when imported (this
+# module does not import it back)
+_runs_root: Callable[[], Path] = lambda: Path("runs")  # noqa: E731
+
+
+def use_runs_root(getter: Callable[[], Path]) -> None:
+    """Where the runs folder is (a function: tests point it elsewhere)."""
+    global _runs_root
+    _runs_root = getter
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lora_gui/: the app's code
 # beside the run folders: the queue's locks, launch logs, uploads, user presets, the queue file
 PATH_CHARS = 240  # a typed path in a message: long enough for real paths, never a whole page
@@ -54,20 +63,16 @@ def configure(allow: Iterable[str | Path] = (), any_path: bool = False) -> None:
 def allowed_roots() -> list[Path]:
     """The folders a typed path may lie in (resolved): working directory, runs, assets, presets
     and the --allow-path folders."""
-    from lora_gui.ui.common import runs_root
-
     with _lock:
         extra = _extra
-    roots = [Path.cwd(), Path(runs_root()).resolve(), ASSETS.resolve(), PRESET_DIR.resolve(), *extra]
+    roots = [Path.cwd(), Path(_runs_root()).resolve(), ASSETS.resolve(), PRESET_DIR.resolve(), *extra]
     return list(dict.fromkeys(roots))
 
 
 def app_folders() -> list[Path]:
     """The app's own files, never written from the page (resolved): its code, bundled assets and
     presets, and the queue's, launches', uploads' and user presets' entries beside the runs."""
-    from lora_gui.ui.common import runs_root
-
-    runs = Path(runs_root()).resolve()
+    runs = Path(_runs_root()).resolve()
     return [PACKAGE_DIR, ASSETS.resolve(), PRESET_DIR.resolve(), *(runs / name for name in APP_ENTRIES)]
 
 
