@@ -313,7 +313,7 @@ class QueueRunner:
                                  "skipped")
             return False
         try:
-            cfg = check_run(entry.config, entry.name, entry.processes, self.manager.gate)
+            cfg = check_run(entry.config, entry.name, entry.processes, getattr(self.manager, "gate", None))
         except USER_ERRORS as err:
             self._fail(entry.id, str(err))
             return False

@@ -146,3 +146,20 @@ def test_what_held_paths_typed_in_the_form_outside_are_refused(work, outside):
         assert cfg is None and errors["data"].startswith("data:") and "outside" in errors["data"]
     cfg, errors = forms.validate({"data": "data.txt", "tracker_dir": "tb"})
     assert errors == {}
+
+
+def test_the_dashboards_queue_runner_refuses_an_entry_naming_an_outside_file(work, outside):
+    """An entry whose settings name an outside file (queue.json edited, or queued from the command
+    line) fails at start in the dashboard's runner with the gate's message; nothing starts."""
+    from lora_gui.engine import queue_runner
+
+    queue_runner.add(common.runs_root(), RunConfig(data="data.txt", max_steps=2), "late")
+    with Queue(common.runs_root()).edit() as entries:
+        entries[0].config["data"] = str(outside)
+    runner = queue_runner.QueueRunner(common.MANAGER, common.runs_root())
+    try:
+        assert runner.tick() is None and common.MANAGER.job is None
+    finally:
+        runner.close()
+    entry, = Queue(common.runs_root()).entries()
+    assert entry.state == "failed" and entry.message.startswith("data:") and "outside" in entry.message
