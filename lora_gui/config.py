@@ -517,10 +517,10 @@ def field_names() -> list[str]:
 
 def unknown_key_message(key: str, where: str = "") -> str:
     """'unknown key' with the closest known key suggested."""
-    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5) if len(key) < 100 else []
     hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(field_names())}"
     prefix = f"{where}: " if where else ""
-    return f"{prefix}unknown key '{key}'{hint}"
+    return f"{prefix}unknown key {clip(key)}{hint}"
 
 
 def parse_value(key: str, text: str) -> Any:

@@ -34,7 +34,7 @@ from lora_gui.engine.queue_file import (
     RunnerLock,
     new_id,
 )
-from lora_gui.errors import USER_ERRORS
+from lora_gui.errors import USER_ERRORS, clip
 from lora_gui.units import GB
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def sweep_values(key: str, text: str) -> list[Any]:
     """``1e-4,2e-4`` -> the setting's typed values (ConfigError naming the setting)."""
     values = [parse_value(key, part.strip()) for part in str(text).split(",") if part.strip()]
     if len(values) < 2:
-        raise ConfigError(f"sweep {key}: give two or more comma-separated values, got {text!r}")
+        raise ConfigError(f"sweep {key}: give two or more comma-separated values, got {clip(text)}")
     return values
 
 
@@ -124,7 +124,7 @@ def sweep(root: Path, base: RunConfig, key: str, values_text: str, base_name: st
     (``gate``: the dashboard's path check, on every swept value): nothing is queued when one of
     them is refused."""
     values = sweep_values(key, values_text)
-    configs = [apply_overrides(base, {key: v}, where=f"sweep {key}={v}") for v in values]
+    configs = [apply_overrides(base, {key: v}, where=f"sweep {key}={clip(v)}") for v in values]
     names = [f"{base_name}-{key}-{_value_name(v)}" for v in values]
     entries = Queue(root).entries()
     for name in names:

@@ -70,3 +70,14 @@ def test_an_upload_never_replaces_an_earlier_one(work, tmp_path):
     assert open(one).read() == first.read_text() and open(two).read() == second.read_text()
     again, message = train_handlers.use_upload(str(first))
     assert again == one and "uploaded before" in message
+
+
+def test_long_sweep_and_queue_inputs_are_cut(work):
+    from lora_gui.ui.tabs import queue_handlers
+
+    long = "y" * 100_000
+    for message in (queue_handlers.queue_sweep("text-demo", long, "1,2", "sw"),
+                    queue_handlers.queue_sweep("text-demo", "lr", long, "sw"),
+                    queue_handlers.queue_sweep("text-demo", "mode", f"{long},{long}", "sw"),
+                    queue_handlers.move_to("id", long)):
+        assert message.startswith("Error:") and len(message) < 2_000, message[:200]

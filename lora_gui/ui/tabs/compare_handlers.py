@@ -8,6 +8,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError
 from lora_gui.engine.compare.results import load_results
+from lora_gui.errors import clip
 from lora_gui.ui import charts, common
 
 TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "run's plan MiB", "measured MiB",
@@ -25,7 +26,7 @@ def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(x) for x in str(text or "").split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"sizes: {text!r} is not a comma-separated list of whole numbers") from None
+        raise ConfigError(f"sizes: {clip(text)} is not a comma-separated list of whole numbers") from None
     return sizes
 
 

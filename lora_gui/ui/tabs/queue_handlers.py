@@ -8,6 +8,7 @@ from typing import Any
 
 from lora_gui.engine import queue_runner
 from lora_gui.engine.queue_file import Entry, Queue
+from lora_gui.errors import clip
 from lora_gui.ui import common, paths
 from lora_gui.ui.tabs import runs_handlers, train_handlers
 
@@ -81,7 +82,7 @@ def move_to(entry_id: str | None, position: Any) -> str:
     try:
         return _act(queue_runner.move, entry_id, int(position))
     except (TypeError, ValueError):
-        return f"Error: position {position!r} is not a whole number"
+        return f"Error: position {clip(position)} is not a whole number"
 
 
 def cancel(entry_id: str | None) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
+from lora_gui.errors import clip
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.ui import charts, common, forms, live
 
@@ -87,7 +88,7 @@ def check_processes(processes: Any, task: str) -> int:
     try:
         n = int(processes or 1)
     except (TypeError, ValueError):
-        raise ConfigError(f"processes: {processes!r} is not a whole number") from None
+        raise ConfigError(f"processes: {clip(processes)} is not a whole number") from None
     if n < 1 or (n > 1 and n > common.gpu_count()):
         raise ConfigError(f"processes: {n}; this machine shows {common.gpu_count()} GPU(s): "
                           f"use 1 to {max(1, common.gpu_count())}")
