@@ -163,3 +163,14 @@ def test_the_dashboards_queue_runner_refuses_an_entry_naming_an_outside_file(wor
         runner.close()
     entry, = Queue(common.runs_root()).entries()
     assert entry.state == "failed" and entry.message.startswith("data:") and "outside" in entry.message
+
+
+def test_try_and_export_refuse_a_run_whose_base_model_lies_outside(work, outside):
+    run = common.runs_root() / "cli-run"  # e.g. trained from the command line on an outside model
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({**RunConfig().to_dict(), "model": str(outside.parent)}))
+    *_, message = list(try_handlers.generate(str(run), "hi", 4, 0, 0, 1))[-1]
+    assert message.startswith("Error: model:") and "outside the folders" in message
+    message = try_handlers.export(str(run), str(common.runs_root() / "out"), True)
+    assert message.startswith("Error: model:") and not (common.runs_root() / "out").exists()
