@@ -31,6 +31,18 @@ def test_the_path_settings_are_declared_on_the_settings_and_each_is_checked(work
         assert set(paths.refusals({name: "/srv/elsewhere/x"})) == {name}
 
 
+def test_every_free_text_setting_whose_help_names_a_file_or_folder_is_declared_a_path():
+    """A new setting that takes a file or folder (its help says so) and forgets path=... fails here."""
+    import dataclasses
+    import re
+
+    free_text = [f for f in dataclasses.fields(RunConfig)
+                 if f.type in ("str", str) and not f.metadata.get("choices")]
+    named = {f.name for f in free_text
+             if re.search(r"\b(folder|file|directory|path)\b", f.metadata["help"], re.I)}
+    assert named and named <= set(path_settings(RunConfig)), named - set(path_settings(RunConfig))
+
+
 @pytest.mark.parametrize("key", ["data", "tracker_dir", "init_adapter"])
 def test_a_sweep_over_a_path_setting_is_refused_and_queues_nothing(work, outside, key):
     values = f"{outside},{outside.parent / 'other.txt'}" if key == "data" else (
