@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace, block: bool = True):
     """Builds the dashboard and serves it as the flags say; ``block=False`` returns the running
     app (gradio.Blocks) at once (tests)."""
-    from lora_gui.ui import paths
+    from lora_gui.ui import login_wall, paths
     from lora_gui.ui.app import CSS, build_app
 
     paths.configure(args.allow_path, any_path=args.allow_any_path)
@@ -89,7 +89,8 @@ def serve(args: argparse.Namespace, block: bool = True):
     # the Runs tab
     demo.launch(server_name=args.host, server_port=args.port, auth=args.logins or None, css=CSS,
                 auth_message="lora_gui: log in with a user given to --auth or --auth-file",
-                run_history=False, prevent_thread_lock=not block, quiet=not block)
+                run_history=False, prevent_thread_lock=not block, quiet=not block,
+                app_kwargs=login_wall.app_kwargs())  # with --auth: nothing answers without the login
     return demo
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from lora_gui.errors import UserError
+from lora_gui.errors import UserError, clip
 from lora_gui.objective import PreferenceSettings
-from lora_gui.options import TEXT, option
+from lora_gui.options import READS, TEXT, WRITES, option
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL_DIR = ASSETS / "base-model"
@@ -61,10 +62,10 @@ class RunConfig(PreferenceSettings):
                         "bundled small SD-style pipeline), 'builtin:drawing' (image: bundled SD3-style "
                         "pipeline that draws shapes at 64 px), a Hugging Face id (needs network) or a "
                         "local directory saved with save_pretrained (image: SD 1.x, SDXL, SD3 / "
-                        "SD3.5 or Flux.1).", "task")
+                        "SD3.5 or Flux.1).", "task", path=READS)
     data: str = option("builtin", "Training data: 'builtin' (text: bundled fine-tune corpus; image: "
                        "bundled demo pictures), a .txt / .jsonl / .csv file (text) or an image "
-                       "folder with .txt captions or metadata.jsonl (image).", "task")
+                       "folder with .txt captions or metadata.jsonl (image).", "task", path=READS)
     eval_fraction: float = option(0.05, "Share of documents held out for eval_loss.", "task",
                                   low=0.0, high=0.5)
     # -- instruction and chat data (lora_gui.data.chat) --------------------------------------------
@@ -172,7 +173,7 @@ class RunConfig(PreferenceSettings):
                             "wandb a login (wandb login) or WANDB_MODE=offline.", "train")
     tracker_dir: str = option("", "Folder for TensorBoard and trackio data (empty: TensorBoard in the "
                               "run folder, trackio in TRACKIO_DIR or trackio/ beside the run folder).",
-                              "train")
+                              "train", path=WRITES)
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
     resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
                              "built-in drawing model draws at 64); buckets hold about resolution^2 "
@@ -363,10 +364,10 @@ class RunConfig(PreferenceSettings):
         try:
             table = {int(k): int(v) for k, v in (p.split(":") for p in self.batch_table.split(","))}
         except ValueError:
-            raise ConfigError(f"batch_table: {self.batch_table!r} is not 'px:batch,px:batch' "
+            raise ConfigError(f"batch_table: {clip(self.batch_table)} is not 'px:batch,px:batch' "
                               "(e.g. 512:8,768:4)") from None
         if not table or min(table.values()) < 1 or min(table) < IMAGE_GRID:
-            raise ConfigError(f"batch_table: {self.batch_table!r} needs positive batches and sizes")
+            raise ConfigError(f"batch_table: {clip(self.batch_table)} needs positive batches and sizes")
         return table
 
     def trackers(self) -> list[str]:
@@ -374,10 +375,10 @@ class RunConfig(PreferenceSettings):
         names = [n.strip().lower() for n in self.report_to.split(",") if n.strip()]
         unknown = [n for n in names if n not in TRACKERS]
         if unknown:
-            raise ConfigError(f"report_to: {unknown[0]!r} is not a tracker; use a comma list of "
+            raise ConfigError(f"report_to: {clip(unknown[0])} is not a tracker; use a comma list of "
                               f"{', '.join(TRACKERS)}")
         if "none" in names and len(names) > 1:
-            raise ConfigError(f"report_to: {self.report_to!r} names 'none' with other trackers")
+            raise ConfigError(f"report_to: {clip(self.report_to)} names 'none' with other trackers")
         return list(dict.fromkeys(n for n in names if n != "none"))
 
     def data_path(self) -> Path:
@@ -494,21 +495,24 @@ def _check_value(f: dataclasses.Field, kind: type, value: Any) -> None:
     meta = f.metadata
     if kind is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{f.name}: expected true or false, got {value!r}")
+            raise ConfigError(f"{f.name}: expected true or false, got {clip(value)}")
         return
     if kind in (int, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             kind is int and not float(value).is_integer()
         ):
-            raise ConfigError(f"{f.name}: expected {kind.__name__}, got {value!r}")
+            raise ConfigError(f"{f.name}: expected {kind.__name__}, got {clip(value)}")
+        if not math.isfinite(value):  # NaN compares false with both bounds: name it here
+            raise ConfigError(f"{f.name}: {value} is not a number; give a value in [{meta['low']}, "
+                              f"{meta['high']}]")
         low, high = meta["low"], meta["high"]
         if (low is not None and value < low) or (high is not None and value > high):
             raise ConfigError(f"{f.name}: {value} is out of range [{low}, {high}]")
         return
     if not isinstance(value, str):
-        raise ConfigError(f"{f.name}: expected text, got {value!r}")
+        raise ConfigError(f"{f.name}: expected text, got {clip(value)}")
     if meta["choices"] and value not in meta["choices"]:
-        raise ConfigError(f"{f.name}: {value!r} is not one of {', '.join(meta['choices'])}")
+        raise ConfigError(f"{f.name}: {clip(value)} is not one of {', '.join(meta['choices'])}")
 
 
 def bitsandbytes_present() -> bool:
@@ -527,10 +531,10 @@ def field_names() -> list[str]:
 
 def unknown_key_message(key: str, where: str = "") -> str:
     """'unknown key' with the closest known key suggested."""
-    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5) if len(key) < 100 else []
     hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(field_names())}"
     prefix = f"{where}: " if where else ""
-    return f"{prefix}unknown key '{key}'{hint}"
+    return f"{prefix}unknown key {clip(key)}{hint}"
 
 
 def parse_value(key: str, text: str) -> Any:

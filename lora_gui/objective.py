@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lora_gui.options import TEXT, option
+from lora_gui.options import READS, TEXT, option
 
 OBJECTIVES = ("sft", "dpo", "orpo", "simpo")
 PREFERENCE = "preference"  # the settings' group on the form
@@ -46,7 +46,7 @@ class PreferenceSettings:
                                "folder, same adapter settings), e.g. an sft run before dpo; empty: a "
                                "fresh adapter. DPO's reference is then that starting model "
                                "(ref_logps: precomputed).", PREFERENCE, tasks=TEXT,
-                               label="Start from adapter")
+                               label="Start from adapter", path=READS)
 
     @property
     def is_preference(self) -> bool:

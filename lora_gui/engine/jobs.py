@@ -116,9 +116,12 @@ class Job:
 class JobManager:
     """Owns at most one running job; a second start is refused with the running job's name."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: Callable[[RunConfig], None] | None = None) -> None:
         self._lock = threading.Lock()
         self.job: Job | None = None
+        # the dashboard's path check (lora_gui.ui.paths.check_config): every run and comparison
+        # this manager starts (Start, Resume, the queue's runner) passes it first; None: no limit
+        self.gate = gate
         self.queue_runner = None  # the queue's runner (engine.queue_runner), once run_queue is called
 
     def run_queue(self, runs_root: Path, every_s: float = 1.0):
@@ -138,6 +141,8 @@ class JobManager:
               processes: int = 1) -> Job:
         """Starts a training run as a process of its own (``python -m lora_gui train``, or
         ``accelerate launch`` on ``processes`` local GPUs), followed through its run folder."""
+        if self.gate is not None:
+            self.gate(cfg)  # paths outside the dashboard's folders: refused before anything starts
         with start_lock(out.parent), self._lock:  # one run on the card across dashboards
             if self.job is not None and self.job.running:
                 raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "
@@ -158,6 +163,8 @@ class JobManager:
                    work: Callable[[Job], dict[str, Any]]) -> Job:
         """Starts other background work (a comparison) as the one job: the same busy check, stop
         (``job.control.stop``) and status; ``work(job)`` returns the job's summary."""
+        if self.gate is not None:
+            self.gate(cfg)
         with self._lock:
             if self.job is not None and self.job.running:
                 raise JobBusyError(f"a job is already running: {self.job.name} (in {self.job.out}); "

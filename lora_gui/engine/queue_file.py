@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lora_gui.errors import UserError
+from lora_gui.errors import UserError, clip
 
 try:
     import fcntl
@@ -204,7 +204,8 @@ class Queue:
                 return entry
         named = [e for e in entries if e.name == key]
         if not named:
-            raise QueueError(f"{self.path}: no entry {key!r} (give an id or a run name from `queue list`)")
+            raise QueueError(f"{self.path}: no entry {clip(key)} (give an id or a run name from "
+                             "`queue list`)")
         return named[-1]
 
     def claim(self, entry: Entry) -> bool:

@@ -34,7 +34,7 @@ from lora_gui.engine.queue_file import (
     RunnerLock,
     new_id,
 )
-from lora_gui.errors import USER_ERRORS
+from lora_gui.errors import USER_ERRORS, clip
 from lora_gui.units import GB
 
 if TYPE_CHECKING:
@@ -46,14 +46,21 @@ MIB = 2**20
 
 
 # -- checks --------------------------------------------------------------------------------------
-def check_run(config: dict[str, Any] | RunConfig, name: str, processes: int = 1) -> RunConfig:
-    """The run's settings validated, its data and model found and its own plan (the planner's
+Gate = Callable[[RunConfig], None]  # the dashboard's path check; raises a user error
+
+
+def check_run(config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
+              gate: Gate | None = None) -> RunConfig:
+    """The run's settings validated, passed through ``gate`` (the dashboard's path check, before
+    any file is looked at), its data and model found and its own plan (the planner's
     ``predict``, as the Train tab and the run use) within its budget; raises a user error
     naming the setting, file or figure otherwise."""
     from lora_gui.memory.predict import predict
 
     values = config.to_dict() if isinstance(config, RunConfig) else config
     cfg = apply_overrides(RunConfig(), values, where=f"queued run {name}")
+    if gate is not None:
+        gate(cfg)
     data = cfg.data_path()
     if not data.exists():
         raise ConfigError(f"queued run {name}: data: {data} not found")
@@ -83,11 +90,12 @@ def _reserve(root: Path, name: str, entries: list[Entry]) -> Path:
 
 # -- changing the queue --------------------------------------------------------------------------
 def add(root: Path, config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
-        sweep_id: str | None = None) -> Entry:
-    """Checks the run and appends it to the queue of ``root``; its run folder is reserved."""
+        sweep_id: str | None = None, gate: Gate | None = None) -> Entry:
+    """Checks the run (``gate``: the dashboard's path check) and appends it to the queue of
+    ``root``; its run folder is reserved."""
     root = Path(root)
     out = _reserve(root, name, Queue(root).entries())  # quick refusals before the plan's seconds
-    cfg = check_run(config, out.name, processes)
+    cfg = check_run(config, out.name, processes, gate)
     entry = Entry(id=new_id(), name=out.name, config=cfg.to_dict(), processes=processes, sweep=sweep_id)
     with Queue(root).edit() as entries:
         _reserve(root, name, entries)  # again, under the lock
@@ -101,7 +109,7 @@ def sweep_values(key: str, text: str) -> list[Any]:
     """``1e-4,2e-4`` -> the setting's typed values (ConfigError naming the setting)."""
     values = [parse_value(key, part.strip()) for part in str(text).split(",") if part.strip()]
     if len(values) < 2:
-        raise ConfigError(f"sweep {key}: give two or more comma-separated values, got {text!r}")
+        raise ConfigError(f"sweep {key}: give two or more comma-separated values, got {clip(text)}")
     return values
 
 
@@ -111,19 +119,24 @@ def _value_name(value: Any) -> str:
 
 
 def sweep(root: Path, base: RunConfig, key: str, values_text: str, base_name: str,
-          processes: int = 1) -> list[Entry]:
-    """Queues one run per value of ``key`` (named BASE-KEY-VALUE), every one checked first:
-    nothing is queued when one of them is refused."""
+          processes: int = 1, gate: Gate | None = None) -> list[Entry]:
+    """Queues one run per value of ``key`` (named BASE-KEY-VALUE), every one checked first
+    (``gate``: the dashboard's path check, on every swept value): nothing is queued when one of
+    them is refused."""
     values = sweep_values(key, values_text)
-    configs = [apply_overrides(base, {key: v}, where=f"sweep {key}={v}") for v in values]
+    configs = [apply_overrides(base, {key: v}, where=f"sweep {key}={clip(v)}") for v in values]
     names = [f"{base_name}-{key}-{_value_name(v)}" for v in values]
     entries = Queue(root).entries()
     for name in names:
         _reserve(Path(root), name, entries)
+    if gate is not None:  # every value's paths before the first plan's seconds
+        for cfg in configs:
+            gate(cfg)
     for cfg, name in zip(configs, names):
-        check_run(cfg, name, processes)
+        check_run(cfg, name, processes, gate)
     sweep_id = new_id()
-    return [add(root, cfg, name, processes, sweep_id=sweep_id) for cfg, name in zip(configs, names)]
+    return [add(root, cfg, name, processes, sweep_id=sweep_id, gate=gate)
+            for cfg, name in zip(configs, names)]
 
 
 def _free_folder(root: Path, entry: Entry) -> None:
@@ -300,7 +313,7 @@ class QueueRunner:
                                  "skipped")
             return False
         try:
-            cfg = check_run(entry.config, entry.name, entry.processes)
+            cfg = check_run(entry.config, entry.name, entry.processes, getattr(self.manager, "gate", None))
         except USER_ERRORS as err:
             self._fail(entry.id, str(err))
             return False

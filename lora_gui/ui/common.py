@@ -11,15 +11,21 @@ from lora_gui.engine.jobs import JobManager
 from lora_gui.errors import USER_ERRORS  # noqa: F401  (re-exported for the tabs)
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import list_presets
+from lora_gui.ui import paths
 
 RUNS_ROOT = Path("runs")
-MANAGER = JobManager()  # one job per server process, shared by every page that attaches
+# one job per server process, shared by every page that attaches; whatever it starts passes the
+# dashboard's path check first (Start, Resume, Compare, the queue's runner)
+MANAGER = JobManager(gate=paths.check_config)
 SIMULATED_BUDGET_GB = 2.0  # default simulated VRAM budget on a machine without a GPU
 
 
 def runs_root() -> Path:
     """The runs folder (a function so that tests can point it elsewhere)."""
     return RUNS_ROOT
+
+
+paths.use_runs_root(lambda: runs_root())  # the path gate follows it (and its test stand-ins)
 
 
 def check_run_name(name: str) -> str:
@@ -34,8 +40,40 @@ def check_run_name(name: str) -> str:
     return run_folder(runs_root(), name).name
 
 
+def user_presets_dir() -> Path:
+    """Where the dashboard saves presets: runs/presets/ (the bundled ones stay read-only)."""
+    return runs_root() / "presets"
+
+
 def preset_names() -> list[str]:
-    return [p.stem for p in list_presets()]
+    """The bundled presets, then the user's own (saved from the dashboard)."""
+    return [p.stem for p in list_presets(user_dir=user_presets_dir())]
+
+
+def preset_file(name: str | None) -> Path:
+    """The YAML file of a preset the page names: a bundled or user preset by name only (never a
+    path typed in a request).
+
+    Raises:
+        ConfigError: for any other name (cut when long).
+    """
+    from lora_gui.config import ConfigError
+    from lora_gui.errors import cut
+
+    for path in list_presets(user_dir=user_presets_dir()):
+        if path.stem == name:
+            return path
+    raise ConfigError(f"preset {cut(name)}: not found (known presets: {', '.join(preset_names())})")
+
+
+def preset_config(name: str | None, overrides: dict | None = None):
+    """Settings of a named preset (``overrides`` applied), through the dashboard's path check
+    (a preset file may name a data file or model folder outside the allowed folders)."""
+    from lora_gui.presets import load_config
+
+    cfg = load_config(preset_file(name), overrides)
+    paths.check_config(cfg)
+    return cfg
 
 
 def gpu_total_gb() -> float | None:

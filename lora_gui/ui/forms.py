@@ -247,24 +247,13 @@ def check_data_path(value: str, task: str) -> None:
         raise DataError(f"data: {value} cannot be read ({err.strerror})") from None
 
 
-PATH_FIELDS = ("model", "data", "tracker_dir")  # settings that name a file or folder
-
-
 def check_typed_paths(clean: dict[str, Any], errors: dict[str, str]) -> dict[str, str]:
-    """{setting: message} for each path setting outside the folders the dashboard may use
-    (:mod:`lora_gui.ui.paths`); bundled names and empty values are not paths."""
+    """{setting: message} for each path setting (declared with ``option(path=...)``) outside the
+    folders the dashboard may use (:mod:`lora_gui.ui.paths`); bundled names and empty values are
+    not paths."""
     from lora_gui.ui import paths
 
-    found = {}
-    for name in PATH_FIELDS:
-        value = clean.get(name)
-        if name in errors or not value or value == "builtin" or value.startswith("builtin:"):
-            continue
-        try:
-            paths.check(name, value)
-        except paths.PathNotAllowedError as err:
-            found[name] = str(err)
-    return found
+    return {name: message for name, message in paths.refusals(clean).items() if name not in errors}
 
 
 def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:

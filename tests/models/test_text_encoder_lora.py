@@ -50,7 +50,7 @@ def test_text_encoder_lora_is_saved_in_diffusers_format_and_loads(run):
     pipe = load_pipeline(resolve_pipeline_source("builtin"), out / "adapter")
     loaded = {n: p for n, p in pipe.text_encoder.named_parameters() if "lora_B" in n}
     assert len(loaded) == len(up)
-    state = torch.load(out / "checkpoints" / "step-00000002" / "state.pt", weights_only=False)
+    state = torch.load(out / "checkpoints" / "step-00000002" / "state.pt", weights_only=True)
     lr = summary["config"]["lr"]  # the UNet's group at lr, the encoders' at text_encoder_lr
     assert lr != 0.002
     assert [g["initial_lr"] for g in state["optimizer"]["param_groups"]] == [pytest.approx(lr),

@@ -126,19 +126,19 @@ def test_bad_settings_start_nothing_and_mark_the_field(runs_root):
     assert message.startswith("Error:") and "lr" in errors and common.MANAGER.job is None
 
 
-def test_save_as_preset_writes_the_differences_and_is_loadable(tmp_path, monkeypatch):
+def test_save_as_preset_writes_the_differences_and_is_loadable(runs_root):
     from lora_gui import presets
 
     good, bad = values(lora_rank=4), values(lr=5)
-    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
     message = handle.save_as_preset("mine", good, "my runs")
-    assert message == "Saved presets/mine.yaml"
-    text = (tmp_path / "mine.yaml").read_text()
+    mine = runs_root / "presets" / "mine.yaml"  # the user's presets folder; presets/ stays as shipped
+    assert message == f"Saved mine (your presets: {mine})"
+    text = mine.read_text()
     assert text.startswith("# my runs") and "lora_rank: 4" in text
-    assert presets.load_config(tmp_path / "mine.yaml").lora_rank == 4
+    assert presets.load_config(mine).lora_rank == 4 and "mine" in common.preset_names()
     assert handle.save_as_preset("bad", bad).startswith("Error: lr")
     assert handle.save_as_preset("../x", good).startswith("Error: name")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["mine.yaml"]
 
 
 @pytest.mark.slow

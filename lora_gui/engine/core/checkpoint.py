@@ -5,12 +5,20 @@ scheduler state, RNG state, trainer state) and a ``latest`` file naming the newe
 A checkpoint is written into a hidden temp folder, fsynced, renamed into place (atomic on POSIX),
 and only then is ``latest`` replaced (write temp + ``os.replace``, also atomic). Older
 checkpoints beyond ``keep`` are removed after that, never before.
+
+A checkpoint is read without unpickling objects: ``state.pt`` holds only tensors, numbers, text,
+lists, tuples and dicts (the optimizer's and scheduler's state dicts and the RNG states), and is
+loaded with ``torch.load(weights_only=True)``, torch's allow-list of exactly those types. A run
+folder copied in from elsewhere cannot run code on Resume: a file holding anything else is
+refused with a message. Checkpoints written before this rule hold the same types and load as
+they are (nothing to convert).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -20,7 +28,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from lora_gui.errors import UserError
+
 LATEST = "latest"
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint's file holds something other than a checkpoint's data; the message names it."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -105,8 +119,25 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint's contents: ``adapter`` tensors, ``state`` (optimizer, scheduler, RNG) and
     ``trainer`` state (read once by the main process, then broadcast to the other ranks)."""
     return {"adapter": load_file(path / "adapter.safetensors"),
-            "state": torch.load(path / "state.pt", weights_only=False),  # our own file: RNG tuples
+            "state": read_state(path / "state.pt"),
             "trainer": json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))}
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """``state.pt`` (optimizer, scheduler, RNG) read with torch's allow-list of plain types.
+
+    Raises:
+        CheckpointError: the file holds other objects (they are never built: no code runs).
+    """
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path}: holds objects other than tensors, numbers and text, so it is not read (reading "
+            "it could run code); resume from an earlier checkpoint or start the run again") from None
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= set(state):
+        raise CheckpointError(f"{path}: not a checkpoint's training state (optimizer, scheduler, RNG)")
+    return state
 
 
 def restore_training_state(contents: dict[str, Any], optimizer, scheduler) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.lock import RunDirError, acquire_run_folder, release_run_folder
+from lora_gui.errors import clip
 
 __all__ = ["RunDirError", "prepare_run_dir", "run_folder", "save_run_config", "load_run_config"]
 
@@ -18,6 +19,9 @@ RUN_FILES = ("adapter", "checkpoints", "metrics.jsonl", "events.jsonl", "memory.
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+# the app's own entries beside the run folders: never a run name, so "delete run" or an
+# overwrite can never reach them (hidden names: .launch, .queue; queue.json and its aside copies)
+RESERVED_NAMES = ("uploads", "presets", "trackio", "queue.json")
 
 
 def run_folder(root: Path, name: str) -> Path:
@@ -29,8 +33,12 @@ def run_folder(root: Path, name: str) -> Path:
     """
     name = str(name).strip()
     if not RUN_NAME.fullmatch(name) or name in (".", ".."):
-        raise RunDirError(f"run name {name!r}: use one name of letters, digits, '.', '_' or '-' "
+        raise RunDirError(f"run name {clip(name)}: use one name of letters, digits, '.', '_' or '-' "
                           "(no '/', no '..', at most 100 characters)")
+    lower = name.lower()
+    if name.startswith(".") or any(lower == r or lower.startswith(f"{r}.") for r in RESERVED_NAMES):
+        raise RunDirError(f"run name {clip(name)}: names starting with '.' and "
+                          f"{', '.join(RESERVED_NAMES)} are the app's own folders; pick another")
     return Path(root) / name
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError
 from lora_gui.engine.compare.results import load_results
-from lora_gui.presets import load_config
+from lora_gui.errors import clip
 from lora_gui.ui import charts, common
 
 TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "run's plan MiB", "measured MiB",
@@ -26,7 +26,7 @@ def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(x) for x in str(text or "").split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"sizes: {text!r} is not a comma-separated list of whole numbers") from None
+        raise ConfigError(f"sizes: {clip(text)} is not a comma-separated list of whole numbers") from None
     return sizes
 
 
@@ -34,7 +34,7 @@ def predicted_rows(preset: str, model: str, sizes: str = "") -> list[dict[str, A
     from lora_gui.engine.compare.instant import instant_rows
 
     chosen = None if model in (None, "", PRESET_MODEL) else model
-    return instant_rows(load_config(preset), chosen, tuple(_sizes(sizes)) or None)
+    return instant_rows(common.preset_config(preset), chosen, tuple(_sizes(sizes)) or None)
 
 
 def _mib(value: Any) -> float | None:
@@ -123,7 +123,7 @@ def measure(preset: str, sizes: str, steps: Any, out_name: str, variants: list[s
         lengths = _sizes(sizes)
         if not lengths:
             raise ConfigError("sizes: give at least one length (text) or resolution (image)")
-        base = load_config(preset)
+        base = common.preset_config(preset)
         n_steps = int(steps or quick.QUICK_STEPS)
         if base.task == "image":  # refused here, before a job starts, naming the bad value
             for res in lengths:

@@ -67,19 +67,14 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
         is_unet_config,
         load_model_config,
     )
-    from lora_gui.presets import load_config
 
     try:
         image = model in bundled_models() and (is_unet_config(load_model_config(model))
                                                or is_dit_config(load_model_config(model)))
-        if model != "builtin" and not model.startswith("builtin:") and model not in bundled_models():
-            from lora_gui.ui import paths
-
-            paths.check("model", model)  # a local folder typed in the page: inside the allowed folders
         settings = {"model": model, "gradient_checkpointing": bool(checkpointing), "optimizer": optimizer,
                     **{k: int(v) for k, v in (("lora_rank", lora_rank), ("batch_size", batch_size)) if v}}
         settings.update({"task": "image"} if image else {"quantization": quantization})
-        cfg = load_config(preset, settings)
+        cfg = common.preset_config(preset, settings)
     except (ConfigError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
     if host_gb is not None and not host_gb >= 0:  # also catches NaN

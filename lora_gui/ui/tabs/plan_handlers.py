@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.presets import load_config
 from lora_gui.ui import charts, common, paths
 
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
@@ -28,7 +27,7 @@ def preset_settings(preset: str) -> tuple[Any, ...]:
     import gradio as gr
 
     try:
-        cfg = load_config(preset)
+        cfg = common.preset_config(preset)
     except common.USER_ERRORS:
         return (gr.update(),) * 7
     return (cfg.max_seq_len, cfg.resolution, cfg.gradient_checkpointing, cfg.quantization, cfg.optimizer,
@@ -89,7 +88,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
             paths.check("model", model)  # a local folder typed in the page
         sizes = {"max_seq_len": int(max_seq_len or 0), "resolution": int(resolution or 0),
                  "lora_rank": int(lora_rank or 0), "batch_size": int(batch_size or 0)}
-        cfg = load_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
+        cfg = common.preset_config(preset, {"model": model, **{k: v for k, v in sizes.items() if v},
                                    "gradient_checkpointing": bool(checkpointing),
                                    "quantization": quantization, "optimizer": optimizer})
         question = report.resolve_question(cfg, budget_gb=budget_gb or None, device=device,

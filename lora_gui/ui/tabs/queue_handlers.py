@@ -8,7 +8,8 @@ from typing import Any
 
 from lora_gui.engine import queue_runner
 from lora_gui.engine.queue_file import Entry, Queue
-from lora_gui.ui import common
+from lora_gui.errors import clip
+from lora_gui.ui import common, paths
 from lora_gui.ui.tabs import runs_handlers, train_handlers
 
 QUEUE_COLUMNS = ("#", "id", "run", "state", "sweep", "message")
@@ -33,7 +34,7 @@ def add_from_form(run_name: str, processes: Any, values: dict[str, Any]) -> tupl
         return "Error: fix the settings marked below.", errors
     try:
         n = train_handlers.check_processes(processes, cfg.task)
-        entry = queue_runner.add(common.runs_root(), cfg, run_name, n)
+        entry = queue_runner.add(common.runs_root(), cfg, run_name, n, gate=paths.check_config)
     except common.USER_ERRORS as err:
         return f"Error: {err}", {}
     position = [e.id for e in Queue(common.runs_root()).entries()].index(entry.id) + 1
@@ -81,7 +82,7 @@ def move_to(entry_id: str | None, position: Any) -> str:
     try:
         return _act(queue_runner.move, entry_id, int(position))
     except (TypeError, ValueError):
-        return f"Error: position {position!r} is not a whole number"
+        return f"Error: position {clip(position)} is not a whole number"
 
 
 def cancel(entry_id: str | None) -> str:
@@ -97,7 +98,7 @@ def queue_sweep(preset: str, key: str, values: str, base_name: str) -> str:
         if base is None:  # the preset with the budget the Train form gives it (this GPU's memory)
             return "Error: " + "; ".join(errors.values())
         entries = queue_runner.sweep(common.runs_root(), base, (key or "").strip(), values or "",
-                                     (base_name or preset or "").strip())
+                                     (base_name or preset or "").strip(), gate=paths.check_config)
     except common.USER_ERRORS as err:
         return f"Error: {err}"
     return (f"Queued a sweep of **{key}** ({entries[0].sweep}): "

@@ -12,8 +12,8 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
+from lora_gui.errors import clip
 from lora_gui.memory.runtime.meter import GB
-from lora_gui.presets import load_config
 from lora_gui.ui import charts, common, forms, live
 
 START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
@@ -22,7 +22,7 @@ START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
 def form_values(preset: str) -> dict[str, Any]:
     """Every setting's value for a preset (preset over the defaults); without a budget in the
     preset, the budget is this GPU's memory (or the simulated default without a GPU)."""
-    values = load_config(preset).to_dict()
+    values = common.preset_config(preset).to_dict()
     values["budget_gb"] = values["budget_gb"] or common.default_budget_gb()
     return values
 
@@ -88,7 +88,7 @@ def check_processes(processes: Any, task: str) -> int:
     try:
         n = int(processes or 1)
     except (TypeError, ValueError):
-        raise ConfigError(f"processes: {processes!r} is not a whole number") from None
+        raise ConfigError(f"processes: {clip(processes)} is not a whole number") from None
     if n < 1 or (n > 1 and n > common.gpu_count()):
         raise ConfigError(f"processes: {n}; this machine shows {common.gpu_count()} GPU(s): "
                           f"use 1 to {max(1, common.gpu_count())}")
@@ -486,7 +486,13 @@ def use_upload(file_path: str | None) -> tuple[str | None, str]:
         docs = load_documents(src)
     except DataError as err:
         return None, f"Error: {err}"
-    dest = common.runs_root() / "uploads" / src.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dest)
-    return str(dest), f"Uploaded {src.name}: {len(docs)} documents"
+    from lora_gui.errors import cut
+    from lora_gui.ui.paths import free_upload_name
+
+    dest, same = free_upload_name(common.runs_root() / "uploads", src)
+    if not same:  # never over an earlier upload: a new name when the contents differ
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+    kept = " (the same file was uploaded before)" if same else (
+        f" (saved as {dest.name}: an earlier upload has that name)" if dest.name != src.name else "")
+    return str(dest), f"Uploaded {cut(src.name)}: {len(docs)} documents{kept}"

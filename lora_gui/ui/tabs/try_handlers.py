@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lora_gui.engine.core.rundir import load_run_config
 from lora_gui.engine.export import export_run
 from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
 from lora_gui.errors import USER_ERRORS
@@ -82,6 +83,7 @@ def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperatur
         return
     try:
         run = open_run(paths.check("run", run_dir))
+        paths.check_config(run.cfg)  # the base model the run names (its config.json) is read too
         room = generation.room_for_generation(needed_bytes(run, int(max_new_tokens or 64)), _running_job())
         if not room.fits:
             yield "", "", None, None, "", room.message
@@ -132,7 +134,9 @@ def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none
     kind = None if gguf in (None, "", "none") else gguf
     try:
         paths.check("run", run_dir)
-        paths.check("export folder", target)
+        paths.check("export folder", target, writes=True)
+        if (Path(run_dir) / "config.json").is_file():  # a merged export reads the run's base model
+            paths.check_config(load_run_config(Path(run_dir)))
         path = export_run(run_dir, target, merged=bool(merged), gguf=kind)
     except USER_ERRORS as err:
         return f"Error: {err}"
