@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 CLASSES = ("AutoencoderKL", "UNet2DConditionModel", "SD3Transformer2DModel", "FluxTransformer2DModel",
            "DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
            "StableDiffusionPipeline",
-           "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline")
+           "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline",
+           "AutoencoderKLWan", "WanTransformer3DModel", "WanPipeline")
 SUBMODULES = ("diffusers.models.activations", "diffusers.models.attention_dispatch",
               "diffusers.models.attention_processor", "diffusers.models.embeddings",
               "diffusers.models.transformers.transformer_flux", "diffusers.training_utils",

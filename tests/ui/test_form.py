@@ -254,7 +254,7 @@ def test_differs_from_preset_names_each_changed_setting_and_the_card():
     budget = common.card_budget_gb("24gb")
     from lora_gui.cards import card_by_name
 
-    assert budget == round(card_by_name("24gb").total_bytes / 1e9, 4)  # the card's memory, in budget_gb's GB
+    assert budget == card_by_name("24gb").total_bytes / 1e9  # exactly the bytes `plan --card` plans with
     assert "card 24gb" in handle.differs_from_preset("text-demo", {**same, "budget_gb": budget}, "24gb")
     assert common.card_budget_gb(common.CUSTOM_CARD) is None and common.card_budget_gb("nope") is None
 
