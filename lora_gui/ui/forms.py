@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from lora_gui.config import BUILTIN_DATA, ConfigError, RunConfig, apply_overrides
+from lora_gui.config import ConfigError, RunConfig, apply_overrides
 
 GROUP_TITLES = {"task": "Task, model and data", "train": "Training", "image": "Images",
                 "memory": "Memory", "lora": "LoRA"}
@@ -213,25 +212,14 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 
 
 def check_data_path(value: str, task: str) -> None:
-    """A data path must be 'builtin' or a readable file (text) / folder (image)."""
+    """A data path must be 'builtin' or a file (text) / folder (image) that exists, is not empty
+    and (text) is UTF-8; the message says which (:mod:`lora_gui.ui.input_checks`)."""
     from lora_gui.data.text import DataError
+    from lora_gui.ui.input_checks import data_problem
 
-    if not value:
-        raise DataError("data: empty; use 'builtin' or a file path")
-    if value in BUILTIN_DATA or value == "builtin":
-        return
-    path = Path(value).expanduser()
-    wanted = path.is_dir() if task == "image" else path.is_file()
-    if not wanted:
-        kind = "image folder" if task == "image" else "file"
-        raise DataError(f"data: {value} is not a readable {kind}")
-    try:
-        if path.is_file():
-            path.open("rb").close()
-        else:
-            next(path.iterdir(), None)
-    except OSError as err:
-        raise DataError(f"data: {value} cannot be read ({err.strerror})") from None
+    problem = data_problem(value, task)
+    if problem:
+        raise DataError(problem)
 
 
 PATH_FIELDS = ("model", "data", "tracker_dir")  # settings that name a file or folder
@@ -276,6 +264,12 @@ def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
             check_data_path(clean["data"], clean.get("task", "text"))
         except ValueError as err:
             errors["data"] = str(err)
+    if "model" in clean and "model" not in errors:
+        from lora_gui.ui.input_checks import model_problem
+
+        problem = model_problem(clean["model"])
+        if problem:
+            errors["model"] = problem
     if errors:
         return None, errors
     try:

@@ -19,7 +19,9 @@ from lora_gui.engine.core.trackers import open_commands, read_tracker_info
 from lora_gui.ui import charts, common
 from lora_gui.ui.series import downsample, ema
 
-RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "duration s")
+# "trained s": the training time run.json keeps, the same the Train tab's status shows at the end
+RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "trained s",
+               "why it failed")
 OVERLAY_RUNS = (2, 4)  # how many runs an overlay compares
 
 
@@ -48,16 +50,28 @@ def _status(folder: Path, summary: dict[str, Any]) -> str:
     return folder_state(folder).status
 
 
+def _reason(folder: Path, status: str, summary: dict[str, Any]) -> str:
+    """A failed run's reason in one line (run.json's error, else what the folder shows)."""
+    if status != "failed":
+        return ""
+    text = summary.get("error") or folder_state(folder).message
+    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    while line.lower().startswith("error:"):
+        line = line[len("error:"):].strip()
+    return line
+
+
 def list_runs() -> list[list[Any]]:
-    """One row per run folder, newest first (status, task, mode, peak with its source...)."""
+    """One row per run folder, newest first (status, task, mode, peak with its source..., and
+    a failed run's reason)."""
     rows = []
     for folder in run_folders():
         cfg, summary = _read_json(folder / "config.json"), _read_json(folder / "run.json")
-        peak = summary.get("peak_bytes")
-        rows.append([folder.name, _status(folder, summary), cfg.get("task", "text"), cfg.get("mode"),
+        peak, status = summary.get("peak_bytes"), _status(folder, summary)
+        rows.append([folder.name, status, cfg.get("task", "text"), cfg.get("mode"),
                      round(peak / 2**20) if peak else None, summary.get("memory_source"),
                      round(summary["eval_loss"], 4) if summary.get("eval_loss") is not None else None,
-                     round(summary.get("train_seconds") or 0) or None])
+                     round(summary.get("train_seconds") or 0) or None, _reason(folder, status, summary)])
     return rows
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from lora_gui.ui import charts, common, forms, live, live_charts, live_panel
+from lora_gui.ui import charts, common, forms, live, live_charts, live_panel, run_status
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
@@ -166,16 +166,24 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 LIVE_TICK_S = 2.0
 
 
-def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every :data:`LIVE_TICK_S`, one event per page: the run charts' new points, status, events
-    and sample pictures (a tick of several pages at once runs in parallel: the charts are built
-    once for all). The page's charts value says which answer it holds."""
+def tick(smoothing: float = 0.0, seen: str | None = None, message: str | None = None,
+         request: gr.Request | None = None) -> tuple:
+    """:func:`poll`, and the message under the run buttons cleared once the start or stop it
+    speaks of is over (the status line then says how the run ended)."""
+    stale = run_status.stale_message(message)
+    return (*poll(smoothing, seen, request), gr.skip() if stale is None else stale)
+
+
+def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery, message: gr.Markdown) -> gr.Timer:
+    """Every :data:`LIVE_TICK_S`, one event per page: the run charts' new points, status, events,
+    sample pictures and a stale message (a tick of several pages at once runs in parallel: the
+    charts are built once for all). The page's charts value says which answer it holds."""
     timer = gr.Timer(LIVE_TICK_S)
     poll_in = [plots["smoothing"], plots["charts"]]
     poll_out = [plots["charts"], plots["status"], plots["events"], gallery]
     # one plain HTTP request per tick, outside the queue (no queue entry and event stream per
     # tick: several times less of the server's CPU for each open page, which shares the run's)
-    timer.tick(poll, poll_in, poll_out, queue=False, show_progress="hidden")
+    timer.tick(tick, [*poll_in, message], [*poll_out, message], queue=False, show_progress="hidden")
     plots["smoothing"].release(poll, poll_in, poll_out, queue=False, show_progress="hidden")
     plots["more"].expand(None, js="() => { if (window.loraLive) setTimeout(window.loraLive.draw, 50); }")
     return timer
@@ -212,9 +220,11 @@ def build() -> dict[str, Any]:
         handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, data[processes])
         _, errors = handle.config_from_form(cfg_values)
         text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
+        ready = gr.update(interactive=not errors)  # Start waits while a field is marked
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
                 panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
-                                                                          data[card])}
+                                                                          data[card]),
+                buttons["start"]: ready, buttons["enqueue"]: ready}
 
     def plan(data: dict, request: gr.Request) -> Iterator[tuple]:
         values = form.named(data)
@@ -249,7 +259,7 @@ def build() -> dict[str, Any]:
         return gr.update() if budget is None else budget
 
     estimate_in = {preset, card, *inputs}
-    estimate_out = [*form.errors.values(), *panel_out, differs]
+    estimate_out = [*form.errors.values(), *panel_out, differs, buttons["start"], buttons["enqueue"]]
     fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, *panel_out,
                 differs]
     # in the browser first (no round trip): the previous preset's plan leaves the panel at once,
@@ -264,8 +274,11 @@ def build() -> dict[str, Any]:
     task_model = [form.widgets["task"], form.widgets["model"]]
     gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
           [*form.components, *form.layout, upload])
-    gr.on([w.input for w in [*form.components, processes]], estimate, estimate_in, estimate_out,
-          trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
+    # typed values come as input events; a value set at once (pasted, autofilled, a test's fill)
+    # raises no input event in a textbox, so a textbox's change counts too
+    typed = [w.change for w in form.components if isinstance(w, gr.Textbox)]
+    gr.on([*(w.input for w in [*form.components, processes]), *typed], estimate, estimate_in,
+          estimate_out, trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
     _wire_run_buttons(buttons, form, inputs, run_name, processes, plots["status"])
@@ -287,7 +300,7 @@ def build() -> dict[str, Any]:
     upload.upload(uploaded, upload, [form.widgets["data"], message])
     save_event = save.click(lambda d: handle.save_as_preset(d[preset_name], form.named(d), d[preset_note]),
                             {preset_name, preset_note, *form.components}, save_message)
-    timer = _wire_timer(plots, low["gallery"])
+    timer = _wire_timer(plots, low["gallery"], message)
     return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
             "estimate_in": estimate_in, "estimate_out": estimate_out, "panel_out": panel_out,
             "start": buttons["start"], "status": plots["status"], "message": message,
