@@ -86,8 +86,15 @@ def with_card(fig: Any, card: str | None) -> Any:
         picked = card_by_name(card)
     except ValueError:
         return fig
-    fig.add_hline(y=picked.total_bytes / 2**20, line_dash="dot", line_color="black",
-                  annotation_text=f"{picked.name}: {picked.total_bytes / 2**20:,.0f} MiB")
+    from lora_gui.ui import chart_style
+
+    card_mib = picked.total_bytes / 2**20
+    top = chart_style.finite_max(*[[y for y in (trace.y or ()) if y is not None] for trace in fig.data])
+    if chart_style.is_far_above(card_mib, top):  # a line there would flatten every bar
+        fig.add_annotation(**chart_style.off_scale_note(picked.name, card_mib))
+        return fig
+    fig.add_hline(y=card_mib, line_dash="dot", line_color="black",
+                  annotation_text=f"{picked.name}: {card_mib:,.0f} MiB")
     return fig
 
 

@@ -45,8 +45,8 @@ def _sized(chart_id: str, spec: charts.Spec) -> charts.Spec:
     traces, layout = spec
     if chart_id == live_panel.STEP_PEAK:
         return spec
-    return traces, {**layout, "height": live_panel.CHART_HEIGHT,
-                    "margin": {"l": 50, "r": 10, "t": 40, "b": 40}}
+    # the chart's own margins: room for its legend below and a right-hand axis's title
+    return traces, {**layout, "height": live_panel.CHART_HEIGHT}
 
 
 def _views(part: str, key: tuple, specs: tuple) -> dict[str, live_charts.ChartView]:
