@@ -31,6 +31,30 @@ PER_ROW = 4  # fields a row in the groups; a row wraps on narrow screens (FIELD_
 FIELD_MIN_WIDTH = 170  # px
 
 
+# A setting's help in the words of the task shown, where its declared help speaks of another
+# task's things (tokens, documents, q_proj) or of both
+TASK_HELP = {
+    "eval_fraction": {"text": "Share of documents held out for eval_loss.",
+                      "image": "Share of pictures held out for eval_loss."},
+    "mode": {"text": "traditional: pad to max_seq_len, eager attention, fixed batch. optimized: "
+                     "dynamic sizing, SDPA, token budget.",
+             "image": "traditional: one fixed batch, eager attention. optimized: the batch of each "
+                      "resolution bucket planned under the budget, SDPA, the image memory switches on."},
+    "lora_targets": {"text": "Modules that get LoRA: 'all-linear' or a comma list such as q_proj,v_proj.",
+                     "image": "Modules that get LoRA: 'all-linear' or a comma list such as "
+                              "to_q,to_k,to_v,to_out.0."},
+    "data": {"text": "Training data: 'builtin' (the bundled fine-tune corpus) or a .txt / .jsonl / "
+                     ".csv file.",
+             "image": "Training data: 'builtin' (the bundled demo pictures) or a folder of pictures "
+                      "with .txt captions or metadata.jsonl."},
+}
+
+
+def help_for(f: dataclasses.Field, task: str) -> str:
+    """The help under a setting for ``task``, with its range."""
+    return TASK_HELP.get(f.name, {}).get(task, f.metadata.get("help", "")) + range_text(f)
+
+
 def settings_fields() -> list[dataclasses.Field]:
     return list(dataclasses.fields(RunConfig))
 
@@ -71,12 +95,14 @@ def range_text(f: dataclasses.Field) -> str:
 
 
 def widget_for(f: dataclasses.Field, value: Any, visible: bool = True,
-               classes: list[str] | None = None, *, elem_prefix: str = "field") -> gr.components.Component:
+               classes: list[str] | None = None, *, elem_prefix: str = "field",
+               task: str | None = None) -> gr.components.Component:
     """The widget of one setting: choices -> dropdown, bool -> checkbox, numbers with their range
     in the help (the message next to the field names a bad value), text -> textbox. Its element
     id is ``{elem_prefix}-{name}`` (each tab its own prefix)."""
     meta, kind = f.metadata, field_kind(f)
-    common = {"label": label_for(f), "info": meta.get("help", "") + range_text(f),
+    info = help_for(f, task) if task else meta.get("help", "") + range_text(f)
+    common = {"label": label_for(f), "info": info,
               "elem_id": f"{elem_prefix}-{f.name}", "visible": visible, "elem_classes": classes}
     if meta.get("choices"):
         return gr.Dropdown(list(meta["choices"]), value=value, **common)
@@ -132,7 +158,8 @@ def _boxes(fields: list[dataclasses.Field], values: dict[str, Any], task: str, f
     for f in fields:
         shown = applies_to(f, task)
         with gr.Column(min_width=min_width, visible=shown) as box:
-            form.widgets[f.name] = widget_for(f, values.get(f.name, f.default), shown, classes)
+            form.widgets[f.name] = widget_for(f, values.get(f.name, f.default), shown, classes,
+                                              task=task)
             form.errors[f.name] = gr.Markdown("", visible=False, elem_id=f"error-{f.name}",
                                               elem_classes=["field-error"])
         form.boxes[f.name] = box
@@ -191,7 +218,8 @@ def visibility(form: Form, task: str, kind: str | None = None) -> dict[Any, Any]
             updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task, kind) for f in inside))
         for f in fields:
             if f.name in form.widgets:
-                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind))
+                words = {"info": help_for(f, task)} if f.name in TASK_HELP else {}
+                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind), **words)
             if f.name in form.boxes:
                 updates[form.boxes[f.name]] = gr.update(visible=applies_to(f, task, kind))
     return updates

@@ -133,3 +133,26 @@ def test_a_start_or_stop_message_is_cleared_once_the_run_ended(monkeypatch):
 
 def test_the_launched_run_error_loses_the_cli_prefix():
     assert input_checks.one_line("error: error: data: x is empty\nTraceback") == "data: x is empty"
+
+
+def test_one_task_at_a_time_in_the_form_and_the_image_estimate_is_no_verdict(runs_root):
+    image = handle.form_values("image-768")
+    text, _, _ = handle.prediction_view(image, 1, exact=False)
+    assert "fits" not in text.replace("whether a run fits", "") and "MiB" not in text
+    field = {f.name: f for f in forms.settings_fields()}
+    assert "q_proj" not in forms.help_for(field["lora_targets"], "image")
+    assert "documents" not in forms.help_for(field["eval_fraction"], "image")
+    assert "max_seq_len" not in forms.help_for(field["mode"], "image")
+
+
+def test_the_try_tab_shows_only_the_runs_task(tmp_path):
+    from lora_gui.ui.tabs import try_handlers
+
+    text_run, image_run = tmp_path / "t", tmp_path / "i"
+    for folder, cfg in ((text_run, {"task": "text"}), (image_run, {"task": "image"})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+    tokens, _, scale, base, start, tuned, base_pic, tuned_pic = try_handlers.task_panes(str(text_run))
+    assert tokens and base and tuned and not (scale or start or base_pic or tuned_pic)
+    tokens, _, scale, base, start, tuned, base_pic, tuned_pic = try_handlers.task_panes(str(image_run))
+    assert scale and base_pic and tuned_pic and not (tokens or base or start or tuned)

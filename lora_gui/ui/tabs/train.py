@@ -126,7 +126,8 @@ def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
             preset_note = gr.Textbox(label="What it is for (first line of the file)")
             save = gr.Button("Save as preset", elem_id="save-preset")
         save_message = gr.Markdown(elem_id="save-preset-message")
-    gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
+    gallery = gr.Gallery(label="Sample pictures", columns=4, height=260, elem_id="samples",
+                         visible=values["task"] == "image")  # a text run draws none
     return {"upload": upload, "preset_name": preset_name, "preset_note": preset_note, "save": save,
             "save_message": save_message, "gallery": gallery}
 
@@ -206,7 +207,7 @@ def build() -> dict[str, Any]:
     rest = forms.build_form(values, skip=(*forms.KEY_FIELDS, *forms.BUDGET_FIELDS))
     form = top["budget"].merge(key).merge(rest)
     low = _lower_section(values)
-    upload, save, save_message = low["upload"], low["save"], low["save_message"]
+    upload, save, save_message, gallery = low["upload"], low["save"], low["save_message"], low["gallery"]
     preset_name, preset_note = low["preset_name"], low["preset_note"]
     preset, run_name, card, processes = top["preset"], top["run_name"], top["card"], top["processes"]
     message = buttons["message"]
@@ -247,12 +248,14 @@ def build() -> dict[str, Any]:
                 updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
         return {**updates, **forms.error_updates(form, {}),
                 run_name: name, upload: gr.update(visible=filled["task"] == "text"),
+                gallery: gr.update(visible=filled["task"] == "image"),
                 panel["text"]: f"Predicting for the preset **{name}**…", panel["chart"]: None,
                 panel["table"]: [], differs: ""}  # nothing of the previous preset's plan stays
 
     def on_task(task: str, model: str) -> dict:
         kind = handle.image_kind(task, model)
-        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text")}
+        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text"),
+                gallery: gr.update(visible=task == "image")}
 
     def on_card(card_name: str) -> Any:
         budget = common.card_budget_gb(card_name)
@@ -260,8 +263,8 @@ def build() -> dict[str, Any]:
 
     estimate_in = {preset, card, *inputs}
     estimate_out = [*form.errors.values(), *panel_out, differs, buttons["start"], buttons["enqueue"]]
-    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, *panel_out,
-                differs]
+    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, gallery,
+                *panel_out, differs]
     # in the browser first (no round trip): the previous preset's plan leaves the panel at once,
     # not when the server has loaded the new preset (seconds on a busy machine)
     preset.change(None, preset, panel["text"], js="(name) => `Predicting for the preset **${name}**…`")
@@ -273,7 +276,7 @@ def build() -> dict[str, Any]:
     form.widgets["budget_gb"].input(lambda: common.CUSTOM_CARD, None, card)
     task_model = [form.widgets["task"], form.widgets["model"]]
     gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
-          [*form.components, *form.layout, upload])
+          [*form.components, *form.layout, upload, gallery])
     # typed values come as input events; a value set at once (pasted, autofilled, a test's fill)
     # raises no input event in a textbox, so a textbox's change counts too
     typed = [w.change for w in form.components if isinstance(w, gr.Textbox)]

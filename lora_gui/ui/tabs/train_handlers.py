@@ -228,6 +228,10 @@ def _prediction_view(values: dict[str, Any], processes: Any,
         pred = predict(cfg, processes=n) if exact else estimate(cfg)
     except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
         return (f"No prediction for these settings: {err}", None, []), None
+    if not exact and cfg.task == "image":  # the closed form misses pictures' activations by far
+        return ("Planning the run on its pictures… (the run's own plan follows in a few seconds; "
+                "no quick estimate is shown for pictures: it is too rough to say whether a run fits)",
+                None, []), None
     how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
     text = (f"Predicted peak: **{pred.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how}, "
             f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
