@@ -14,8 +14,9 @@ import numpy as np
 # A budget (or card) more than this many times the highest figure drawn is not drawn as a line:
 # at 24 GB against a 490 MiB curve, the curve would use 2% of the chart's height.
 FAR_ABOVE = 3.0
-LEGEND_BELOW = {"orientation": "h", "x": 0, "xanchor": "left", "y": -0.22, "yanchor": "top",
-                "font": {"size": 11}}
+# the legend at the figure's bottom edge (container coordinates), under the x axis's title
+LEGEND_BELOW = {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
+                "yanchor": "bottom", "font": {"size": 11}}
 TITLE_FONT = {"size": 14}  # px: a chart's title in a narrow column ("Throughput · MFU 1.9%")
 MIB_AXIS = {"rangemode": "tozero", "tickformat": ",~g"}  # 0, 200, 400 ... not "24.1705k"
 
@@ -29,9 +30,8 @@ def legend_below(layout: dict[str, Any], rows: int = 1) -> dict[str, Any]:
     """``layout`` with the legend under the plot (``rows`` lines of entries): the plot keeps the
     chart's whole width, and each entry its whole text."""
     margin = dict(layout.get("margin") or {})
-    margin["b"] = max(margin.get("b", 40), 60 + 18 * rows)  # px: axis title, then the legend
-    return {**layout, "legend": {**LEGEND_BELOW, "y": -0.18 - 0.06 * rows}, "margin": margin,
-            "showlegend": True}
+    margin["b"] = max(margin.get("b", 40), 58 + 20 * rows)  # px: ticks and axis title, then the legend
+    return {**layout, "legend": dict(LEGEND_BELOW), "margin": margin, "showlegend": True}
 
 
 def is_far_above(value: float | None, top: float | None) -> bool:
@@ -42,10 +42,11 @@ def is_far_above(value: float | None, top: float | None) -> bool:
 
 
 def off_scale_note(label: str, mib: float, index: int = 0) -> dict[str, Any]:
-    """A note at the plot's top right naming a line left off the scale (MiB)."""
-    return {"xref": "paper", "yref": "paper", "x": 1, "y": 1 - 0.09 * index, "xanchor": "right",
-            "yanchor": "top", "showarrow": False, "font": {"size": 11, "color": "#b22222"},
-            "text": f"{label}: {mib:,.0f} MiB (above the scale)", "bgcolor": "rgba(255,255,255,0.7)"}
+    """A note naming a line left off the scale (MiB): the first above the plot's top right, on
+    the title's line (clear of the phase labels inside the plot), others under it."""
+    return {"xref": "paper", "yref": "paper", "x": 1, "y": 1 if index == 0 else 1 - 0.09 * index,
+            "xanchor": "right", "yanchor": "bottom" if index == 0 else "top", "showarrow": False,
+            "font": {"size": 11, "color": "#b22222"}, "text": f"{label}: {mib:,.0f} MiB (above the scale)"}
 
 
 def finite_max(*values: Any) -> float | None:

@@ -256,10 +256,16 @@ def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
         (f"overhead: {k}", v) for k, v in overheads.items() if v]
     for name, nbytes in parts:
         fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / MIB], name=name))
-    if budget_bytes:
+    total = sum(nbytes for _, nbytes in parts) / MIB
+    if budget_bytes and style.is_far_above(budget_bytes / MIB, total):  # a line would flatten the bar
+        fig.add_annotation(**style.off_scale_note("budget", budget_bytes / MIB))
+    elif budget_bytes:
         fig.add_hline(y=budget_bytes / MIB, line_dash="dash", line_color="red", annotation_text="budget")
-    fig.update_layout(barmode="stack", title="Predicted peak by category (source: predicted)",
-                      yaxis_title="MiB", height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    rows = max(1, -(-len(parts) // 3))  # legend entries, three a line
+    fig.update_layout(**style.legend_below({
+        "barmode": "stack", "title": style.title("Predicted peak by category (source: predicted)"),
+        "yaxis": {"title": {"text": "MiB"}, **style.MIB_AXIS}, "height": 420 + 20 * rows,
+        "margin": {"l": 55, "r": 20, "t": 50, "b": 40}}, rows))
     return fig
 
 

@@ -43,6 +43,11 @@ TASK_HELP = {
     "lora_targets": {"text": "Modules that get LoRA: 'all-linear' or a comma list such as q_proj,v_proj.",
                      "image": "Modules that get LoRA: 'all-linear' or a comma list such as "
                               "to_q,to_k,to_v,to_out.0."},
+    "model": {"text": "Base model: 'builtin' (the bundled 4M-parameter Llama), a Hugging Face id "
+                      "(needs network) or a local folder saved with save_pretrained.",
+              "image": "Base model: 'builtin' (the bundled small SD-style pipeline), 'builtin:drawing' "
+                       "(an SD3-style pipeline that draws shapes at 64 px), a Hugging Face id (needs "
+                       "network) or a local pipeline folder (SD 1.x, SDXL, SD3 / SD3.5 or Flux.1)."},
     "data": {"text": "Training data: 'builtin' (the bundled fine-tune corpus) or a .txt / .jsonl / "
                      ".csv file.",
              "image": "Training data: 'builtin' (the bundled demo pictures) or a folder of pictures "

@@ -5,6 +5,7 @@ memory.jsonl, events.jsonl, trackers.json)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ def _reason(folder: Path, status: str, summary: dict[str, Any]) -> str:
     line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
     while line.lower().startswith("error:"):
         line = line[len("error:"):].strip()
-    return line
+    # a file by its name (no folders): the row stays short enough to read
+    return re.sub(r"(?:~|\.{1,2})?(?:/[^/\s:]+)+/(?=[^/\s:]+)", "", line)
 
 
 def list_runs() -> list[list[Any]]:
