@@ -16,6 +16,7 @@ from tests.e2e.test_dashboard import (
     ARTIFACTS,
     CHROMIUM,
     MINUTE,
+    open_group,
     pick,
     set_field,
     settled_text,
@@ -161,7 +162,7 @@ def test_compare_titles_and_legends_are_whole(server):
                 whole = [e["width"] > 30 and left - 1 <= e["left"] and e["right"] <= right + 1
                          for e in g["entries"]]
                 assert len(whole) >= 3 and all(whole), g
-                title = page.locator(f"#{chart} .gtitle").first.inner_text()
+                title = page.evaluate("id => document.querySelector(`#${id} .gtitle`).textContent", chart)
                 assert "question" not in title and "Peak memory" in title, title
         finally:
             browser.close()
@@ -201,14 +202,18 @@ def test_each_task_shows_only_its_own_fields_panes_and_estimates(server):
             assert not verdicts, verdicts  # no quick-estimate verdict for pictures
             assert page.locator("#samples").is_visible()
             help_of = "id => document.getElementById(id).textContent"
+            for group, title, field in (("lora", "LoRA", "lora_targets"),
+                                        ("task", "Task, model and data", "eval_fraction"),
+                                        ("memory", "Memory", "mode")):
+                open_group(page, group, title, field)  # a closed group's fields are not on the page
             assert "q_proj" not in page.evaluate(help_of, "field-lora_targets")
             assert "pictures held out" in page.evaluate(help_of, "field-eval_fraction")
             assert "pad to max_seq_len" not in page.evaluate(help_of, "field-mode")
             page.get_by_role("tab", name="Try").click()
             page.wait_for_function(
                 "() => document.querySelector('#try-run input').value.includes('try-text')", timeout=MINUTE)
+            for pane in ("try-start", "try-base-image", "try-adapter-image"):  # after the pick's update
+                page.locator(f"#{pane}").wait_for(state="hidden", timeout=MINUTE)
             assert page.locator("#try-base").is_visible() and page.locator("#try-adapter").is_visible()
-            for pane in ("try-start", "try-base-image", "try-adapter-image"):
-                assert not page.locator(f"#{pane}").is_visible(), pane
         finally:
             browser.close()
