@@ -122,9 +122,15 @@ def _line(name: str, records: list[dict], key: str, smoothing: float = 0.0, scal
 
 def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoothing: float = 0.0,
              scale: float = 1.0) -> go.Figure:
+    from lora_gui.ui import chart_style
+
     fig = go.Figure([_line(name, records, key, smoothing, scale) for name, records in runs.items()])
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title=unit, height=320,
-                      margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    axis = chart_style.MIB_AXIS if key == "peak_bytes" else {}
+    rows = max(1, -(-len(runs) // 2))  # legend entries (run names), two a line
+    fig.update_layout(**chart_style.legend_below({
+        "title": chart_style.title(title), "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": unit}, **axis}, "height": 320 + 20 * rows,
+        "margin": {"l": 55, "r": 20, "t": 40, "b": 40}}, rows))
     return fig
 
 
@@ -159,7 +165,9 @@ def speed_overlay(runs: dict[str, list[dict]]) -> tuple[go.Figure, str]:
     missing = [name for name, key in keys.items() if key is None]
     if missing:
         notes.append(f"no throughput recorded yet for {', '.join(missing)}")
-    fig.update_layout(**layout)
+    from lora_gui.ui import chart_style
+
+    fig.update_layout(**chart_style.legend_below(layout, max(1, -(-len(runs) // 2))))
     return fig, "; ".join(notes)
 
 
