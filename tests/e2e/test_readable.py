@@ -118,6 +118,9 @@ def test_live_charts_are_readable_and_the_status_follows_the_run(server):
             page.screenshot(path=str(ARTIFACTS / "readable-charts.png"))
             for chart in RUN_CHARTS:
                 g = page.evaluate(CHART_GEOMETRY, chart)
+                width = g["chart"][1] - g["chart"][0]  # the report's figures (pytest -s prints them)
+                print(f"{chart}: plot area {g['plotWidth']:.0f} px wide of {width:.0f} px, y axis to "
+                      f"{g['yRange'][1]:,.1f} for data up to {g['dataMax']:,.1f}")
                 assert g["plotWidth"] >= MIN_PLOT_PX, (chart, g)
                 left, right = g["chart"]
                 assert left - 1 <= g["title"]["left"] and g["title"]["right"] <= right + 1, (chart, g)
