@@ -220,3 +220,24 @@ def test_each_task_shows_only_its_own_fields_panes_and_estimates(server):
             assert page.locator("#try-base").is_visible() and page.locator("#try-adapter").is_visible()
         finally:
             browser.close()
+
+
+def test_no_raw_translation_key_shows_when_an_event_ends(server):
+    """gradio announces each finished event ("common.complete"); the page says it in words."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser, page = open_page(pw, server[0])
+        try:
+            page.evaluate("""() => { window.keys = [];
+                new MutationObserver(ms => { for (const m of ms) {
+                    const t = m.target.textContent || '';
+                    if (/common\\.\\w/.test(t)) window.keys.push(t); } })
+                  .observe(document.body, {subtree: true, childList: true, characterData: true}); }""")
+            page.get_by_role("tab", name="Runs").click()
+            for _ in range(2):
+                page.click("#runs-refresh")
+                page.wait_for_timeout(1500)
+            assert page.evaluate("window.keys") == []
+        finally:
+            browser.close()
