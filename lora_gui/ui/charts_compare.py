@@ -25,6 +25,7 @@ def _size_label(rows: list[dict[str, Any]]) -> str:
     return "resolution (px)" if rows and rows[0].get("seq_len") is None else "sequence length (tokens)"
 
 
+LOG_SPAN = 30.0  # highest over lowest peak above which the lines use a log axis
 # the data kinds and questions as a user says them (lora_gui.engine.compare.spec)
 DATA_WORDS = {"full": "samples filling each length", "corpus": "the training documents"}
 QUESTION_WORDS = {"memory": "the same work", "speed": "the same budget"}
@@ -82,11 +83,15 @@ def mode_lines(rows: list[dict[str, Any]]) -> go.Figure:
         fig.add_trace(go.Scatter(x=[_size(r) for r in line], y=[r["peak_bytes"] / MIB for r in line],
                                  mode="lines+markers", name=mode.replace("_", " "),
                                  line={"dash": dash, "color": MODE_COLORS.get(mode)}))
+    peaks = [r["peak_bytes"] / MIB for r in picked]
+    # measured rows of a few MiB beside predictions of GBs: a log axis keeps both readable
+    axis = {"type": "log", "tickformat": ",~g"} if peaks and max(peaks) > LOG_SPAN * min(peaks) \
+        else style.MIB_AXIS
     rows_needed = max(1, -(-len(fig.data) // 3))  # legend entries, three a line
     fig.update_layout(**style.legend_below({
         "title": style.title(f"Peak memory over length (source: {', '.join(sources)})"),
         "xaxis": {"title": {"text": _size_label(picked)}},
-        "yaxis": {"title": {"text": "peak MiB"}, **style.MIB_AXIS},
+        "yaxis": {"title": {"text": "peak MiB" + (", log scale" if axis.get("type") else "")}, **axis},
         "height": 400 + 18 * rows_needed, "margin": {"l": 60, "r": 20, "t": 50, "b": 40}}, rows_needed))
     return fig
 

@@ -79,3 +79,11 @@ def test_a_card_far_above_the_compared_bars_is_named_in_a_note():
              "peak_bytes": int(40 * MIB), "memory_source": "tracker"}]
     fig = with_card(charts.compare_bars(rows, "memory", "full"), "24gb")
     assert not fig.layout.shapes and "above the scale" in fig.layout.annotations[0].text
+
+
+def test_measured_megabytes_beside_predicted_gigabytes_get_a_log_axis():
+    rows = [{"question": "memory", "data": "full", "mode": "optimized", "seq_len": n, "status": "ok",
+             "peak_bytes": int(p * MIB), "memory_source": s}
+            for n, p, s in ((128, 31, "tracker"), (4096, 18_000, "predicted"))]
+    assert charts.mode_lines(rows).layout.yaxis.type == "log"
+    assert charts.mode_lines(rows[:1]).layout.yaxis.type != "log"

@@ -222,7 +222,12 @@ def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = Non
     except (ValueError, *common.USER_ERRORS):
         predicted = []
     both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
-    return (status, with_card(charts.compare_bars(predicted + measured, "memory", "full"), card),
+    # once rows are measured, the bars are theirs (their data and lengths: the predicted bars are
+    # of other lengths and would leave the measured ones out); the lines keep both
+    done = [r for r in measured if r.get("question", "memory") == "memory" and r.get("peak_bytes")]
+    bars = charts.compare_bars(done, "memory", done[0]["data"]) if done else \
+        charts.compare_bars(predicted, "memory", "full")
+    return (status, with_card(bars, card),
             with_card(charts.mode_lines(both), card), table(predicted, measured), now)
 
 
