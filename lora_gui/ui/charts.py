@@ -216,7 +216,12 @@ def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
 def throughput_spec(records: list[dict[str, Any]]) -> Spec:
     """:func:`throughput_figure` as plain dicts."""
     margin = {"l": 45, "r": 45, "t": 40, "b": 40}
-    if records and "images_per_s" in records[0]:
+    if not records:  # no run yet: the axes of neither task (the form may show either)
+        return [], style.legend_below({"title": style.title("Throughput"),
+                                       "xaxis": {"title": {"text": "step"}},
+                                       "yaxis": {"title": {"text": "per second"}}, "height": 320,
+                                       "margin": margin})
+    if "images_per_s" in records[0]:
         xs, ys, _, stable = HISTORY.curve("images/s", records,
                                           lambda new: (_steps(new), column(new, "images_per_s",
                                                                              default=np.nan)))
