@@ -117,15 +117,6 @@ def model_problem(value: str) -> str | None:
     return None
 
 
-def field_of(message: str, fields: tuple[str, ...] | list[str], default: str = "data") -> str:
-    """The setting a message names ("lr: ..." -> "lr"), else ``default``; a message that names a
-    path is the data's or the model's."""
-    name = message.split(":", 1)[0].strip()
-    if name in fields:
-        return name
-    return default
-
-
 def one_line(message: str, most: int = 200) -> str:
     """A message as one line (the first), without a leading "error:" (the page adds its own),
     cut at ``most`` characters."""
