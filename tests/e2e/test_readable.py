@@ -140,10 +140,10 @@ def test_live_charts_are_readable_and_the_status_follows_the_run(server):
             page.get_by_role("tab", name="Runs").click()
             page.click("#runs-refresh")
             wait_text(page, "runs-table", "readable", minutes=1)
-            cells = page.evaluate("""() => Array.from(document.querySelectorAll('#runs-table tr'))
+            row = page.wait_for_function("""() => Array.from(document.querySelectorAll('#runs-table tr'))
                 .map(r => Array.from(r.querySelectorAll('td')).map(c => c.textContent.trim()))
-                .filter(cells => cells.includes('readable'))""")
-            assert cells and trained in cells[0], (cells, status)  # the same duration on both tabs
+                .find(cells => cells.includes('readable'))""", timeout=MINUTE).json_value()
+            assert trained in row, (row, status)  # the same duration on both tabs
         finally:
             browser.close()
 
