@@ -87,7 +87,12 @@ def serve(args: argparse.Namespace, block: bool = True):
     demo = build_app()
     # run_history off: the browser would keep every timer tick's charts, and "runs" there is not
     # the Runs tab
-    demo.launch(server_name=args.host, server_port=args.port, auth=args.logins or None, css=CSS,
+    import gradio as gr
+
+    # gradio announces a finished event with the key "common.complete", which its English
+    # translations lack: the page would show the raw key (for a moment, in the Runs tab's text)
+    words = gr.I18n(en={"common.complete": "Done", "common.error": "Error"})
+    demo.launch(server_name=args.host, server_port=args.port, auth=args.logins or None, css=CSS, i18n=words,
                 auth_message="lora_gui: log in with a user given to --auth or --auth-file",
                 run_history=False, prevent_thread_lock=not block, quiet=not block,
                 app_kwargs=login_wall.app_kwargs())  # with --auth: nothing answers without the login

@@ -105,8 +105,27 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         return
     tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("error:")]
     job.status = "failed"
-    job.error = tail[-1] if tail else _died(job.out, proc.returncode, log_path)
+    # the CLI's "error: ..." line without its prefix: the page says "Error:" itself
+    job.error = tail[-1][len("error:"):].strip() if tail else _died(job.out, proc.returncode, log_path)
     job.add_event(f"failed: {job.error}")
+    record_early_failure(job.out, job.cfg, job.error)
+
+
+def record_early_failure(out: Path, cfg, message: str) -> None:
+    """A run that failed before it wrote its settings (bad data or model found by the run itself)
+    leaves its settings and a run.json saying "failed" and why, so the Runs tab lists it as a
+    failed run with its reason instead of an empty folder no tab shows."""
+    from lora_gui.engine.core.checkpoint import write_atomic
+    from lora_gui.engine.core.rundir import save_run_config
+
+    if not out.is_dir() or (out / "config.json").is_file() or (out / "run.json").is_file():
+        return
+    try:
+        save_run_config(out, cfg)
+        write_atomic(out / "run.json", json.dumps({"status": "failed", "error": message, "steps": 0,
+                                                   "adapter": None}, indent=1))
+    except OSError:  # a folder that cannot be written keeps the job's own message
+        pass
 
 
 def _died(out: Path, returncode: int | None, log_path: Path) -> str:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from _plotly_utils.utils import is_homogeneous_array, is_skipped_key, to_typed_array_spec
 from plotly.io.json import to_json_plotly
 
+from lora_gui.ui import chart_style as style
 from lora_gui.ui.history import HISTORY, SmoothedSeries, column
 from lora_gui.ui.series import downsample
 from lora_gui.units import MIB
@@ -122,17 +123,36 @@ def memory_spec(records: list[dict[str, Any]], budget_bytes: int | None = None,
               *_ranked_lines(records, source)]
     shapes = []  # layout shapes draw across the whole axis; a one-point trace names each in the legend
     first = [steps[0] if len(steps) else 0]
-    for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget
-                                       else "budget", "red", "dash"),
-                                      (predicted_bytes, "predicted peak", "green", "dot")):
-        if value:
-            shapes.append(_hline(value / MIB, color, dash))
-            traces.append({"type": "scatter", "x": first, "y": [value / MIB], "mode": "lines",
-                           "line": {"color": color, "dash": dash}, "name": label})
-    return traces, ({"shapes": shapes, "title": {"text": "Memory per step"},
-                            "xaxis": {"title": {"text": "step"}},
-                            "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
-                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
+    lines, notes = _reference_lines(budget_bytes, predicted_bytes, simulated_budget, [peaks])
+    for value, label, color, dash in lines:
+        shapes.append(_hline(value / MIB, color, dash))
+        traces.append({"type": "scatter", "x": first, "y": [value / MIB], "mode": "lines",
+                       "line": {"color": color, "dash": dash}, "name": label})
+    return traces, style.legend_below({"shapes": shapes, "annotations": notes,
+                                       "title": style.title("Memory per step"),
+                                       "xaxis": {"title": {"text": "step"}},
+                                       "yaxis": {"title": {"text": f"MiB ({source})"}, **style.MIB_AXIS},
+                                       "height": 320, "margin": {"l": 55, "r": 20, "t": 40, "b": 40}})
+
+
+def _reference_lines(budget_bytes: int | None, predicted_bytes: int | None, simulated: bool,
+                     drawn: Any) -> tuple[list[tuple[int, str, str, str]], list[dict[str, Any]]]:
+    """(the budget and predicted-peak lines to draw, notes for those left off the scale): a line
+    far above the curve and the other line would flatten them onto the axis, so it is named in
+    a note at the top instead (before any point, every line is drawn)."""
+    budget_label = "budget (simulated VRAM)" if simulated else "budget"
+    wanted = [(v, label, color, dash) for v, label, color, dash in (
+        (budget_bytes, budget_label, "red", "dash"), (predicted_bytes, "predicted peak", "green", "dot"))
+        if v]
+    lines, notes = [], []
+    for i, line in enumerate(wanted):
+        others = [v / MIB for j, (v, *_) in enumerate(wanted) if j != i]
+        top = style.finite_max(*drawn, *others)
+        if style.is_far_above(line[0] / MIB, top):
+            notes.append(style.off_scale_note(line[1], line[0] / MIB, len(notes)))
+        else:
+            lines.append(line)
+    return lines, notes
 
 
 def loss_figure(records: list[dict[str, Any]], smoothing: float = 0.0) -> go.Figure:
@@ -154,14 +174,15 @@ def loss_spec(records: list[dict[str, Any]], smoothing: float = 0.0) -> Spec:
                                               lambda: SmoothedSeries(smoothing))
         traces.append({"type": "scatter", "x": xs, "y": smooth, "mode": "lines",
                        "name": f"EMA {smoothing:g}", STABLE: stable})
-    layout = {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
-              "yaxis": {"title": {"text": "loss"}}, "height": 320,
-              "margin": {"l": 50, "r": 20, "t": 40, "b": 40}}
+    layout = {"title": style.title("Loss"), "xaxis": {"title": {"text": "step"}},
+              "yaxis": {"title": {"text": "loss"}, "tickformat": ".3~g"}, "height": 320,
+              "margin": {"l": 45, "r": 10, "t": 40, "b": 40}}
     if records and "reward_margin" in records[-1]:  # preference runs: their rewards beside the loss
         traces += _reward_traces(records)
-        layout |= {"title": {"text": "Loss and rewards"}, "margin": {"l": 50, "r": 50, "t": 40, "b": 40},
+        layout |= {"title": style.title("Loss and rewards"), "margin": {"l": 45, "r": 45, "t": 40, "b": 40},
                    "yaxis2": {"title": {"text": "reward"}, "overlaying": "y", "side": "right"}}
-    return traces, layout
+        return traces, style.legend_below(layout, rows=3)
+    return traces, style.legend_below(layout)
 
 
 REWARD_SERIES = (("rewards_chosen", "reward chosen"), ("rewards_rejected", "reward rejected"),
@@ -181,9 +202,10 @@ def _reward_traces(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def mfu_label(records: list[dict[str, Any]]) -> str:
-    """' · MFU 12.3% (last step)': useful FLOPs per second over the machine's measured matmul peak."""
+    """' · MFU 12.3%' (of the last step): useful FLOPs per second over the machine's measured
+    matmul peak; short, as the title of a narrow chart."""
     last = next((r.get("mfu") for r in reversed(records) if r.get("mfu") is not None), None)
-    return "" if last is None else f" · MFU {last:.1%} (last step)"
+    return "" if last is None else f" · MFU {last:.1%}"
 
 
 def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
@@ -193,27 +215,37 @@ def throughput_figure(records: list[dict[str, Any]]) -> go.Figure:
 
 def throughput_spec(records: list[dict[str, Any]]) -> Spec:
     """:func:`throughput_figure` as plain dicts."""
-    margin = {"l": 50, "r": 50, "t": 40, "b": 40}
-    if records and "images_per_s" in records[0]:
+    margin = {"l": 45, "r": 45, "t": 40, "b": 40}
+    if not records:  # no run yet: the axes of neither task (the form may show either)
+        return [], style.legend_below({"title": style.title("Throughput"),
+                                       "xaxis": {"title": {"text": "step"}},
+                                       "yaxis": {"title": {"text": "per second"}}, "height": 320,
+                                       "margin": margin})
+    if "images_per_s" in records[0]:
         xs, ys, _, stable = HISTORY.curve("images/s", records,
-                                          lambda new: (_steps(new), column(new, "images_per_s")))
+                                          lambda new: (_steps(new), column(new, "images_per_s",
+                                                                             default=np.nan)))
         return ([{"type": "scatter", "x": xs, "y": ys, "name": "images/s", STABLE: stable}],
-                       {"title": {"text": "Throughput" + mfu_label(records)},
-                        "xaxis": {"title": {"text": "step"}},
-                        "yaxis": {"title": {"text": "images/s"}}, "height": 320, "margin": margin})
+                style.legend_below({"title": style.title("Throughput" + mfu_label(records)),
+                                    "xaxis": {"title": {"text": "step"}},
+                                    "yaxis": {"title": {"text": "images/s"}, "tickformat": ",.3~g"},
+                                    "height": 320, "margin": margin}))
     xs, ys, _, stable = HISTORY.curve("tokens/s", records,
-                                      lambda new: (_steps(new), column(new, "tokens_per_s")))
+                                      lambda new: (_steps(new), column(new, "tokens_per_s",
+                                                                         default=np.nan)))
     ex, ey, _, e_stable = HISTORY.curve("padding efficiency", records, lambda new: (
         _steps(new), column(new, "real_tokens") / np.maximum(column(new, "padded_tokens"), 1)))
     traces = [{"type": "scatter", "x": xs, "y": ys, "name": "real tokens/s", STABLE: stable},
               {"type": "scatter", "x": ex, "y": ey, "name": "padding efficiency", "yaxis": "y2",
                STABLE: e_stable}]
-    return (traces, {"title": {"text": "Throughput" + mfu_label(records)},
-                            "xaxis": {"title": {"text": "step"}},
-                            "yaxis": {"title": {"text": "real tokens/s"}},
-                            "yaxis2": {"title": {"text": "real / padded"}, "overlaying": "y",
-                                       "side": "right", "range": [0, 1.05]},
-                            "height": 320, "margin": margin})
+    return (traces, style.legend_below({"title": style.title("Throughput" + mfu_label(records)),
+                                        "xaxis": {"title": {"text": "step"}},
+                                        "yaxis": {"title": {"text": "real tokens/s"},
+                                                  "tickformat": ",.3~s"},
+                                        "yaxis2": {"title": {"text": "real / padded"}, "overlaying": "y",
+                                                   "side": "right", "range": [0, 1.05],
+                                                   "tickformat": ".0%"},
+                                        "height": 320, "margin": margin}))
 
 
 BREAKDOWN_ORDER = ("frozen_weights", "lora_params", "gradients", "optimizer_state", "activations",
@@ -231,10 +263,19 @@ def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
         (f"overhead: {k}", v) for k, v in overheads.items() if v]
     for name, nbytes in parts:
         fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / div], name=name))
-    if budget_bytes:
+    total = sum(nbytes for _, nbytes in parts) / div
+    if budget_bytes and style.is_far_above(budget_bytes / div, total):  # a line would flatten the bar
+        note = style.off_scale_note("budget", budget_bytes / MIB)
+        if unit == "GB":  # the page's own unit
+            note["text"] = f"budget: {budget_bytes / div:,.2f} GB (above the scale)"
+        fig.add_annotation(**note)
+    elif budget_bytes:
         fig.add_hline(y=budget_bytes / div, line_dash="dash", line_color="red", annotation_text="budget")
-    fig.update_layout(barmode="stack", title="Predicted peak by category (source: predicted)",
-                      yaxis_title=unit, height=420, margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    rows = max(1, -(-len(parts) // 3))  # legend entries, three a line
+    fig.update_layout(**style.legend_below({
+        "barmode": "stack", "title": style.title("Predicted peak by category (source: predicted)"),
+        "yaxis": {"title": {"text": unit}, **style.MIB_AXIS}, "height": 420 + 20 * rows,
+        "margin": {"l": 55, "r": 20, "t": 50, "b": 40}}, rows))
     return fig
 
 
@@ -278,11 +319,12 @@ def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start:
 
     if not (samples and any("rank" in s for s in (samples[0], samples[-1]))):
         xs, ys, last, (gen, k) = HISTORY.curve(f"timeline {key}", samples,
-                                               lambda new: (column(new, "time"), column(new, key, MIB)))
+                                               lambda new: (column(new, "time"),
+                                                            column(new, key, MIB, default=np.nan)))
         # the axis starts at the run's first phase: a new start is a new generation of the line
         return [{**line(xs - start, ys, ""), STABLE: ((*gen, start), k)}], \
             (last - start if last is not None else 1.0)
-    xs, ys = column(samples, "time") - start, column(samples, key, MIB)  # a launched run: per GPU
+    xs, ys = column(samples, "time") - start, column(samples, key, MIB, default=np.nan)  # per GPU
     ranks = column(samples, "rank", default=-1).astype(int)
     lines = [line(*downsample(xs[ranks == r], ys[ranks == r]), f"{_device_name(source)} {r} ")
              for r in sorted(set(ranks.tolist()) - {-1})]
@@ -306,154 +348,31 @@ def timeline_spec(samples: list[dict[str, Any]], phases: list[tuple[str, float]]
     start = phases[0][1] if phases else (samples[0]["time"] if samples else 0.0)
     traces, end = _timeline_lines(samples, key, source, start) if samples else ([], 1.0)
     shapes, notes = _phase_shading(phases, start, end)
-    for value, label, color, dash in ((budget_bytes, "budget (simulated VRAM)" if simulated_budget else
-                                       "budget", "red", "dash"), (predicted_bytes, "predicted peak",
-                                                                  "green", "dot")):
-        if value:
-            traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / MIB] * 2,
-                           "mode": "lines", "name": label, "line": {"color": color, "dash": dash}})
-    return traces, ({"shapes": shapes, "annotations": notes, "title": {"text": "Memory over time"},
-                            "xaxis": {"title": {"text": "seconds"}},
-                            "yaxis": {"title": {"text": f"MiB ({source})"}}, "height": 320,
-                            "margin": {"l": 50, "r": 20, "t": 40, "b": 40}})
+    lines, off_scale = _reference_lines(budget_bytes, predicted_bytes, simulated_budget,
+                                        [t["y"] for t in traces])
+    for value, label, color, dash in lines:
+        traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / MIB] * 2,
+                       "mode": "lines", "name": label, "line": {"color": color, "dash": dash}})
+    return traces, style.legend_below({"shapes": shapes, "annotations": notes + off_scale,
+                                       "title": style.title("Memory over time"),
+                                       "xaxis": {"title": {"text": "seconds"}},
+                                       "yaxis": {"title": {"text": f"MiB ({source})"}, **style.MIB_AXIS},
+                                       "height": 320, "margin": {"l": 55, "r": 20, "t": 40, "b": 40}})
 
 
-# -- comparison: rows of compare.json ------------------------------------------------
-COMPARE_MODES = ("traditional", "strong_baseline", "optimized")
-MODE_COLORS = {"traditional": "#9e9e9e", "strong_baseline": "#6baed6", "optimized": "#31a354"}
+# -- comparison charts: lora_gui/ui/charts_compare.py (kept here under their old names) --------
+from lora_gui.ui.charts_compare import (  # noqa: E402
+    COMPARE_MODES,
+    MODE_COLORS,
+    ablation_waterfall,
+    compare_bars,
+    compare_figures,
+    mode_lines,
+    speed_bars,
+)
 
-
-def _size(row: dict[str, Any]) -> int:
-    return row["seq_len"] if row.get("seq_len") is not None else row["resolution"]
-
-
-def _size_label(rows: list[dict[str, Any]]) -> str:
-    return "resolution (px)" if rows and rows[0].get("seq_len") is None else "sequence length (tokens)"
-
-
-def _pick(rows: list[dict[str, Any]], question: str, data: str) -> list[dict[str, Any]]:
-    return [r for r in rows if r["question"] == question and r["data"] == data]
-
-
-def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str = "corpus") -> go.Figure:
-    """Grouped bars of peak MiB per length (or resolution): traditional / strong baseline /
-    optimized, with each bar's saving against traditional on top; OOM rows are marked."""
-    picked = _pick(rows, question, data)
-    sizes = sorted({_size(r) for r in picked})
-    by = {(r["mode"], _size(r)): r for r in picked}
-    source = next((r["memory_source"] for r in picked if r.get("memory_source")), "no data")
-    fig = go.Figure()
-    for mode in COMPARE_MODES:
-        ys, texts = [], []
-        for n in sizes:
-            r, trad = by.get((mode, n)), by.get(("traditional", n))
-            peak = r.get("peak_bytes") if r else None
-            ys.append(peak / MIB if peak else None)
-            if r and r.get("status") == "oom":
-                texts.append("OOM")
-            elif peak and trad and trad.get("peak_bytes") and mode != "traditional":
-                texts.append(f"{peak / trad['peak_bytes'] - 1:+.0%}")
-            else:
-                texts.append("")
-        fig.add_trace(go.Bar(x=[str(n) for n in sizes], y=ys, name=mode.replace("_", " "), text=texts,
-                             textposition="outside", marker_color=MODE_COLORS[mode]))
-    fig.update_layout(barmode="group", title=f"Peak memory, {question} question, {data} data "
-                      f"(source: {source})", xaxis_title=_size_label(picked),
-                      yaxis_title=f"peak MiB ({source})", height=380,
-                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
-    return fig
-
-
-def mode_lines(rows: list[dict[str, Any]]) -> go.Figure:
-    """Peak MiB over length (or resolution), one line per mode; rows of the memory question."""
-    picked = [r for r in rows if r.get("question", "memory") == "memory" and r.get("peak_bytes")]
-    sources = sorted({str(r.get("memory_source")) for r in picked}) or ["no data"]
-    fig = go.Figure()
-    for mode in dict.fromkeys(r["mode"] for r in picked):
-        line = sorted((r for r in picked if r["mode"] == mode), key=_size)
-        dash = "dot" if mode.startswith("ablation:") else ("dash" if "(measured)" in mode else "solid")
-        fig.add_trace(go.Scatter(x=[_size(r) for r in line], y=[r["peak_bytes"] / MIB for r in line],
-                                 mode="lines+markers", name=mode.replace("_", " "),
-                                 line={"dash": dash, "color": MODE_COLORS.get(mode)}))
-    fig.update_layout(title=f"Peak memory per mode (source: {', '.join(sources)})",
-                      xaxis_title=_size_label(picked), yaxis_title="peak MiB", height=380,
-                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
-    return fig
-
-
-def ablation_waterfall(rows: list[dict[str, Any]], data: str = "corpus",
-                       size: int | None = None) -> go.Figure:
-    """Waterfall from traditional's peak: each optimization's own change (switched on alone),
-    the interaction of combining them, and the optimized peak (MiB)."""
-    picked = _pick(rows, "memory", data)
-    sizes = sorted({_size(r) for r in picked})
-    size = size if size is not None else (sizes[-1] if sizes else None)
-    by = {r["mode"]: r for r in picked if _size(r) == size and r.get("peak_bytes")}
-    fig = go.Figure()
-    trad, opt = by.get("traditional"), by.get("optimized")
-    if trad is None:
-        fig.update_layout(title=f"Ablation: no traditional row for {data} {size}")
-        return fig
-    base = trad["peak_bytes"] / MIB
-    names, values, measures = ["traditional"], [base], ["absolute"]
-    for mode, r in by.items():
-        if mode.startswith("ablation:"):
-            names.append(mode.split(":", 1)[1] + " alone")
-            values.append(r["peak_bytes"] / MIB - base)
-            measures.append("relative")
-    if opt is not None:
-        names.append("combined (interaction)")
-        values.append(opt["peak_bytes"] / MIB - base - sum(values[1:]))
-        measures.append("relative")
-        names.append("optimized")
-        values.append(0)
-        measures.append("total")
-    texts = [f"{v:+.0f}" if m == "relative" else "" for v, m in zip(values, measures)]
-    fig.add_trace(go.Waterfall(x=names, y=values, measure=measures, text=texts))
-    fig.update_layout(title=f"What each optimization saves alone ({data} data, {size}; peak MiB, "
-                      f"source: {trad.get('memory_source')})", yaxis_title="peak MiB", height=420,
-                      showlegend=False, margin={"l": 50, "r": 20, "t": 50, "b": 90})
-    return fig
-
-
-def speed_bars(rows: list[dict[str, Any]], data: str = "corpus") -> go.Figure:
-    """Real tokens/s (or images/s) per length at the same budget, with the ratio to traditional."""
-    picked = _pick(rows, "speed", data)
-    key = "images_per_s" if picked and picked[0].get("seq_len") is None else "real_tokens_per_s"
-    sizes = sorted({_size(r) for r in picked})
-    by = {(r["mode"], _size(r)): r for r in picked}
-    fig = go.Figure()
-    for mode in COMPARE_MODES:
-        ys, texts = [], []
-        for n in sizes:
-            r, trad = by.get((mode, n)), by.get(("traditional", n))
-            value = r.get(key) if r else None
-            ys.append(value)
-            base = trad.get(key) if trad else None
-            texts.append("OOM" if r and r.get("status") == "oom" else
-                         f"{value / base:.2f}x" if value and base else "")
-        fig.add_trace(go.Bar(x=[str(n) for n in sizes], y=ys, name=mode.replace("_", " "), text=texts,
-                             textposition="outside", marker_color=MODE_COLORS[mode]))
-    label = key.replace("_per_s", "/s").replace("_", " ")
-    fig.update_layout(barmode="group", title=f"{label} at the same budget, {data} data",
-                      xaxis_title=_size_label(picked), yaxis_title=label, height=380,
-                      margin={"l": 50, "r": 20, "t": 50, "b": 40})
-    return fig
-
-
-def compare_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
-    """Every comparison figure the rows support, titled: bars, waterfalls and speed per data."""
-    figs = []
-    for data in sorted({r["data"] for r in rows}):
-        for question in ("memory", "speed"):
-            if _pick(rows, question, data):
-                figs.append((f"peak memory: {question} question, {data}", compare_bars(rows, question, data)))
-        if any(r["mode"].startswith("ablation:") for r in _pick(rows, "memory", data)):
-            for n in sorted({_size(r) for r in _pick(rows, "memory", data)}):
-                figs.append((f"ablation: {data} {n}", ablation_waterfall(rows, data, n)))
-        if _pick(rows, "speed", data):
-            figs.append((f"speed: {data}", speed_bars(rows, data)))
-    return figs
+__all__ = ["COMPARE_MODES", "MODE_COLORS", "ablation_waterfall", "compare_bars", "compare_figures",
+           "mode_lines", "speed_bars"]
 
 
 def write_compare_report(rows: list[dict[str, Any]], path: Path, title: str = "lora_gui compare") -> Path:

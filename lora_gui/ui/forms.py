@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from lora_gui.config import BUILTIN_DATA, ConfigError, RunConfig, apply_overrides
+from lora_gui.config import ConfigError, RunConfig, apply_overrides
 
 GROUP_TITLES = {"task": "Task, model and data", "train": "Training", "image": "Images",
                 "memory": "Memory", "lora": "LoRA"}
@@ -30,6 +29,35 @@ KEY_FIELDS = ("task", "model", "data", "max_seq_len", "resolution", "batch_size"
 BUDGET_FIELDS = ("budget_gb",)  # beside the card picker, which sets it
 PER_ROW = 4  # fields a row in the groups; a row wraps on narrow screens (FIELD_MIN_WIDTH px each)
 FIELD_MIN_WIDTH = 170  # px
+
+
+# A setting's help in the words of the task shown, where its declared help speaks of another
+# task's things (tokens, documents, q_proj) or of both
+TASK_HELP = {
+    "eval_fraction": {"text": "Share of documents held out for eval_loss.",
+                      "image": "Share of pictures held out for eval_loss."},
+    "mode": {"text": "traditional: pad to max_seq_len, eager attention, fixed batch. optimized: "
+                     "dynamic sizing, SDPA, token budget.",
+             "image": "traditional: one fixed batch, eager attention. optimized: the batch of each "
+                      "resolution bucket planned under the budget, SDPA, the image memory switches on."},
+    "lora_targets": {"text": "Modules that get LoRA: 'all-linear' or a comma list such as q_proj,v_proj.",
+                     "image": "Modules that get LoRA: 'all-linear' or a comma list such as "
+                              "to_q,to_k,to_v,to_out.0."},
+    "model": {"text": "Base model: 'builtin' (the bundled 4M-parameter Llama), a Hugging Face id "
+                      "(needs network) or a local folder saved with save_pretrained.",
+              "image": "Base model: 'builtin' (the bundled small SD-style pipeline), 'builtin:drawing' "
+                       "(an SD3-style pipeline that draws shapes at 64 px), a Hugging Face id (needs "
+                       "network) or a local pipeline folder (SD 1.x, SDXL, SD3 / SD3.5 or Flux.1)."},
+    "data": {"text": "Training data: 'builtin' (the bundled fine-tune corpus) or a .txt / .jsonl / "
+                     ".csv file.",
+             "image": "Training data: 'builtin' (the bundled demo pictures) or a folder of pictures "
+                      "with .txt captions or metadata.jsonl."},
+}
+
+
+def help_for(f: dataclasses.Field, task: str) -> str:
+    """The help under a setting for ``task``, with its range."""
+    return TASK_HELP.get(f.name, {}).get(task, f.metadata.get("help", "")) + range_text(f)
 
 
 def settings_fields() -> list[dataclasses.Field]:
@@ -85,12 +113,14 @@ def range_text(f: dataclasses.Field) -> str:
 
 
 def widget_for(f: dataclasses.Field, value: Any, visible: bool = True,
-               classes: list[str] | None = None, *, elem_prefix: str = "field") -> gr.components.Component:
+               classes: list[str] | None = None, *, elem_prefix: str = "field",
+               task: str | None = None) -> gr.components.Component:
     """The widget of one setting: choices -> dropdown, bool -> checkbox, numbers with their range
     in the help (the message next to the field names a bad value), text -> textbox. Its element
     id is ``{elem_prefix}-{name}`` (each tab its own prefix)."""
     meta, kind = f.metadata, field_kind(f)
-    common = {"label": label_for(f), "info": meta.get("help", "") + range_text(f),
+    info = help_for(f, task) if task else meta.get("help", "") + range_text(f)
+    common = {"label": label_for(f), "info": info,
               "elem_id": f"{elem_prefix}-{f.name}", "visible": visible, "elem_classes": classes}
     if meta.get("choices"):
         return gr.Dropdown(list(meta["choices"]), value=value, **common)
@@ -146,7 +176,8 @@ def _boxes(fields: list[dataclasses.Field], values: dict[str, Any], task: str, f
     for f in fields:
         shown = applies_to(f, task)
         with gr.Column(min_width=min_width, visible=shown) as box:
-            form.widgets[f.name] = widget_for(f, values.get(f.name, f.default), shown, classes)
+            form.widgets[f.name] = widget_for(f, values.get(f.name, f.default), shown, classes,
+                                              task=task)
             form.errors[f.name] = gr.Markdown("", visible=False, elem_id=f"error-{f.name}",
                                               elem_classes=["field-error"])
         form.boxes[f.name] = box
@@ -205,7 +236,8 @@ def visibility(form: Form, task: str, kind: str | None = None) -> dict[Any, Any]
             updates[form.groups[group]] = gr.update(visible=any(applies_to(f, task, kind) for f in inside))
         for f in fields:
             if f.name in form.widgets:
-                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind))
+                words = {"info": help_for(f, task)} if f.name in TASK_HELP else {}
+                updates[form.widgets[f.name]] = gr.update(visible=applies_to(f, task, kind), **words)
             if f.name in form.boxes:
                 updates[form.boxes[f.name]] = gr.update(visible=applies_to(f, task, kind))
     return updates
@@ -226,25 +258,14 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 
 
 def check_data_path(value: str, task: str) -> None:
-    """A data path must be 'builtin' or a readable file (text) / folder (image)."""
+    """A data path must be 'builtin' or a file (text) / folder (image) that exists, is not empty
+    and (text) is UTF-8; the message says which (:mod:`lora_gui.ui.input_checks`)."""
     from lora_gui.data.text import DataError
+    from lora_gui.ui.input_checks import data_problem
 
-    if not value:
-        raise DataError("data: empty; use 'builtin' or a file path")
-    if value in BUILTIN_DATA or value == "builtin":
-        return
-    path = Path(value).expanduser()
-    wanted = path.is_dir() if task == "image" else path.is_file()
-    if not wanted:
-        kind = "image folder" if task == "image" else "file"
-        raise DataError(f"data: {value} is not a readable {kind}")
-    try:
-        if path.is_file():
-            path.open("rb").close()
-        else:
-            next(path.iterdir(), None)
-    except OSError as err:
-        raise DataError(f"data: {value} cannot be read ({err.strerror})") from None
+    problem = data_problem(value, task)
+    if problem:
+        raise DataError(problem)
 
 
 def check_typed_paths(clean: dict[str, Any], errors: dict[str, str]) -> dict[str, str]:
@@ -278,6 +299,12 @@ def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
             check_data_path(clean["data"], clean.get("task", "text"))
         except ValueError as err:
             errors["data"] = str(err)
+    if "model" in clean and "model" not in errors:
+        from lora_gui.ui.input_checks import model_problem
+
+        problem = model_problem(clean["model"])
+        if problem:
+            errors["model"] = problem
     if errors:
         return None, errors
     try:

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 MAIN_CHARTS = ("memory-plot", "loss-plot", "throughput-plot")  # the run panel's element ids
 STEP_PEAK = "step-peak-plot"  # in the "More charts" accordion
 CHART_IDS = (MAIN_CHARTS[0], STEP_PEAK, *MAIN_CHARTS[1:])
-CHART_HEIGHT = 250  # px: the run panel's charts (the peak per step keeps its own 320)
+CHART_HEIGHT = 280  # px: the run panel's charts, legend below included (the peak per step: 320)
 
 
 def plotly_asset() -> str | None:
@@ -86,7 +86,7 @@ if (!live.timer) live.timer = setInterval(() => live.draw(), 1000);  // a tab or
 CSS = """
 .live-chart { min-height: %(height)dpx; width: 100%%; }
 .live-row { display: flex; flex-wrap: wrap; gap: 8px; }
-.live-row > .live-chart { flex: 1 1 200px; min-width: 200px; }
+.live-row > .live-chart { flex: 1 1 220px; min-width: 220px; }  /* narrower: one a row */
 """
 
 

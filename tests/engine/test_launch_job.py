@@ -52,3 +52,24 @@ def test_processes_field_is_checked_against_the_gpus():
         with pytest.raises(ConfigError, match="processes: 2; this machine shows"):
             train_handlers.check_processes(2, "text")
     assert train_handlers.check_processes(1, "text") == 1
+
+
+@pytest.mark.integration  # starts the training process
+def test_a_run_that_fails_on_its_data_is_kept_as_a_failed_run(tmp_path):
+    """Data the form cannot judge (a line that is not JSON) fails the run once started: the job's
+    error is the CLI's line without its "error:" prefix, and the folder keeps the settings and a
+    run.json saying why (the Runs tab lists it), not an empty folder."""
+    import json
+
+    data = tmp_path / "notes.jsonl"
+    data.write_text('{"text": "a fine line"}\nnot JSON\n', encoding="utf-8")
+    cfg = apply_overrides(RunConfig(), {**SMALL, "data": str(data), "max_steps": 1})
+    job = JobManager().start(cfg, tmp_path / "runs" / "bad", processes=1)
+    deadline = time.monotonic() + 240
+    while job.running and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job.status == "failed" and "notes.jsonl:2" in job.error, (job.error, job.events)
+    assert not job.error.lower().startswith("error"), job.error
+    summary = json.loads((tmp_path / "runs" / "bad" / "run.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == job.error
+    assert (tmp_path / "runs" / "bad" / "config.json").is_file()

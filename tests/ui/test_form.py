@@ -64,7 +64,7 @@ def values(**kw):
     ({"batch_size": None}, "batch_size", ["empty", "1", "4,096"]),
     ({"resolution": 700}, "resolution", ["700", "64"]),
     ({"budget_gb": -1}, "budget_gb", ["-1", "0"]),
-    ({"data": "no/such/file.txt"}, "data", ["no/such/file.txt", "not a readable file"]),
+    ({"data": "no/such/file.txt"}, "data", ["no/such/file.txt", "does not exist"]),
     ({"data": " "}, "data", ["empty"]),
     ({"window": 4096, "attention": "windowed"}, "window", ["4096", "max_seq_len"]),
     ({"batch_table": "512-8"}, "batch_table", ["512-8"]),
@@ -314,8 +314,10 @@ def test_image_runs_hide_the_text_only_settings(form):
 
 def test_a_missing_data_path_is_flagged_before_start_and_nothing_fits():
     text, fig, _ = handle.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
-    assert "waits for valid settings" in text and "/no/such/corpus.txt" in text
-    assert "fits" not in text and fig is None
+    assert "waits for valid settings" in text and "fits" not in text and fig is None
+    # the path and what is wrong with it are said once, beside the data field
+    assert "/no/such/corpus.txt" not in text
+    assert "/no/such/corpus.txt" in forms.validate(values(data="/no/such/corpus.txt"))[1]["data"]
 
 
 def test_image_settings_follow_the_pipeline(form):

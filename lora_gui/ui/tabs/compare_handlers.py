@@ -86,8 +86,15 @@ def with_card(fig: Any, card: str | None) -> Any:
         picked = card_by_name(card)
     except ValueError:
         return fig
-    fig.add_hline(y=picked.total_bytes / 2**20, line_dash="dot", line_color="black",
-                  annotation_text=f"{picked.name}: {picked.total_bytes / 2**20:,.0f} MiB")
+    from lora_gui.ui import chart_style
+
+    card_mib = picked.total_bytes / 2**20
+    top = chart_style.finite_max(*[[y for y in (trace.y or ()) if y is not None] for trace in fig.data])
+    if chart_style.is_far_above(card_mib, top):  # a line there would flatten every bar
+        fig.add_annotation(**chart_style.off_scale_note(picked.name, card_mib))
+        return fig
+    fig.add_hline(y=card_mib, line_dash="dot", line_color="black",
+                  annotation_text=f"{picked.name}: {card_mib:,.0f} MiB")
     return fig
 
 
@@ -215,7 +222,12 @@ def progress(preset: str, model: str, sizes: str, out_name: str, seen: Any = Non
     except (ValueError, *common.USER_ERRORS):
         predicted = []
     both = predicted + [{**r, "mode": f"{r['mode']} (measured)"} for r in measured if r.get("peak_bytes")]
-    return (status, with_card(charts.compare_bars(predicted + measured, "memory", "full"), card),
+    # once rows are measured, the bars are theirs (their data and lengths: the predicted bars are
+    # of other lengths and would leave the measured ones out); the lines keep both
+    done = [r for r in measured if r.get("question", "memory") == "memory" and r.get("peak_bytes")]
+    bars = charts.compare_bars(done, "memory", done[0]["data"]) if done else \
+        charts.compare_bars(predicted, "memory", "full")
+    return (status, with_card(bars, card),
             with_card(charts.mode_lines(both), card), table(predicted, measured), now)
 
 

@@ -67,7 +67,7 @@ def _wire_queue(q: dict[str, Any], smoothing: gr.Slider, plots: list) -> Any:
 def build() -> dict[str, Any]:
     refresh = gr.Button("Refresh", elem_id="runs-refresh")
     table = gr.Dataframe(headers=list(handle.RUN_COLUMNS), value=handle.list_runs(), interactive=False,
-                         label="Runs (newest first)", elem_id="runs-table")
+                         label="Runs (newest first)", elem_id="runs-table", wrap=True)  # reasons whole
     queue = _queue_section()
     with gr.Row():
         chosen = gr.Dropdown(handle.run_names(), label="Run", elem_id="runs-chosen")

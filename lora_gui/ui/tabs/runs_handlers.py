@@ -5,6 +5,7 @@ memory.jsonl, events.jsonl, trackers.json)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from lora_gui.engine.core.trackers import open_commands, read_tracker_info
 from lora_gui.ui import charts, common
 from lora_gui.ui.series import downsample, ema
 
-RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "duration s")
+# "trained s": the training time run.json keeps, the same the Train tab's status shows at the end
+RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "trained s",
+               "why it failed")
 OVERLAY_RUNS = (2, 4)  # how many runs an overlay compares
 
 
@@ -48,16 +51,29 @@ def _status(folder: Path, summary: dict[str, Any]) -> str:
     return folder_state(folder).status
 
 
+def _reason(folder: Path, status: str, summary: dict[str, Any]) -> str:
+    """A failed run's reason in one line (run.json's error, else what the folder shows)."""
+    if status != "failed":
+        return ""
+    text = summary.get("error") or folder_state(folder).message
+    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    while line.lower().startswith("error:"):
+        line = line[len("error:"):].strip()
+    # a file by its name (no folders): the row stays short enough to read
+    return re.sub(r"(?:~|\.{1,2})?(?:/[^/\s:]+)+/(?=[^/\s:]+)", "", line)
+
+
 def list_runs() -> list[list[Any]]:
-    """One row per run folder, newest first (status, task, mode, peak with its source...)."""
+    """One row per run folder, newest first (status, task, mode, peak with its source..., and
+    a failed run's reason)."""
     rows = []
     for folder in run_folders():
         cfg, summary = _read_json(folder / "config.json"), _read_json(folder / "run.json")
-        peak = summary.get("peak_bytes")
-        rows.append([folder.name, _status(folder, summary), cfg.get("task", "text"), cfg.get("mode"),
+        peak, status = summary.get("peak_bytes"), _status(folder, summary)
+        rows.append([folder.name, status, cfg.get("task", "text"), cfg.get("mode"),
                      round(peak / 2**20) if peak else None, summary.get("memory_source"),
                      round(summary["eval_loss"], 4) if summary.get("eval_loss") is not None else None,
-                     round(summary.get("train_seconds") or 0) or None])
+                     round(summary.get("train_seconds") or 0) or None, _reason(folder, status, summary)])
     return rows
 
 
@@ -106,9 +122,15 @@ def _line(name: str, records: list[dict], key: str, smoothing: float = 0.0, scal
 
 def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoothing: float = 0.0,
              scale: float = 1.0) -> go.Figure:
+    from lora_gui.ui import chart_style
+
     fig = go.Figure([_line(name, records, key, smoothing, scale) for name, records in runs.items()])
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title=unit, height=320,
-                      margin={"l": 50, "r": 20, "t": 40, "b": 40})
+    axis = chart_style.MIB_AXIS if key == "peak_bytes" else {}
+    rows = max(1, -(-len(runs) // 2))  # legend entries (run names), two a line
+    fig.update_layout(**chart_style.legend_below({
+        "title": chart_style.title(title), "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": unit}, **axis}, "height": 320 + 20 * rows,
+        "margin": {"l": 55, "r": 20, "t": 40, "b": 40}}, rows))
     return fig
 
 
@@ -143,7 +165,9 @@ def speed_overlay(runs: dict[str, list[dict]]) -> tuple[go.Figure, str]:
     missing = [name for name, key in keys.items() if key is None]
     if missing:
         notes.append(f"no throughput recorded yet for {', '.join(missing)}")
-    fig.update_layout(**layout)
+    from lora_gui.ui import chart_style
+
+    fig.update_layout(**chart_style.legend_below(layout, max(1, -(-len(runs) // 2))))
     return fig, "; ".join(notes)
 
 

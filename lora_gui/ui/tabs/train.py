@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from lora_gui.ui import charts, common, forms, live, live_charts, live_panel
+from lora_gui.ui import charts, common, forms, live, live_charts, live_panel, run_status
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
@@ -45,8 +45,8 @@ def _sized(chart_id: str, spec: charts.Spec) -> charts.Spec:
     traces, layout = spec
     if chart_id == live_panel.STEP_PEAK:
         return spec
-    return traces, {**layout, "height": live_panel.CHART_HEIGHT,
-                    "margin": {"l": 50, "r": 10, "t": 40, "b": 40}}
+    # the chart's own margins: room for its legend below and a right-hand axis's title
+    return traces, {**layout, "height": live_panel.CHART_HEIGHT}
 
 
 def _views(part: str, key: tuple, specs: tuple) -> dict[str, live_charts.ChartView]:
@@ -126,7 +126,8 @@ def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
             preset_note = gr.Textbox(label="What it is for (first line of the file)")
             save = gr.Button("Save as preset", elem_id="save-preset")
         save_message = gr.Markdown(elem_id="save-preset-message")
-    gallery = gr.Gallery(label="Sample pictures (image runs)", columns=4, height=260, elem_id="samples")
+    gallery = gr.Gallery(label="Sample pictures", columns=4, height=260, elem_id="samples",
+                         visible=values["task"] == "image")  # a text run draws none
     return {"upload": upload, "preset_name": preset_name, "preset_note": preset_note, "save": save,
             "save_message": save_message, "gallery": gallery}
 
@@ -166,16 +167,24 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 LIVE_TICK_S = 2.0
 
 
-def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery) -> gr.Timer:
-    """Every :data:`LIVE_TICK_S`, one event per page: the run charts' new points, status, events
-    and sample pictures (a tick of several pages at once runs in parallel: the charts are built
-    once for all). The page's charts value says which answer it holds."""
+def tick(smoothing: float = 0.0, seen: str | None = None, message: str | None = None,
+         request: gr.Request | None = None) -> tuple:
+    """:func:`poll`, and the message under the run buttons cleared once the start or stop it
+    speaks of is over (the status line then says how the run ended)."""
+    stale = run_status.stale_message(message)
+    return (*poll(smoothing, seen, request), gr.skip() if stale is None else stale)
+
+
+def _wire_timer(plots: dict[str, Any], gallery: gr.Gallery, message: gr.Markdown) -> gr.Timer:
+    """Every :data:`LIVE_TICK_S`, one event per page: the run charts' new points, status, events,
+    sample pictures and a stale message (a tick of several pages at once runs in parallel: the
+    charts are built once for all). The page's charts value says which answer it holds."""
     timer = gr.Timer(LIVE_TICK_S)
     poll_in = [plots["smoothing"], plots["charts"]]
     poll_out = [plots["charts"], plots["status"], plots["events"], gallery]
     # one plain HTTP request per tick, outside the queue (no queue entry and event stream per
     # tick: several times less of the server's CPU for each open page, which shares the run's)
-    timer.tick(poll, poll_in, poll_out, queue=False, show_progress="hidden")
+    timer.tick(tick, [*poll_in, message], [*poll_out, message], queue=False, show_progress="hidden")
     plots["smoothing"].release(poll, poll_in, poll_out, queue=False, show_progress="hidden")
     plots["more"].expand(None, js="() => { if (window.loraLive) setTimeout(window.loraLive.draw, 50); }")
     return timer
@@ -198,7 +207,7 @@ def build() -> dict[str, Any]:
     rest = forms.build_form(values, skip=(*forms.KEY_FIELDS, *forms.BUDGET_FIELDS))
     form = top["budget"].merge(key).merge(rest)
     low = _lower_section(values)
-    upload, save, save_message = low["upload"], low["save"], low["save_message"]
+    upload, save, save_message, gallery = low["upload"], low["save"], low["save_message"], low["gallery"]
     preset_name, preset_note = low["preset_name"], low["preset_note"]
     preset, run_name, card, processes = top["preset"], top["run_name"], top["card"], top["processes"]
     message = buttons["message"]
@@ -212,9 +221,11 @@ def build() -> dict[str, Any]:
         handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, data[processes])
         _, errors = handle.config_from_form(cfg_values)
         text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
+        ready = gr.update(interactive=not errors)  # Start waits while a field is marked
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
                 panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
-                                                                          data[card])}
+                                                                          data[card]),
+                buttons["start"]: ready, buttons["enqueue"]: ready}
 
     def plan(data: dict, request: gr.Request) -> Iterator[tuple]:
         values = form.named(data)
@@ -237,21 +248,23 @@ def build() -> dict[str, Any]:
                 updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
         return {**updates, **forms.error_updates(form, {}),
                 run_name: name, upload: gr.update(visible=filled["task"] == "text"),
+                gallery: gr.update(visible=filled["task"] == "image"),
                 panel["text"]: f"Predicting for the preset **{name}**…", panel["chart"]: None,
                 panel["table"]: [], differs: ""}  # nothing of the previous preset's plan stays
 
     def on_task(task: str, model: str) -> dict:
         kind = handle.image_kind(task, model)
-        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text")}
+        return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text"),
+                gallery: gr.update(visible=task == "image")}
 
     def on_card(card_name: str) -> Any:
         budget = common.card_budget_gb(card_name)
         return gr.update() if budget is None else budget
 
     estimate_in = {preset, card, *inputs}
-    estimate_out = [*form.errors.values(), *panel_out, differs]
-    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, *panel_out,
-                differs]
+    estimate_out = [*form.errors.values(), *panel_out, differs, buttons["start"], buttons["enqueue"]]
+    fill_out = [*form.components, *form.layout, *form.errors.values(), run_name, upload, gallery,
+                *panel_out, differs]
     # in the browser first (no round trip): the previous preset's plan leaves the panel at once,
     # not when the server has loaded the new preset (seconds on a busy machine)
     preset.change(None, preset, panel["text"], js="(name) => `Predicting for the preset **${name}**…`")
@@ -263,9 +276,12 @@ def build() -> dict[str, Any]:
     form.widgets["budget_gb"].input(lambda: common.CUSTOM_CARD, None, card)
     task_model = [form.widgets["task"], form.widgets["model"]]
     gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
-          [*form.components, *form.layout, upload])
-    gr.on([w.input for w in [*form.components, processes]], estimate, estimate_in, estimate_out,
-          trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
+          [*form.components, *form.layout, upload, gallery])
+    # typed values come as input events; a value set at once (pasted, autofilled, a test's fill)
+    # raises no input event in a textbox, so a textbox's change counts too
+    typed = [w.change for w in form.components if isinstance(w, gr.Textbox)]
+    gr.on([*(w.input for w in [*form.components, processes]), *typed], estimate, estimate_in,
+          estimate_out, trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
     _wire_run_buttons(buttons, form, inputs, run_name, processes, plots["status"])
@@ -287,7 +303,7 @@ def build() -> dict[str, Any]:
     upload.upload(uploaded, upload, [form.widgets["data"], message])
     save_event = save.click(lambda d: handle.save_as_preset(d[preset_name], form.named(d), d[preset_note]),
                             {preset_name, preset_note, *form.components}, save_message)
-    timer = _wire_timer(plots, low["gallery"])
+    timer = _wire_timer(plots, low["gallery"], message)
     return {"preset": preset, "form": form, "inputs": inputs, "estimate": estimate, "plan": plan,
             "estimate_in": estimate_in, "estimate_out": estimate_out, "panel_out": panel_out,
             "start": buttons["start"], "status": plots["status"], "message": message,

@@ -15,6 +15,8 @@ from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
 from lora_gui.errors import clip
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.ui import charts, common, forms, live
+from lora_gui.ui.input_checks import one_line
+from lora_gui.ui.run_status import status_line  # the status the timer shows (read here by tests)
 
 START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
 
@@ -114,7 +116,7 @@ def start(run_name: str, processes: Any, values: dict[str, Any], how: str = STAR
             return f"Resuming **{job.name}** → `{job.out}`", {}, False
         cfg, errors = config_from_form(values)
         if cfg is None:
-            return "Error: fix the settings marked below.", errors, False
+            return "Error: not started; fix the setting marked ⚠ (nothing was written).", errors, False
         n = check_processes(processes, cfg.task)
         if how == START_NEW and holds_run(out):
             return (f"`{out}` holds another run. Overwrite it, resume it, or pick another run "
@@ -218,13 +220,18 @@ def _prediction_view(values: dict[str, Any], processes: Any,
 
     cfg, errors = config_from_form(values)
     if cfg is None:
-        return ("Prediction waits for valid settings: " + "; ".join(errors.values()), None, []), None
+        # the message stands beside its field: said once, there
+        return ("Prediction waits for valid settings (the setting marked ⚠).", None, []), None
     budget = int(cfg.budget_gb * GB) or None
     try:
         n = check_processes(processes, cfg.task)
         pred = predict(cfg, processes=n) if exact else estimate(cfg)
     except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
         return (f"No prediction for these settings: {err}", None, []), None
+    if not exact and cfg.task == "image":  # the closed form misses pictures' activations by far
+        return ("Planning the run on its pictures… (the run's own plan follows in a few seconds; "
+                "no quick estimate is shown for pictures: it is too rough to say whether a run fits)",
+                None, []), None
     how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
     text = (f"Predicted peak: **{pred.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how}, "
             f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
@@ -308,34 +315,6 @@ SHOWN_FORMS = ShownForms()
 
 
 # -- live charts -------------------------------------------------------------------------------
-def _progress(done: int, total: int | None, elapsed: float, running: bool = True) -> str:
-    """A text progress bar; while the run trains, its ETA (the measured seconds per step so
-    far); once it has ended, the time it trained instead."""
-    if not total:
-        return f"step {done}"
-    filled = min(20, round(20 * done / total))
-    if not running:
-        tail = f", trained {elapsed:.0f} s"
-    else:
-        tail = f", ETA {elapsed / done * max(0, total - done):.0f} s" if done else ""
-    return f"`{'█' * filled}{'░' * (20 - filled)}` step {done}/{total}{tail}"
-
-
-def status_line(job: Any, done: int, now: float | None = None) -> str:
-    """The run's one-line status: its state ("stopping" as soon as Stop is pressed), progress
-    and ETA (none once it has ended: the clock stops when the run does)."""
-    now = time.time() if now is None else now
-    phases = list(job.phases)
-    train_start = next((t for name, t in phases if name == "training"), job.started)
-    ended = next((t for name, t in phases if name == "done"), None)
-    state = job.status
-    if job.running and job.control.stop.is_set():
-        state = "stopping (after the current step)"
-    elapsed = (ended if ended is not None and not job.running else now) - train_start
-    return (f"**{job.name}**: {state} ({job.phase}) · "
-            f"{_progress(done, job.total_steps, max(0.0, elapsed), job.running)}")
-
-
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
@@ -432,11 +411,11 @@ def live_status() -> tuple[str, str]:
 
 def _job_status(job: Any, records: list[dict]) -> str:
     done = records[-1]["step"] if records else 0
-    status = status_line(job, done)
+    status = status_line(job, done, records=records)
     if job.predicted_bytes:
         status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
     if job.error:
-        status += f"\n\nError: {job.error}"
+        status += f"\n\nError: {one_line(job.error)}"
     if job.summary and job.status in ("completed", "stopped", "out_of_memory"):
         s = job.summary
         status += (f"\n\nAdapter: `{s['adapter']}` · eval loss {_fmt(s['eval_loss'], '.3f')} "

@@ -143,3 +143,33 @@ def export(run_dir: str | None, out: str, merged: bool, gguf: str | None = "none
     if kind:
         return f"Exported GGUF ({kind}) with an Ollama Modelfile to {path} (files checked on reading back)"
     return f"Exported {'the merged model' if merged else 'the adapter and its model card'} to {path}"
+
+
+def run_task(run_dir: str | None) -> tuple[str | None, bool]:
+    """(the run's task or None when unknown, whether it started from an earlier run's adapter),
+    read from its config.json (no model is loaded)."""
+    import json
+
+    if not run_dir:
+        return None, False
+    try:
+        cfg = json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, False
+    return cfg.get("task", "text"), bool(cfg.get("init_adapter"))
+
+
+def task_panes(run_dir: str | None) -> tuple[bool, ...]:
+    """Whether each of (max new tokens, temperature, LoRA scale, base text, start text, adapter
+    text, base picture, adapter picture) shows: a text run shows its text panes (the start
+    adapter's only when it started from one), an image run its pictures; an unknown run all."""
+    task, started_from = run_task(run_dir)
+    text, image = task in (None, "text"), task in (None, "image")
+    return (text, text, image, text, text and started_from, text, image, image)
+
+
+def task_view(run_dir: str | None) -> tuple[dict[str, Any], ...]:
+    """:func:`task_panes` as visibility updates."""
+    import gradio as gr
+
+    return tuple(gr.update(visible=v) for v in task_panes(run_dir))
