@@ -60,11 +60,19 @@ def _same_bytes(kind, tmp_path, capsys):
     cli = json.loads(capsys.readouterr().out)
     cfg = load_config("image-512", parse_set_args(pairs))
     form = predict(cfg, device="cpu")  # what the Train form calls
-    preset = tmp_path / "mine.yaml"  # the Plan tab reads every other setting from its preset
+    from lora_gui.ui import common
+
+    common_root = common.runs_root
+    common.runs_root = lambda: tmp_path / "runs"  # the page's user presets: runs/presets/
+    preset = tmp_path / "runs" / "presets" / "mine.yaml"  # the Plan tab reads every other setting from it
+    preset.parent.mkdir(parents=True)
     preset.write_text(PRESETS.joinpath("image-512.yaml").read_text()
                       + "".join(f"{k}: {v}\n" for k, v in sets.items()
                                 if k not in ("model", "resolution", "budget_gb")))
-    _, text, _, _ = plan_tab(str(preset), str(pipeline), 0, 512, 2.0, "cpu", False)
+    try:
+        _, text, _, _ = plan_tab("mine", str(pipeline), 0, 512, 2.0, "cpu", False)  # a preset by name
+    finally:
+        common.runs_root = common_root
 
     assert run["predicted_peak_bytes"] == cli["peak_bytes"] == form.peak_bytes
     from lora_gui.memory.predict.report import gb
