@@ -17,12 +17,12 @@ def _refresh_presets(dropdowns: list[gr.Dropdown]):
     return refresh
 
 
-# The key settings' help shows two lines until the field has focus (the first screen holds the
-# settings that decide a run, the plan and Start together).
+# The key settings' help shows two lines until the pointer rests on the field or it has focus,
+# then all of it (the first screen holds the settings that decide a run, the plan and Start).
 CSS = """
 .key-field .info-text { display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical;
-                        overflow: hidden; }
-.key-field:focus-within .info-text { display: block; }
+                        overflow: hidden; cursor: help; }
+.key-field:hover .info-text, .key-field:focus-within .info-text { display: block; }
 """
 
 

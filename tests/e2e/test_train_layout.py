@@ -172,3 +172,26 @@ def test_a_preset_change_never_shows_the_previous_presets_plan(server):
             assert before not in shown, "the previous preset's plan came back after the change"
         finally:
             browser.close()
+
+
+def test_a_key_settings_help_reads_in_full_under_the_pointer(server):
+    """The first screen's help is cut at two lines; resting the pointer on the field shows all of
+    it (no text hidden), and it folds again when the pointer leaves."""
+    from playwright.sync_api import sync_playwright
+
+    hidden = """id => { const el = document.querySelector(`#${id} .info-text`)
+        || document.querySelector(`#${id} [data-testid="block-info"]`) || null;
+        return el ? el.scrollHeight - el.clientHeight : null; }"""
+    with sync_playwright() as pw:
+        browser, page = open_page(pw, server[0], 1400)
+        try:
+            ids = [i for i in ("field-lr", "field-lora_rank", "field-max_seq_len", "field-data")
+                   if (page.evaluate(hidden, i) or 0) > 2]
+            assert ids, "no key setting's help is cut: nothing to check"
+            field = ids[0]
+            page.mouse.move(5, 5)
+            page.hover(f"#{field}")
+            page.wait_for_timeout(300)
+            assert page.evaluate(hidden, field) <= 1, f"#{field}'s help is still cut under the pointer"
+        finally:
+            browser.close()

@@ -93,3 +93,22 @@ def test_the_image_demo_plans_on_the_plan_tab():
     _, text, buckets, _ = plan("image-demo", "builtin:drawing", 0, 64, 24, "cuda", False)
     assert not text.startswith("Error"), text
     assert "fits" in text and buckets, text
+
+
+def test_the_plan_tab_shows_the_presets_settings_and_only_its_tasks_size():
+    """A preset fills the tab's fields (its LoRA rank and batch size too), and a text preset shows
+    a length, an image preset a resolution: one task at a time."""
+    text = plan_handlers.preset_settings("text-demo")
+    image = plan_handlers.preset_settings("image-512")
+    assert text[0]["visible"] is True and text[1]["visible"] is False
+    assert image[0]["visible"] is False and image[1]["visible"] is True and image[1]["value"] == 512
+    from lora_gui.presets import load_config
+
+    demo = load_config("text-demo")
+    assert text[5:] == (demo.lora_rank, demo.batch_size)
+
+
+def test_a_stale_answer_is_marked_and_an_empty_one_stays_empty():
+    marked = plan_handlers.mark_stale("**Fits** — ...", "")
+    assert marked[0].startswith(plan_handlers.STALE) and marked[1] == ""
+    assert plan_handlers.mark_stale(*marked) == marked  # marked once

@@ -26,8 +26,9 @@ def build() -> dict[str, gr.components.Component]:
     fields = {f.name: f for f in forms.settings_fields()}
     defaults = dict(handlers.FIELD_DEFAULTS)
     with gr.Row():  # the settings' own widgets (choices, ranges and help from RunConfig)
-        max_seq_len, resolution, budget = (forms.widget_for(fields[name], defaults[name], elem_prefix="plan")
-                                           for name in ("max_seq_len", "resolution", "budget_gb"))
+        max_seq_len, resolution, budget = (
+            forms.widget_for(fields[name], defaults[name], elem_prefix="plan", visible=name != "resolution")
+            for name in ("max_seq_len", "resolution", "budget_gb"))  # the first preset is a text one
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
         host_gb = gr.Number(value=round(handlers.host_free_gb(), 1), label="Host memory (GB)",
                             info="Memory the offloaded tensors may take on this computer (the longest "

@@ -30,8 +30,9 @@ def preset_settings(preset: str) -> tuple[Any, ...]:
         cfg = common.preset_config(preset)
     except common.USER_ERRORS:
         return (gr.update(),) * 7
-    return (cfg.max_seq_len, cfg.resolution, cfg.gradient_checkpointing, cfg.quantization, cfg.optimizer,
-            cfg.lora_rank, cfg.batch_size)
+    text = cfg.task == "text"  # one task at a time: a length for text, a resolution for pictures
+    return (gr.update(value=cfg.max_seq_len, visible=text), gr.update(value=cfg.resolution, visible=not text),
+            cfg.gradient_checkpointing, cfg.quantization, cfg.optimizer, cfg.lora_rank, cfg.batch_size)
 
 
 def host_free_gb() -> float:
