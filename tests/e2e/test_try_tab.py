@@ -26,7 +26,7 @@ from tests.e2e.test_dashboard import (  # noqa: F401  (fixtures)
 def chat_run(server, tmp_path):  # noqa: F811
     """A finished 2-step chat run in runs/chat under the app's working folder (the server's, which
     the Try tab lists: the server is shared by the module, its folder is not tmp_path)."""
-    data = tmp_path / "qa.jsonl"
+    data = server[1] / "qa.jsonl"  # in the dashboard's working folder, which its pages may read
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q},
                                                      {"role": "assistant", "content": a}]}) + "\n"
                             for q, a in [("what is ice", "frozen water."), ("what is rain", "falling water."),

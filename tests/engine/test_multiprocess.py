@@ -40,7 +40,7 @@ def launch(tmp: Path, data: Path, out: Path, *extra: str, env: dict | None = Non
     args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1",
             "--main_process_port", str(free_port()), "--config_file", str(ACCEL / config), *extra,
-            "-m", "lora_gui", "train",
+            "-m", "lora_gui", "train", "--json",
             "--set", f"data={data}", "--out", str(out), "--quiet"]
     for key, value in {**SETTINGS, **(settings or {})}.items():
         args[-3:-3] = ["--set", f"{key}={value}"]

@@ -57,7 +57,7 @@ def launch(tmp: Path, folder: Path, out: Path, env: dict | None = None,
     args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1",
             "--main_process_port", str(free_port()), "--config_file", str(ACCEL / "multi-gpu.yaml"),
-            "-m", "lora_gui", "train", "--preset", "image-512", "--out", str(out), "--quiet"]
+            "-m", "lora_gui", "train", "--json", "--preset", "image-512", "--out", str(out), "--quiet"]
     for key, value in {**SETTINGS, "data": folder}.items():
         args += ["--set", f"{key}={value}"]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}

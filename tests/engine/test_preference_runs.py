@@ -155,7 +155,14 @@ def test_dpo_starts_from_an_sft_runs_adapter_with_it_as_the_reference(tmp_path, 
     assert answers[1] != answers[2] or answers[0] != answers[1]  # three models, not one
     assert TextTrial(open_run(tmp_path / "fresh"), device="cpu").start is None
     monkeypatch.setattr(common, "RUNS_ROOT", tmp_path)  # the page reaches runs in its runs folder
-    *texts, message = list(try_handlers.generate(str(tmp_path / "dpo"), "What is AI?", 6, 0.0, 0, 1.0))[-1]
+    from lora_gui.ui import paths
+
+    paths.configure(allow=[qwen2_dir, demo_pairs.parent])  # the run's model and data (--allow-path)
+    try:
+        *texts, message = list(try_handlers.generate(str(tmp_path / "dpo"), "What is AI?", 6, 0.0, 0,
+                                                      1.0))[-1]
+    finally:
+        paths.configure()
     assert message.startswith("Done") and texts[4] == answers[1] and texts[1] == answers[2]
 
 

@@ -40,6 +40,16 @@ def pictures(run, scale: float, seed: int = 3):
 def test_base_and_adapter_pictures_at_a_chosen_scale(image_run, monkeypatch):
     monkeypatch.setattr(try_handlers, "_running_job", lambda: None)
     monkeypatch.setattr(common, "RUNS_ROOT", image_run.parent)
+    from lora_gui.ui import paths
+
+    paths.configure(allow=[image_run.parent.parent])  # the run's pictures, as --allow-path would
+    try:
+        _check_pictures(image_run)
+    finally:
+        paths.configure()
+
+
+def _check_pictures(image_run):
     assert try_handlers.finished_runs() == [str(image_run)]
     base, tuned, message = pictures(image_run, 1.0)
     assert base.shape == tuned.shape == (512, 512, 3)  # the run's resolution, RGB
