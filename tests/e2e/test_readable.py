@@ -16,7 +16,6 @@ import pytest
 from tests.e2e import test_dashboard as dash
 from tests.e2e.test_dashboard import (
     ARTIFACTS,
-    CHROMIUM,
     MINUTE,
     open_group,
     pick,
@@ -35,12 +34,10 @@ MIN_PLOT_PX = 120  # the plotting area of a live chart, legend and axes aside
 
 
 def open_page(pw, url: str):
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-        "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(2 * MINUTE)
-    page.goto(url)
-    page.wait_for_selector("#start", timeout=5 * MINUTE)
+    """The Train tab at 1400 x 1000 (test_train_layout's), once it shows the run's own plan."""
+    from tests.e2e.test_train_layout import open_page as first_view
+
+    browser, page = first_view(pw, url, 1400)
     wait_text(page, "predicted", "the run's own plan,")
     return browser, page
 
