@@ -254,9 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help())
     plan.add_argument("--budget-gb", type=float,
                       help="VRAM budget in decimal GB (1 GB = 1e9 bytes; default: the budget_gb setting, "
-                           "this GPU, else a 24 GB card)")
+                           "else no budget, as train plans)")
     plan.add_argument("--budget-gib", type=float,
-                      help="VRAM budget in GiB (1 GiB = 2**30 bytes), instead of --budget-gb")
+                      help="VRAM budget in GiB (1 GiB = 2**30 bytes), instead of --budget-gb; figures are "
+                           "printed in GB")
     plan.add_argument("--card", metavar="NAME",
                       help="plan for this card: its whole memory as torch reports it is the budget, the "
                            f"CUDA context counted (names: {', '.join(card_names())})")
@@ -275,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="host memory offloaded tensors may use "
                            "(default: what is available here)")
     plan.add_argument("--no-cuda-context", action="store_true",
-                      help="--longest on cuda: leave the CUDA context (920 MiB) out of the budget, "
+                      help="--longest on cuda: leave the CUDA context (0.965 GB) out of the budget, "
                            "as published figures do")
     plan.add_argument("--estimate-only", action="store_true",
                       help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")

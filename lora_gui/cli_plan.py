@@ -8,6 +8,7 @@ import json
 
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.presets import load_config
+from lora_gui.units import gb
 
 
 def _plan_question(args: argparse.Namespace, cfg):
@@ -37,7 +38,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                               "--set budget_gb=GB")
         return _plan_longest(cfg, budget, args)
     if cfg.task == "image" and _bundled_shapes_only(cfg):
-        return _plan_image_shapes(cfg, budget or report.resolve_budget(cfg), args)
+        return _plan_image_shapes(cfg, budget, args)
     try:
         parallel = Parallel(args.world_size, args.fsdp)
         pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp)
@@ -91,14 +92,14 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
                 print(f"Image run, budget {plan_budget.label()}, {args.device}: "
                       f"{result['note']}")
                 print(f"  largest resolution at batch 1: {result['largest_resolution']} px "
-                      f"({result['peak_bytes_at_largest'] / 2**30:,.2f} GiB, {result['source']})")
+                      f"({gb(result['peak_bytes_at_largest'])}, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
             return 0
         if cfg.task == "video":
             result = longest(cfg, budget, args.device)
             print(json.dumps(result, indent=1) if args.json else
                   f"Video run, budget {plan_budget.label()}, {args.device}: {result['note']} "
-                  f"({result['peak_bytes_at_longest'] / 2**30:,.2f} GiB, {result['source']})")
+                  f"({gb(result['peak_bytes_at_longest'])}, {result['source']})")
             return 0
         from lora_gui.memory.predict.longest_text import describe
 
@@ -137,12 +138,14 @@ def _bundled_shapes_only(cfg) -> bool:
 
 def _plan_image_shapes(cfg, budget, args: argparse.Namespace) -> int:
     """`plan` for a bundled UNet / DiT config (no pipeline, no data): per-bucket micro-batch
-    over the resolution's aspect buckets and the trace of the largest (source: predicted)."""
+    over the resolution's aspect buckets and the trace of the largest (source: predicted).
+    Without a budget every bucket trains at ``batch_size``, as a run without one does."""
     from lora_gui.memory.predict import planner
     from lora_gui.memory.predict.image_run_plan import plan_image_run
 
     try:
-        plan, step, _ = plan_image_run(cfg, planner.check_budget(budget.bytes), args.device)
+        limit = budget.bytes if budget is not None else planner.MAX_BUDGET_BYTES  # no budget: batch_size
+        plan, step, _ = plan_image_run(cfg, planner.check_budget(limit), args.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if args.json:
@@ -150,18 +153,19 @@ def _plan_image_shapes(cfg, budget, args: argparse.Namespace) -> int:
 
         print(json.dumps(plan_to_json(plan, step), indent=1, default=str))
         return 0
-    mib = 2**20
     print(f"Predicted peak of the largest UNet / DiT micro-batch on {args.device} (source: predicted, "
           f"fake-tensor trace of {cfg.model} at {cfg.resolution} px; shapes only, no pipeline or data "
-          f"read): {step.peak_bytes / mib:,.0f} MiB")
+          f"read): {gb(step.peak_bytes)}")
     if step.info.get("encoding_pass_bytes"):
         print("  (the larger of the training step and the caching pass, which holds the VAE and text "
               "encoders on the device, and the transformer too unless latents are cached: "
-              f"{step.info['encoding_pass_bytes'] / mib:,.0f} MiB)")
-    print(f"\nBudget {budget.label()}: {plan.message}")
-    print("  bucket (h, w)  micro-batch  grad-accum  predicted peak MiB")
+              f"{gb(step.info['encoding_pass_bytes'])})")
+    print(f"\nBudget {budget.label()}: {plan.message}" if budget is not None else
+          f"\nNo budget to judge against: every bucket at batch_size {cfg.batch_size}, as a run without one")
+    print("  bucket (h, w)  micro-batch  grad-accum  predicted peak GB")
     for b in plan.buckets:
-        print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  {b.peak_bytes / mib:>18,.0f}")
+        print(f"  {b.bucket!s:>13}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
+              f"{gb(b.peak_bytes, unit=False):>17}")
     for sug in plan.suggestions:
-        print(f"  try {sug.switch}: {sug.peak_bytes / mib:,.0f} MiB{' -> fits' if sug.fits else ''}")
+        print(f"  try {sug.switch}: {gb(sug.peak_bytes)}{' -> fits' if sug.fits else ''}")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MIB = 2**20  # bytes
+from lora_gui.units import gb
 
 
 def duration_text(seconds: float) -> str:
@@ -18,10 +18,6 @@ def duration_text(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60} min {seconds % 60:02d} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / MIB:,.0f} MiB"
 
 
 def _loss(value: float | None) -> str:
@@ -84,22 +80,22 @@ def _memory_line(summary: dict[str, Any]) -> str:
     peak, source = summary.get("peak_bytes"), summary.get("memory_source") or "unknown"
     if peak is None:
         return f"not measured ({source})"
-    line = f"{_mib(peak)} ({source}"
+    line = f"{gb(peak)} ({source}"
     if summary.get("steps_measured") is not None:
         measured, skipped = summary["steps_measured"], summary.get("steps_not_measured") or 0
         line += f", {measured} of {measured + skipped} steps measured"
     line += ")"
     if summary.get("step_peak_bytes") is not None:  # the adapter's initialisation was higher
-        line += f", at the adapter's initialisation; training steps {_mib(summary['step_peak_bytes'])}"
+        line += f", at the adapter's initialisation; training steps {gb(summary['step_peak_bytes'])}"
     if summary.get("cache_peak_bytes") and summary.get("train_peak_bytes") is not None \
             and summary["cache_peak_bytes"] > summary["train_peak_bytes"]:
         line += (f", while caching latents and embeddings; training steps "
-                 f"{_mib(summary['train_peak_bytes'])}")
+                 f"{gb(summary['train_peak_bytes'])}")
     if (summary.get("world_size") or 1) > 1:
         line += f", the largest of {summary['world_size']} processes"
     predicted = summary.get("predicted_peak_bytes")
     if predicted:
-        line += f"; planned {_mib(predicted)} ({predicted / peak - 1:+.1%})"
+        line += f"; planned {gb(predicted)} ({predicted / peak - 1:+.1%})"
     budget = summary.get("budget_bytes")
     if budget:
         line += f"; budget {budget / 1e9:,.2f} GB"

@@ -58,15 +58,15 @@ def cmp_row(question, data, mode, n, peak, speed=None, status="ok"):
 
 
 # rows of a compare.json for the chart and Compare-tab tests
-COMPARE_ROWS = [cmp_row("memory", "full", "traditional", 512, 400 * 2**20),
-                cmp_row("memory", "full", "strong_baseline", 512, 300 * 2**20),
-                cmp_row("memory", "full", "optimized", 512, 100 * 2**20),
-                cmp_row("memory", "full", "ablation:sdpa", 512, 300 * 2**20),
-                cmp_row("memory", "full", "ablation:loss_chunk", 512, 250 * 2**20),
+COMPARE_ROWS = [cmp_row("memory", "full", "traditional", 512, 400 * 10**6),
+                cmp_row("memory", "full", "strong_baseline", 512, 300 * 10**6),
+                cmp_row("memory", "full", "optimized", 512, 100 * 10**6),
+                cmp_row("memory", "full", "ablation:sdpa", 512, 300 * 10**6),
+                cmp_row("memory", "full", "ablation:loss_chunk", 512, 250 * 10**6),
                 cmp_row("memory", "full", "traditional", 1024, None, status="oom"),
-                cmp_row("memory", "full", "optimized", 1024, 150 * 2**20),
-                cmp_row("speed", "full", "traditional", 512, 400 * 2**20, speed=100.0),
-                cmp_row("speed", "full", "optimized", 512, 390 * 2**20, speed=250.0)]
+                cmp_row("memory", "full", "optimized", 1024, 150 * 10**6),
+                cmp_row("speed", "full", "traditional", 512, 400 * 10**6, speed=100.0),
+                cmp_row("speed", "full", "optimized", 512, 390 * 10**6, speed=250.0)]
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """`train`'s closing lines: the adapter, the steps, the loss and held-out loss against the base
 model's, the peak with what measured it, the time; --json for the whole summary; the progress bar
-in words ('peak 40 MiB')."""
+in words ('peak 0.0419 GB')."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from lora_gui.__main__ import main
 from lora_gui.cli_summary import duration_text, summary_lines
 from lora_gui.engine.core.loop import progress_text
+from lora_gui.units import gb
 
 MIB = 2**20
 TINY = {"max_steps": 2, "max_seq_len": 32, "batch_size": 4, "eval_fraction": 0.05, "precision": "fp32",
@@ -33,7 +34,7 @@ def test_a_completed_run_in_a_few_lines(tmp_path):
     assert f"adapter:     {tmp_path / 'adapter'}" in text
     assert "loss:        4.9871 at the last step" in text
     assert "eval loss:   5.0123 on 61 held-out samples; the base model 5.0187 (-0.0064, -0.1%)" in text
-    assert "peak memory: 117 MiB (tracker, 2 of 3 steps measured); planned 117 MiB (+0.0%)" in text
+    assert "peak memory: 0.123 GB (tracker, 2 of 3 steps measured); planned 0.123 GB (+0.0%)" in text
     assert f"details:     {tmp_path / 'run.json'}" in text
     assert len(lines) <= 8
 
@@ -43,8 +44,8 @@ def test_a_gpu_run_names_its_allocator_budget_and_processes(tmp_path):
                        peak_bytes=10_240 * MIB, predicted_peak_bytes=10_342 * MIB,
                        budget_bytes=24_000_000_000, world_size=2)
     text = "\n".join(summary_lines(summary, tmp_path, wall_seconds=4000))
-    assert ("peak memory: 10,240 MiB (cuda_allocator), the largest of 2 processes; planned "
-            "10,342 MiB (+1.0%); budget 24.00 GB") in text
+    assert ("peak memory: 10.74 GB (cuda_allocator), the largest of 2 processes; planned "
+            "10.84 GB (+1.0%); budget 24.00 GB") in text
     assert "in 1 h 06 min" in text
     assert "adapter:     not saved" in text  # the folder is not there
 
@@ -67,8 +68,8 @@ def test_image_and_preference_runs_show_their_own_figures(tmp_path):
                      peak_bytes=300 * MIB, kohya_adapter=str(tmp_path / "adapter" / "kohya.safetensors"))
     text = "\n".join(summary_lines(image, tmp_path, 5))
     assert "on 4 held-out pictures" in text and "1.50 pictures/s" in text and "kohya file:" in text
-    assert "300 MiB (tracker, 2 of 3 steps measured), while caching latents and embeddings; " \
-           "training steps 200 MiB" in text
+    assert "0.315 GB (tracker, 2 of 3 steps measured), while caching latents and embeddings; " \
+           "training steps 0.210 GB" in text
     pairs = _summary(tmp_path / "adapter", eval_likelihood_accuracy=0.625,
                      base_eval_likelihood_accuracy=0.5, eval_pairs=16)
     assert ("  preference:  the chosen answer is the likelier one in 62% of 16 held-out pairs "
@@ -78,7 +79,7 @@ def test_image_and_preference_runs_show_their_own_figures(tmp_path):
 def test_durations_and_the_progress_bar_in_words():
     assert [duration_text(s) for s in (0.4, 57.2, 119, 252, 3725)] == [
         "0 s", "57 s", "119 s", "4 min 12 s", "1 h 02 min"]
-    assert progress_text({"loss": 5.10512, "peak_bytes": 40 * MIB + 5}) == "loss 5.105, peak 40 MiB"
+    assert progress_text({"loss": 5.10512, "peak_bytes": 40 * MIB + 5}) == "loss 5.105, peak 0.0419 GB"
     assert progress_text({"loss": 5.0, "peak_bytes": None}) == "loss 5.000, peak not measured"
 
 
@@ -91,9 +92,9 @@ def test_train_ends_with_the_summary_and_json_gives_the_whole_one(small_corpus, 
     assert lines[0].startswith("Training completed: 2 steps in ") and len(lines) <= 8, printed
     run = json.loads((out / "run.json").read_text())
     assert f"adapter:     {out / 'adapter'}" in printed and (out / "adapter").is_dir()
-    assert f"peak memory: {run['peak_bytes'] / MIB:,.0f} MiB (tracker" in printed
+    assert f"peak memory: {gb(run['peak_bytes'])} (tracker" in printed
     assert f"the base model {run['base_eval_loss']:.4f}" in printed
-    assert "peak_mb" not in bar and " MiB" in bar and "loss " in bar  # the progress bar
+    assert "peak_mb" not in bar and " GB" in bar and "loss " in bar  # the progress bar
     assert main(["train", "--out", str(out), "--overwrite", "--quiet", "--json", *sets]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["steps"] == 2 and shown["adapter"] == str(out / "adapter") and "config" not in shown

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
+from lora_gui.units import gb
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -68,7 +69,7 @@ def test_plan_card_and_budget_flags_are_checked():
     assert res.returncode == 2 and "give one budget" in res.stderr
     res = plan("--preset", "text-demo", "--budget-gb", "0.3", "--device", "cuda", "--json")
     out = json.loads(res.stdout)
-    short = f"{(CUDA_CONTEXT_BYTES - 0.3e9) / 1e9:.2f} GB"  # the context the plan counts, less the budget
+    short = gb(CUDA_CONTEXT_BYTES - 0.3e9)  # the context the plan counts, less the budget
     assert out["fits"] is False and "CUDA context alone" in out["message"] and short in out["message"]
 
 
@@ -79,3 +80,13 @@ def test_plan_says_how_few_layers_a_checkpointing_run_can_checkpoint():
                  "--device", "cpu", "--budget-gb", "0.1")
     assert roomy.returncode == 0, roomy.stderr
     assert "Faster within the budget: checkpoint_layers=3 " in roomy.stdout
+
+
+def test_a_bundled_unet_without_a_budget_plans_as_a_run_without_one():
+    """No card, no budget and no GPU: every bucket at batch_size, as a run without a budget trains,
+    not a plan against a card nobody picked."""
+    res = plan("--set", "task=image", "--set", "model=sd15-unet", "--set", "resolution=256",
+               "--set", "batch_size=2", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert "No budget to judge against: every bucket at batch_size 2" in res.stdout
+    assert "24 GB" not in res.stdout and "Budget" not in res.stdout

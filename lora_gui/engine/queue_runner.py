@@ -35,14 +35,13 @@ from lora_gui.engine.queue_file import (
     new_id,
 )
 from lora_gui.errors import USER_ERRORS, clip
-from lora_gui.units import GB
+from lora_gui.units import GB, gb
 
 if TYPE_CHECKING:
     from lora_gui.engine.jobs import JobManager
 
 log = logging.getLogger(__name__)
 TICK_S = 1.0  # seconds between two looks at the card and the queue
-MIB = 2**20
 
 
 # -- checks --------------------------------------------------------------------------------------
@@ -72,8 +71,8 @@ def check_run(config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
     fits = pred.plan.fits if pred.plan is not None else True  # as the Train tab's verdict
     fits = fits and pred.peak_bytes <= (budget or pred.peak_bytes)
     if not fits:
-        raise QueueError(f"queued run {name}: predicted peak {pred.peak_bytes / MIB:,.0f} MiB does not "
-                         f"fit budget_gb {cfg.budget_gb:g} ({budget / MIB:,.0f} MiB; source: predicted)")
+        raise QueueError(f"queued run {name}: predicted peak {gb(pred.peak_bytes)} does not "
+                         f"fit budget_gb {cfg.budget_gb:g} ({gb(budget)}; source: predicted)")
     return cfg
 
 

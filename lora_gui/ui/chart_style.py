@@ -1,6 +1,6 @@
 """How the dashboard's charts are laid out so people can read them in a narrow column: legends
 below the plot (a legend beside a 400 px chart leaves the plot a sliver), titles short enough
-for the chart's width, memory axes from zero with plain MiB ticks, and a budget far above the
+for the chart's width, memory axes from zero with plain GB ticks, and a budget far above the
 data named in a note instead of drawn as a line that flattens the curve onto the axis.
 No gradio here (plain dicts for plotly layouts)."""
 
@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from lora_gui.units import gb
+
 # A budget (or card) more than this many times the highest figure drawn is not drawn as a line:
 # at 24 GB against a 490 MiB curve, the curve would use 2% of the chart's height.
 FAR_ABOVE = 3.0
@@ -18,7 +20,7 @@ FAR_ABOVE = 3.0
 LEGEND_BELOW = {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
                 "yanchor": "bottom", "font": {"size": 11}}
 TITLE_FONT = {"size": 14}  # px: a chart's title in a narrow column ("Throughput · MFU 1.9%")
-MIB_AXIS = {"rangemode": "tozero", "tickformat": ",~g"}  # 0, 200, 400 ... not "24.1705k"
+MEMORY_AXIS = {"rangemode": "tozero", "tickformat": ",~g"}  # 0, 0.1, 0.2 ... not "24.1705k"
 
 
 def title(text: str) -> dict[str, Any]:
@@ -41,12 +43,13 @@ def is_far_above(value: float | None, top: float | None) -> bool:
     return value > FAR_ABOVE * top
 
 
-def off_scale_note(label: str, mib: float, index: int = 0) -> dict[str, Any]:
-    """A note naming a line left off the scale (MiB): the first above the plot's top right, on
-    the title's line (clear of the phase labels inside the plot), others under it."""
+def off_scale_note(label: str, nbytes: float, index: int = 0) -> dict[str, Any]:
+    """A note naming a line left off the scale (``nbytes``, shown in GB): the first above the
+    plot's top right, on the title's line (clear of the phase labels inside the plot), others
+    under it."""
     return {"xref": "paper", "yref": "paper", "x": 1, "y": 1 if index == 0 else 1 - 0.09 * index,
             "xanchor": "right", "yanchor": "bottom" if index == 0 else "top", "showarrow": False,
-            "font": {"size": 11, "color": "#b22222"}, "text": f"{label}: {mib:,.0f} MiB (above the scale)"}
+            "font": {"size": 11, "color": "#b22222"}, "text": f"{label}: {gb(nbytes)} (above the scale)"}
 
 
 def finite_max(*values: Any) -> float | None:

@@ -18,7 +18,7 @@ from plotly.io.json import to_json_plotly
 from lora_gui.ui import chart_style as style
 from lora_gui.ui.history import HISTORY, SmoothedSeries, column
 from lora_gui.ui.series import downsample
-from lora_gui.units import MIB
+from lora_gui.units import GB
 
 
 class _Figure(go.Figure):
@@ -52,7 +52,7 @@ def _marked(n: int) -> str:
 
 def _single(value: Any) -> Any:
     """Float64 columns sent as float32: half the bytes every open page gets each tick; steps,
-    seconds since the run's start, MiB and losses keep far more digits than a chart shows."""
+    seconds since the run's start, GB and losses keep far more digits than a chart shows."""
     if isinstance(value, np.ndarray) and value.dtype == np.float64:
         return value.astype(np.float32)
     return value
@@ -81,7 +81,7 @@ def _ranked_lines(records: list[dict[str, Any]], source: str) -> list[dict[str, 
     for rank in range(ranks if ranks > 1 else 0):
         rows = [r for r in records if len(r.get("peak_bytes_by_rank") or ()) > rank]
         lines.append({"type": "scatter", "x": np.array([r["step"] for r in rows], float),
-                      "y": np.array([r["peak_bytes_by_rank"][rank] / MIB for r in rows]),
+                      "y": np.array([r["peak_bytes_by_rank"][rank] / GB for r in rows]),
                       "mode": "lines", "name": f"{_device_name(source)} {rank} ({source})"})
     return lines
 
@@ -106,7 +106,7 @@ def _measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def memory_figure(records: list[dict[str, Any]], budget_bytes: int | None = None,
                   predicted_bytes: int | None = None, simulated_budget: bool = True) -> go.Figure:
-    """Per-step peak memory (MiB) with the budget and the predicted peak as horizontal lines; only
+    """Per-step peak memory (GB) with the budget and the predicted peak as horizontal lines; only
     measured steps are drawn (a CPU run measures the first steps of each step shape, not the
     smaller steps after them)."""
     return figure(*memory_spec(records, budget_bytes, predicted_bytes, simulated_budget))
@@ -116,7 +116,7 @@ def memory_spec(records: list[dict[str, Any]], budget_bytes: int | None = None,
                 predicted_bytes: int | None = None, simulated_budget: bool = True) -> Spec:
     """:func:`memory_figure` as plain dicts."""
     steps, peaks, _, stable = HISTORY.curve("step peak", records, lambda new: (
-        _steps(m := _measured(new)), column(m, "peak_bytes", MIB)))
+        _steps(m := _measured(new)), column(m, "peak_bytes", GB)))
     source = records[-1]["memory_source"] if records else "no data yet"
     traces = [{"type": "scatter", "x": steps, "y": peaks, "mode": _marked(len(steps)),
                "name": f"step peak ({source}{_coverage(records)})", STABLE: stable},
@@ -125,13 +125,13 @@ def memory_spec(records: list[dict[str, Any]], budget_bytes: int | None = None,
     first = [steps[0] if len(steps) else 0]
     lines, notes = _reference_lines(budget_bytes, predicted_bytes, simulated_budget, [peaks])
     for value, label, color, dash in lines:
-        shapes.append(_hline(value / MIB, color, dash))
-        traces.append({"type": "scatter", "x": first, "y": [value / MIB], "mode": "lines",
+        shapes.append(_hline(value / GB, color, dash))
+        traces.append({"type": "scatter", "x": first, "y": [value / GB], "mode": "lines",
                        "line": {"color": color, "dash": dash}, "name": label})
     return traces, style.legend_below({"shapes": shapes, "annotations": notes,
                                        "title": style.title("Memory per step"),
                                        "xaxis": {"title": {"text": "step"}},
-                                       "yaxis": {"title": {"text": f"MiB ({source})"}, **style.MIB_AXIS},
+                                       "yaxis": {"title": {"text": f"GB ({source})"}, **style.MEMORY_AXIS},
                                        "height": 320, "margin": {"l": 55, "r": 20, "t": 40, "b": 40}})
 
 
@@ -146,10 +146,10 @@ def _reference_lines(budget_bytes: int | None, predicted_bytes: int | None, simu
         if v]
     lines, notes = [], []
     for i, line in enumerate(wanted):
-        others = [v / MIB for j, (v, *_) in enumerate(wanted) if j != i]
+        others = [v / GB for j, (v, *_) in enumerate(wanted) if j != i]
         top = style.finite_max(*drawn, *others)
-        if style.is_far_above(line[0] / MIB, top):
-            notes.append(style.off_scale_note(line[1], line[0] / MIB, len(notes)))
+        if style.is_far_above(line[0] / GB, top):
+            notes.append(style.off_scale_note(line[1], line[0], len(notes)))
         else:
             lines.append(line)
     return lines, notes
@@ -253,28 +253,23 @@ BREAKDOWN_ORDER = ("frozen_weights", "lora_params", "gradients", "optimizer_stat
 
 
 def breakdown_figure(breakdown: dict[str, int], overheads: dict[str, int],
-                     budget_bytes: int | None = None, unit: str = "MiB") -> go.Figure:
-    """One stacked bar of the predicted peak by category, with the budget as a line; ``unit``:
-    'MiB' (2**20 bytes) or 'GB' (1e9 bytes, the Plan page's unit)."""
-    div = 1e9 if unit == "GB" else MIB
+                     budget_bytes: int | None = None) -> go.Figure:
+    """One stacked bar of the predicted peak by category (GB), with the budget as a line."""
     fig = go.Figure()
     parts = [(k, breakdown.get(k, 0)) for k in BREAKDOWN_ORDER] + [
         (k, v) for k, v in breakdown.items() if k not in BREAKDOWN_ORDER] + [
         (f"overhead: {k}", v) for k, v in overheads.items() if v]
     for name, nbytes in parts:
-        fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / div], name=name))
-    total = sum(nbytes for _, nbytes in parts) / div
-    if budget_bytes and style.is_far_above(budget_bytes / div, total):  # a line would flatten the bar
-        note = style.off_scale_note("budget", budget_bytes / MIB)
-        if unit == "GB":  # the page's own unit
-            note["text"] = f"budget: {budget_bytes / div:,.2f} GB (above the scale)"
-        fig.add_annotation(**note)
+        fig.add_trace(go.Bar(x=["predicted peak"], y=[nbytes / GB], name=name))
+    total = sum(nbytes for _, nbytes in parts) / GB
+    if budget_bytes and style.is_far_above(budget_bytes / GB, total):  # a line would flatten the bar
+        fig.add_annotation(**style.off_scale_note("budget", budget_bytes))
     elif budget_bytes:
-        fig.add_hline(y=budget_bytes / div, line_dash="dash", line_color="red", annotation_text="budget")
+        fig.add_hline(y=budget_bytes / GB, line_dash="dash", line_color="red", annotation_text="budget")
     rows = max(1, -(-len(parts) // 3))  # legend entries, three a line
     fig.update_layout(**style.legend_below({
         "barmode": "stack", "title": style.title("Predicted peak by category (source: predicted)"),
-        "yaxis": {"title": {"text": unit}, **style.MIB_AXIS}, "height": 420 + 20 * rows,
+        "yaxis": {"title": {"text": "GB"}, **style.MEMORY_AXIS}, "height": 420 + 20 * rows,
         "margin": {"l": 55, "r": 20, "t": 50, "b": 40}}, rows))
     return fig
 
@@ -320,11 +315,11 @@ def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start:
     if not (samples and any("rank" in s for s in (samples[0], samples[-1]))):
         xs, ys, last, (gen, k) = HISTORY.curve(f"timeline {key}", samples,
                                                lambda new: (column(new, "time"),
-                                                            column(new, key, MIB, default=np.nan)))
+                                                            column(new, key, GB, default=np.nan)))
         # the axis starts at the run's first phase: a new start is a new generation of the line
         return [{**line(xs - start, ys, ""), STABLE: ((*gen, start), k)}], \
             (last - start if last is not None else 1.0)
-    xs, ys = column(samples, "time") - start, column(samples, key, MIB, default=np.nan)  # per GPU
+    xs, ys = column(samples, "time") - start, column(samples, key, GB, default=np.nan)  # per GPU
     ranks = column(samples, "rank", default=-1).astype(int)
     lines = [line(*downsample(xs[ranks == r], ys[ranks == r]), f"{_device_name(source)} {r} ")
              for r in sorted(set(ranks.tolist()) - {-1})]
@@ -334,7 +329,7 @@ def _timeline_lines(samples: list[dict[str, Any]], key: str, source: str, start:
 def memory_timeline(samples: list[dict[str, Any]], phases: list[tuple[str, float]],
                     budget_bytes: int | None = None, predicted_bytes: int | None = None,
                     simulated_budget: bool = True) -> go.Figure:
-    """Memory over time (MiB, its source named) with budget and predicted-peak lines and the
+    """Memory over time (GB, its source named) with budget and predicted-peak lines and the
     run's phases shaded. Uses the best source the samples have (CUDA allocator, tracker, RSS)."""
     return figure(*timeline_spec(samples, phases, budget_bytes, predicted_bytes, simulated_budget))
 
@@ -351,12 +346,12 @@ def timeline_spec(samples: list[dict[str, Any]], phases: list[tuple[str, float]]
     lines, off_scale = _reference_lines(budget_bytes, predicted_bytes, simulated_budget,
                                         [t["y"] for t in traces])
     for value, label, color, dash in lines:
-        traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / MIB] * 2,
+        traces.append({"type": "scatter", "x": [0, max(end, 1.0)], "y": [value / GB] * 2,
                        "mode": "lines", "name": label, "line": {"color": color, "dash": dash}})
     return traces, style.legend_below({"shapes": shapes, "annotations": notes + off_scale,
                                        "title": style.title("Memory over time"),
                                        "xaxis": {"title": {"text": "seconds"}},
-                                       "yaxis": {"title": {"text": f"MiB ({source})"}, **style.MIB_AXIS},
+                                       "yaxis": {"title": {"text": f"GB ({source})"}, **style.MEMORY_AXIS},
                                        "height": 320, "margin": {"l": 55, "r": 20, "t": 40, "b": 40}})
 
 

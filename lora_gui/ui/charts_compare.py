@@ -10,7 +10,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from lora_gui.ui import chart_style as style
-from lora_gui.units import MIB
+from lora_gui.units import GB, gb_decimals
 
 # -- comparison: rows of compare.json ------------------------------------------------
 COMPARE_MODES = ("traditional", "strong_baseline", "optimized")
@@ -40,7 +40,7 @@ def _pick(rows: list[dict[str, Any]], question: str, data: str) -> list[dict[str
 
 
 def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str = "corpus") -> go.Figure:
-    """Grouped bars of peak MiB per length (or resolution): traditional / strong baseline /
+    """Grouped bars of peak GB per length (or resolution): traditional / strong baseline /
     optimized, with each bar's saving against traditional on top; OOM rows are marked."""
     picked = _pick(rows, question, data)
     sizes = sorted({_size(r) for r in picked})
@@ -52,7 +52,7 @@ def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str
         for n in sizes:
             r, trad = by.get((mode, n)), by.get(("traditional", n))
             peak = r.get("peak_bytes") if r else None
-            ys.append(peak / MIB if peak else None)
+            ys.append(peak / GB if peak else None)
             if r and r.get("status") == "oom":
                 texts.append("OOM")
             elif peak and trad and trad.get("peak_bytes") and mode != "traditional":
@@ -66,32 +66,32 @@ def compare_bars(rows: list[dict[str, Any]], question: str = "memory", data: str
         "barmode": "group", "title": style.title(f"Peak memory per mode (source: {source})<br><sup>"
                                                  f"{asked}, {_data_words(data)}</sup>"),
         "xaxis": {"title": {"text": _size_label(picked)}},
-        "yaxis": {"title": {"text": f"peak MiB ({source})"}, **style.MIB_AXIS},
+        "yaxis": {"title": {"text": f"peak GB ({source})"}, **style.MEMORY_AXIS},
         "height": 400, "margin": {"l": 60, "r": 20, "t": 60, "b": 40}})
     fig.update_layout(**layout)
     return fig
 
 
 def mode_lines(rows: list[dict[str, Any]]) -> go.Figure:
-    """Peak MiB over length (or resolution), one line per mode; rows of the memory question."""
+    """Peak GB over length (or resolution), one line per mode; rows of the memory question."""
     picked = [r for r in rows if r.get("question", "memory") == "memory" and r.get("peak_bytes")]
     sources = sorted({str(r.get("memory_source")) for r in picked}) or ["no data"]
     fig = go.Figure()
     for mode in dict.fromkeys(r["mode"] for r in picked):
         line = sorted((r for r in picked if r["mode"] == mode), key=_size)
         dash = "dot" if mode.startswith("ablation:") else ("dash" if "(measured)" in mode else "solid")
-        fig.add_trace(go.Scatter(x=[_size(r) for r in line], y=[r["peak_bytes"] / MIB for r in line],
+        fig.add_trace(go.Scatter(x=[_size(r) for r in line], y=[r["peak_bytes"] / GB for r in line],
                                  mode="lines+markers", name=mode.replace("_", " "),
                                  line={"dash": dash, "color": MODE_COLORS.get(mode)}))
-    peaks = [r["peak_bytes"] / MIB for r in picked]
-    # measured rows of a few MiB beside predictions of GBs: a log axis keeps both readable
+    peaks = [r["peak_bytes"] / GB for r in picked]
+    # measured rows of a few MB beside predictions of GBs: a log axis keeps both readable
     axis = {"type": "log", "tickformat": ",~g"} if peaks and max(peaks) > LOG_SPAN * min(peaks) \
-        else style.MIB_AXIS
+        else style.MEMORY_AXIS
     rows_needed = max(1, -(-len(fig.data) // 3))  # legend entries, three a line
     fig.update_layout(**style.legend_below({
         "title": style.title(f"Peak memory over length (source: {', '.join(sources)})"),
         "xaxis": {"title": {"text": _size_label(picked)}},
-        "yaxis": {"title": {"text": "peak MiB" + (", log scale" if axis.get("type") else "")}, **axis},
+        "yaxis": {"title": {"text": "peak GB" + (", log scale" if axis.get("type") else "")}, **axis},
         "height": 400 + 18 * rows_needed, "margin": {"l": 60, "r": 20, "t": 50, "b": 40}}, rows_needed))
     return fig
 
@@ -99,7 +99,7 @@ def mode_lines(rows: list[dict[str, Any]]) -> go.Figure:
 def ablation_waterfall(rows: list[dict[str, Any]], data: str = "corpus",
                        size: int | None = None) -> go.Figure:
     """Waterfall from traditional's peak: each optimization's own change (switched on alone),
-    the interaction of combining them, and the optimized peak (MiB)."""
+    the interaction of combining them, and the optimized peak (GB)."""
     picked = _pick(rows, "memory", data)
     sizes = sorted({_size(r) for r in picked})
     size = size if size is not None else (sizes[-1] if sizes else None)
@@ -109,25 +109,25 @@ def ablation_waterfall(rows: list[dict[str, Any]], data: str = "corpus",
     if trad is None:
         fig.update_layout(title=f"Ablation: no traditional row for {data} {size}")
         return fig
-    base = trad["peak_bytes"] / MIB
+    base = trad["peak_bytes"] / GB
     names, values, measures = ["traditional"], [base], ["absolute"]
     for mode, r in by.items():
         if mode.startswith("ablation:"):
             names.append(mode.split(":", 1)[1] + " alone")
-            values.append(r["peak_bytes"] / MIB - base)
+            values.append(r["peak_bytes"] / GB - base)
             measures.append("relative")
     if opt is not None:
         names.append("combined (interaction)")
-        values.append(opt["peak_bytes"] / MIB - base - sum(values[1:]))
+        values.append(opt["peak_bytes"] / GB - base - sum(values[1:]))
         measures.append("relative")
         names.append("optimized")
         values.append(0)
         measures.append("total")
-    texts = [f"{v:+.0f}" if m == "relative" else "" for v, m in zip(values, measures)]
+    texts = [f"{v:+,.{gb_decimals(abs(v))}f}" if m == "relative" else "" for v, m in zip(values, measures)]
     fig.add_trace(go.Waterfall(x=names, y=values, measure=measures, text=texts))
     fig.update_layout(title=style.title(f"What each optimization saves alone ({_data_words(data)}, "
                                         f"{size}; source: {trad.get('memory_source')})"),
-                      yaxis_title="peak MiB", height=420,
+                      yaxis_title="peak GB", height=420,
                       showlegend=False, margin={"l": 50, "r": 20, "t": 50, "b": 90})
     return fig
 

@@ -126,7 +126,3 @@ def budget_note() -> str:
         return ("**No GPU here: runs are simulated on this CPU**; the tracker enforces the budget "
                 "(0 = none).")
     return f"This GPU has {total:.1f} GB. 0 = no budget."
-
-
-def mib(nbytes: float | None) -> str:
-    return "—" if nbytes is None else f"{nbytes / 2**20:,.0f} MiB"

@@ -243,10 +243,10 @@ def test_image_train_flow_at_768_with_samples(server, page):
     settled_text(page, "predicted")  # start once the form's plans have gone quiet
     start_run(page, "e2e-image")
     # this job's line (until the poll picks up the new job, the status shows the previous run's)
-    line = wait_match(page, "status", r"(e2e-image[^\n]*(?:planned peak [\d,]+ MiB|failed[^\n]*))",
+    line = wait_match(page, "status", r"(e2e-image[^\n]*(?:planned peak [\d.,]+ GB|failed[^\n]*))",
                       minutes=10)
     assert "planned peak" in line, f"the run did not plan: {text_of(page, 'status')!r}"
-    planned = line.split("planned peak ")[1]  # "1,697 MiB"
+    planned = line.split("planned peak ")[1]  # "1.78 GB"
     # the form shows the run's own plan: the same figure (a plan the form was still computing
     # when Start was pressed arrives a little later, so wait for it rather than read at once)
     wait_text(page, "predicted", f"Predicted peak: {planned} (source: predicted, the run's own plan,",
@@ -341,8 +341,8 @@ def test_quantization_and_optimizer_switches_reach_the_plan(page):
         " return t.includes(\"the run's own plan,\") && t !== b; }", arg=before, timeout=5 * MINUTE)
     after = settled_plan(page)
 
-    def peak(text: str) -> int:
-        return int(text.split("Predicted peak: ")[1].split(" MiB")[0].replace(",", ""))
+    def peak(text: str) -> float:
+        return float(text.split("Predicted peak: ")[1].split(" GB")[0].replace(",", ""))
 
     assert peak(after) < peak(before), f"nf4 did not lower the plan: {before!r} -> {after!r}"
     page.screenshot(path=str(ARTIFACTS / "train-nf4.png"), full_page=True)

@@ -100,6 +100,12 @@ def test_charts_beside_the_settings_while_a_run_trains(server):
             wait_text(page, "status", "stopping", minutes=0.2)  # at once, not after the step
             wait_text(page, "status", "stopped", minutes=3)
             assert "ETA" not in text_of(page, "status") and "trained" in text_of(page, "status")
+            # one unit on the page: the budget field's GB in the verdict, the status and the charts
+            shown = " ".join(text_of(page, part) for part in ("predicted", "status", "memory-plot"))
+            assert "MiB" not in shown and "GiB" not in shown and " GB" in shown, shown
+            axis = page.evaluate("() => document.querySelector('#memory-plot .js-plotly-plot')"
+                                 "._fullLayout.yaxis.title.text")
+            assert axis.startswith("GB ("), axis
             page.set_viewport_size({"width": 800, "height": 1000})  # one column: charts below
             memory = page.locator("#memory-plot")
             memory.scroll_into_view_if_needed()

@@ -47,7 +47,7 @@ def cfg_on(data, **extra) -> RunConfig:
 def test_the_check_plans_against_the_budget(tmp_path, small_corpus):
     ok = qr.check_run(cfg_on(small_corpus), "ok")
     assert ok.max_steps == 2
-    with pytest.raises(QueueError, match=r"run tight: predicted peak .* MiB does not fit budget_gb 0.01"):
+    with pytest.raises(QueueError, match=r"run tight: predicted peak .* GB does not fit budget_gb 0.01"):
         qr.check_run(cfg_on(small_corpus, budget_gb=0.01), "tight")
     with pytest.raises(ConfigError, match=r"queued run gone: data: .*missing.txt not found"):
         qr.check_run(cfg_on(tmp_path / "missing.txt"), "gone")

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from lora_gui.__main__ import main
+from lora_gui.units import gb
 
 STEPS = 2  # optimizer steps of each run: the prediction covers exactly the steps a run executes
 
@@ -33,8 +34,8 @@ def _launch_from_form(values, name, tmp_path, monkeypatch):
     return json.loads((tmp_path / "runs" / name / "run.json").read_text())
 
 
-def _shown_mib(text: str) -> str:
-    found = re.search(r"Predicted peak: \*\*([\d,]+) MiB\*\*", text)
+def _shown_gb(text: str) -> str:
+    found = re.search(r"Predicted peak: \*\*([\d.,]+ GB)\*\*", text)
     assert found, text
     return found.group(1)
 
@@ -63,7 +64,7 @@ def test_the_form_plan_and_the_run_it_starts_give_the_same_bytes(preset, tmp_pat
     run = _launch_from_form(values, "same-bytes", tmp_path, monkeypatch)
     report = run["memory_report"]
     assert report["predicted_peak_bytes"] == cli["peak_bytes"] == form.peak_bytes
-    assert _shown_mib(shown) == f"{report['predicted_peak_bytes'] / 2**20:,.0f}"
+    assert _shown_gb(shown) == gb(report["predicted_peak_bytes"])
     assert cli["settings"]["budget_gb"] == cfg.budget_gb and cli["device"] == "cpu"
     # the bound of every mode: the run's own plan within -0%...+3% of its tracked peak
     assert 0.0 <= report["predicted_peak_bytes"] / report["peak_bytes"] - 1 <= 0.03

@@ -30,7 +30,7 @@ def test_a_budget_far_above_the_curve_is_a_note_not_a_line():
     assert not any(n.startswith("budget") for n in names) and "predicted peak" in names
     assert len(layout["shapes"]) == 1  # the predicted peak's line only
     notes = [a["text"] for a in layout["annotations"]]
-    assert notes == ["budget (simulated VRAM): 24,576 MiB (above the scale)"]
+    assert notes == ["budget (simulated VRAM): 25.77 GB (above the scale)"]
     near = charts.memory_spec(_records(), budget_bytes=int(1000 * MIB))[1]
     assert len(near["shapes"]) == 1 and not near["annotations"]  # near: drawn as a line
 

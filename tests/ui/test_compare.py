@@ -94,7 +94,7 @@ def test_measure_runs_as_a_job_and_rows_persist(root, monkeypatch):
     status, bars, lines, table, seen = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp")
     assert "completed" in status and "1/3 rows" in status
     # the measured line comes first: the page draws a long table's first rows only
-    assert table[0][:3] == ["traditional", 512, "ok"] and table[0][6] == 5.0 and table[0][7] == "tracker"
+    assert table[0][:3] == ["traditional", 512, "ok"] and table[0][6] == 0.00524 and table[0][7] == "tracker"
     assert all(row[2] == "predicted" for row in table[1:])
     again = handle.progress("text-demo", handle.PRESET_MODEL, "512", "cmp", seen)  # nothing new
     assert again[-1] == seen and all(part == {"__type__": "update"} for part in again[:4])
@@ -179,12 +179,12 @@ def test_predicted_values_stay_as_shown_before_measure():
     predicted = handle.predicted_rows("text-demo", handle.PRESET_MODEL, "512")
     before = {(r[0], r[1]): r[4] for r in handle.table(predicted, [])}
     measured = [{"question": "memory", "mode": "optimized", "seq_len": 512, "status": "ok",
-                 "peak_bytes": 7 * 2**20, "predicted_peak_bytes": 6 * 2**20, "memory_source": "tracker"}]
+                 "peak_bytes": 7 * 10**9, "predicted_peak_bytes": 6 * 10**9, "memory_source": "tracker"}]
     after = handle.table(predicted, measured)
     col = handle.TABLE_COLUMNS.index
-    assert {(r[0], r[1]): r[col("predicted MiB")] for r in after} == before
-    assert after[0][col("run's plan MiB")] == 6.0 and after[0][col("measured MiB")] == 7.0
-    assert all(r[col("run's plan MiB")] is None for r in after[1:])
+    assert {(r[0], r[1]): r[col("predicted GB")] for r in after} == before
+    assert after[0][col("run's plan GB")] == 6.0 and after[0][col("measured GB")] == 7.0
+    assert all(r[col("run's plan GB")] is None for r in after[1:])
     assert "run's plan" in handle.measured_header(measured) and "bf16" in handle.measured_header(measured)
 
 

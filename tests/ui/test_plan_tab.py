@@ -81,8 +81,8 @@ def test_longest_speaks_the_pages_unit():
                      capped_by_context=False, context_len=None, memory_allows=12_288, traces=1,
                      card={"allocated_bytes": 7 * GB, "reserved_bytes": int(7.5 * GB),
                            "attention_kernel": "flash", "attention_workspace_bytes": 40 * MIB})
-    assert units("\n".join(describe(result, "GB"))) == {"GB"}
-    assert "8.36 GB = 7.78 GiB" in describe(result)[0]  # the CLI keeps both
+    assert units("\n".join(describe(result))) == {"GB"}  # the Plan tab and the CLI alike
+    assert "fits 8.36 GB on cuda" in describe(result)[0]
 
 
 def test_the_image_demo_plans_on_the_plan_tab():

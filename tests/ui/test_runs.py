@@ -41,7 +41,7 @@ def test_list_runs_shows_status_task_peak_and_source(root):
     (root / "not-a-run").mkdir()
     rows = {r[0]: r for r in handle.list_runs()}
     assert set(rows) == {"a", "b"}
-    assert rows["a"][1:6] == ["completed", "text", "optimized", 100, "tracker"]
+    assert rows["a"][1:6] == ["completed", "text", "optimized", 0.105, "tracker"]  # GB
     assert rows["a"][6] == 1.5 and rows["a"][7] == 12
     assert rows["b"][1] == "failed" and rows["b"][2] == "image"  # no summary, no writer: killed
 

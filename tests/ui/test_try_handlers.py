@@ -27,7 +27,7 @@ def job(budget_gb: float, peak: int, running: bool = True) -> FakeJob:
 def test_room_refuses_when_the_job_leaves_too_little_and_names_the_figures():
     room = generation.room_for_generation(300 * MIB, job(1.0, 900 * 10**6))
     assert not room.fits
-    assert "generation needs 300 MiB (predicted)" in room.message and "(tracker)" in room.message
+    assert "generation needs 0.315 GB (predicted)" in room.message and "(tracker)" in room.message
     assert generation.room_for_generation(50 * MIB, job(1.0, 900 * 10**6)).fits
     assert generation.room_for_generation(10**12, job(1.0, 0, running=False)).fits
 

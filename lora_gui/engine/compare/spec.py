@@ -40,6 +40,7 @@ from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.runtime.meter import GB
+from lora_gui.units import gb
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of the rows with ratios against traditional of the same group."""
     trad = {(r["question"], r["data"], r.get("seq_len") or r.get("resolution")): r
             for r in rows if r["mode"] == "traditional" and r.get("peak_bytes")}
-    lines = [f"{'question':<8} {'data':<6} {'len':>5} {'mode':<30} {'batch':>5} {'peak MiB':>9} "
+    lines = [f"{'question':<8} {'data':<6} {'len':>5} {'mode':<30} {'batch':>5} {'peak GB':>9} "
              f"{'vs trad':>7} {'tok|img/s':>9} {'vs trad':>7} {'eval loss':>9} {'vs trad':>8}  source"]
     for r in rows:
         size = r.get("seq_len") or r.get("resolution")
@@ -184,7 +185,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         status = "" if r.get("status") == "ok" else f"  [{r.get('message')}]"
         lines.append(
             f"{r['question']:<8} {r['data']:<6} {size!s:>5} {r['mode']:<30} {r.get('batch_size')!s:>5} "
-            f"{(peak or 0) / 2**20:>9.1f} {ratio(peak, t.get('peak_bytes')):>7} "
+            f"{gb(peak or 0, unit=False):>9} {ratio(peak, t.get('peak_bytes')):>7} "
             f"{f'{speed:.2f}' if images and speed else f'{speed:.0f}' if speed else '-':>9} "
             f"{ratio(speed, t.get(speed_key)):>7} "
             f"{f'{loss:.4f}' if loss is not None else '-':>9} "

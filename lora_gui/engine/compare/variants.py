@@ -28,6 +28,7 @@ from lora_gui.engine.compare.quick import cpu_threads_for_load
 from lora_gui.engine.compare.results import Comparison, resume_rows, write_results
 from lora_gui.engine.compare.spec import CompareSettings, RowSpec
 from lora_gui.engine.core.lock import holds_run_folder
+from lora_gui.units import gb
 
 log = logging.getLogger(__name__)
 QUESTION = "variants"
@@ -126,7 +127,7 @@ def format_variants_table(rows: list[dict[str, Any]]) -> str:
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}x" if a and b else "-"
 
-    lines = [f"{'variant':<8} {'params':>8} {'len':>5} {'batch':>5} {'steps':>5} {'peak MiB':>9} "
+    lines = [f"{'variant':<8} {'params':>8} {'len':>5} {'batch':>5} {'steps':>5} {'peak GB':>9} "
              f"{'vs lora':>7} {'predicted':>9} {'tok/s':>7} {'vs lora':>7} {'eval loss':>9} "
              f"{'vs lora':>8}  source"]
     for r in rows:
@@ -137,8 +138,8 @@ def format_variants_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['mode']:<8} {r.get('adapter_params')!s:>8} {r.get('seq_len')!s:>5} "
             f"{r.get('batch_size')!s:>5} {r.get('steps')!s:>5} "
-            f"{(peak or 0) / 2**20:>9.1f} {ratio(peak, ref.get('peak_bytes')):>7} "
-            f"{(predicted or 0) / 2**20:>9.1f} {f'{speed:.0f}' if speed else '-':>7} "
+            f"{gb(peak or 0, unit=False):>9} {ratio(peak, ref.get('peak_bytes')):>7} "
+            f"{gb(predicted or 0, unit=False):>9} {f'{speed:.0f}' if speed else '-':>7} "
             f"{ratio(speed, ref.get('real_tokens_per_s')):>7} "
             f"{f'{loss:.4f}' if loss is not None else '-':>9} "
             f"{f'{loss / base_loss - 1:+.2%}' if loss and base_loss else '-':>8}"

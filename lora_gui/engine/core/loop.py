@@ -20,6 +20,7 @@ from lora_gui.engine.core.session import RunSession
 from lora_gui.memory.runtime.guard import RunOutOfMemoryError, run_guarded
 from lora_gui.memory.runtime.meter import StepShape
 from lora_gui.memory.runtime.monitor import MemoryMonitor
+from lora_gui.units import gb
 
 PlanEpoch = Callable[[int], list[Step]]
 OneStep = Callable[[Step, int], dict[str, Any]]  # (step, epoch) -> the step's metric record
@@ -104,10 +105,10 @@ def _sample_log(run: RunSession) -> Callable[[dict[str, Any]], None]:
 
 
 def progress_text(record: dict[str, Any]) -> str:
-    """The progress bar's words after a step: 'loss 4.987, peak 117 MiB' (a CPU run measures the
+    """The progress bar's words after a step: 'loss 4.987, peak 0.123 GB' (a CPU run measures the
     first steps of each step shape: the others say so instead of a peak)."""
     peak = record.get("peak_bytes")  # None: a step the CPU meter did not measure
-    shown = "peak not measured" if peak is None else f"peak {peak / 2**20:,.0f} MiB"
+    shown = "peak not measured" if peak is None else f"peak {gb(peak)}"
     return f"loss {record['loss']:.3f}, {shown}"
 
 

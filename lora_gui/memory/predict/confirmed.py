@@ -63,16 +63,10 @@ SAVINGS = (
 
 def unconfirmed(cfg: RunConfig, changes: dict | None = None) -> list[Saving]:
     """The savings a run with ``cfg`` (and ``changes`` on top) counts that no card has confirmed."""
-    settings = {**{f: getattr(cfg, f) for f in ("attention_head_groups",)}, **(changes or {})}
-    out = []
-    for saving in SAVINGS:
-        if saving.confirmed_by is not None:
-            continue
-        if saving.name == "attention_head_groups" and settings.get("attention_head_groups"):
-            out.append(saving)
-        elif saving.name == "lean_backward rebuilds" and cfg.resolved_lean_backward():
-            out.append(saving)
-    return out
+    head_groups = (changes or {}).get("attention_head_groups", cfg.attention_head_groups)
+    counted = {"attention_head_groups": bool(head_groups),
+               "lean_backward rebuilds": cfg.resolved_lean_backward()}
+    return [s for s in SAVINGS if s.confirmed_by is None and counted.get(s.name)]
 
 
 def margin_needed(cfg: RunConfig, changes: dict | None = None) -> bool:

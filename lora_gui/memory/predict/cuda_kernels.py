@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from lora_gui.units import gb
+
 F32 = 4  # bytes
 FLASH_MAX_HEAD_DIM = 256  # flash_api.cpp mha_bwd: "only supports head dimension at most 256"
 MEM_EFF_BLOCK_I = 64  # kernel_backward.h: query block (kBlockSizeI) of the sm80 bf16 kernels
@@ -241,7 +243,7 @@ def describe_rows(rows: list[KernelRow]) -> list[str]:
     out = []
     for r in rows:
         where = "counted by the trace" if r.in_trace else "added by the plan"
-        size = f"{r.nbytes / 2**20:,.1f} MiB" if r.nbytes else "see trace"
+        size = gb(r.nbytes) if r.nbytes else "see trace"
         out.append(f"  {r.kernel:<22} {r.name:<48} {size:>12}  {r.phase}, {r.lifetime}; {where} ({r.source})")
     return out
 
@@ -341,10 +343,10 @@ def card_figures(step: Any) -> dict[str, int]:
 def fixed_shortfall(budget: int, context_bytes: int, weights_bytes: int) -> str | None:
     """Why a budget cannot hold even the CUDA context and the frozen weights (None: it can).
 
-    Says which of the two does not fit and by how much (decimal GB and GiB).
+    Says which of the two does not fit and by how much (decimal GB).
     """
     def size(n: int) -> str:
-        return f"{n / 1e9:,.2f} GB ({n / 2**30:,.2f} GiB)"
+        return gb(n)
 
     if context_bytes > budget:
         return (f"the budget of {size(budget)} does not hold the CUDA context alone ({size(context_bytes)}): "

@@ -40,6 +40,7 @@ from torch import nn
 
 from lora_gui.memory.predict.allocator import round_size
 from lora_gui.memory.runtime.tracker import StorageTracker
+from lora_gui.units import gb
 
 log = logging.getLogger(__name__)
 MASK = "attention_mask"
@@ -225,6 +226,6 @@ def eva_peak_bytes(config: Any, *, dtype: torch.dtype, target_modules: Any, spec
             for i in later:
                 forwards(i)
     distinct = sum(h is not None for h in forwards.hooks.values())
-    log.info("EVA pass traced: %d batches, %d of %d adapted layers with an SVD, %.1f MiB",
-             len(batches), distinct, len(forwards.layers), tracker.peak_bytes / 2**20)
+    log.info("EVA pass traced: %d batches, %d of %d adapted layers with an SVD, %s",
+             len(batches), distinct, len(forwards.layers), gb(tracker.peak_bytes))
     return tracker.peak_bytes + (CUDA_CONTEXT_BYTES if device == "cuda" else 0)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from lora_gui.memory.runtime.meter import GB
-from lora_gui.units import MIB
+from lora_gui.units import gb
 
 TEXT_MARGIN = 1.25
 IMAGE_MARGIN = 1.5
@@ -88,10 +88,10 @@ def room_for_generation(need_bytes: int, job) -> Room:
     held, source = job_held_bytes(job)
     free = total - held
     if need_bytes <= free:
-        return Room(True, need_bytes, free, f"fits: needs {need_bytes / MIB:,.0f} MiB (predicted), "
-                    f"{free / MIB:,.0f} MiB free of {what}")
+        return Room(True, need_bytes, free, f"fits: needs {gb(need_bytes)} (predicted), "
+                    f"{gb(free)} free of {what}")
     return Room(False, need_bytes, free, (
         f"Not enough memory to try a run while '{job.name}' trains: generation needs "
-        f"{need_bytes / MIB:,.0f} MiB (predicted), the job holds {held / MIB:,.0f} MiB ({source}) of "
-        f"{total / MIB:,.0f} MiB ({what}), leaving {max(free, 0) / MIB:,.0f} MiB. Stop the job or "
+        f"{gb(need_bytes)} (predicted), the job holds {gb(held)} ({source}) of "
+        f"{gb(total)} ({what}), leaving {gb(max(free, 0))}. Stop the job or "
         "wait for it to finish."))

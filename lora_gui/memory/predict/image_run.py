@@ -32,6 +32,7 @@ from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.models import dit
 from lora_gui.models.adapters import adapter_spec
 from lora_gui.models.diffusion import ImageModel, lora_targets, resolve_pipeline_source
+from lora_gui.units import gb
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,8 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
             encoding = 0
         traced.info["encoding_pass_bytes"] = encoding
         if encoding > peak:
-            log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
-                     "step (%.0f MiB)", encoding / 2**20, peak / 2**20)
+            log.info("the encoding pass (%s) is this run's predicted peak, above its training "
+                     "step (%s)", gb(encoding), gb(peak))
             peak = encoding
     return caps, traced, peak, plan
 
@@ -350,8 +351,8 @@ def run_peak(cfg: RunConfig, model: ImageModel, data: ImageData, device: torch.d
         train_captions=distinct_captions(data), caching_pass=pass_peak) for pass_peak in (False, True))
     encoding = encoding_pass_bytes(cfg, model, data.buckets, device, caching, optimizer_bytes)
     if encoding > step_peak + held:
-        log.info("the encoding pass (%.0f MiB) is this run's predicted peak, above its training "
-                 "step (%.0f MiB)", encoding / 2**20, (step_peak + held) / 2**20)
+        log.info("the encoding pass (%s) is this run's predicted peak, above its training "
+                 "step (%s)", gb(encoding), gb(step_peak + held))
     return max(step_peak + held, encoding), step_peak + held, encoding
 
 

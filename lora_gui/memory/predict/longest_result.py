@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lora_gui.memory.runtime.host import size_text
+from lora_gui.units import gb
 
 BOUND_CARD, BOUND_HOST, BOUND_CONTEXT = "card memory", "host memory", "the model's context"
 
@@ -81,24 +81,15 @@ class Longest:
                                   "estimated_host_bytes": c.host_bytes} for c in self.candidates]}
 
 
-def describe(result: Longest, unit: str = "GiB") -> list[str]:
-    """The answer in words, one line each (the CLI prints them, the Plan tab shows them).
-
-    ``unit``: "GiB" (the CLI: the budget also in GB, small figures in MiB) or "GB" (the Plan tab,
-    whose budget field and card sizes are in GB: every figure in GB)."""
-    div = 2**30 if unit == "GiB" else 1e9
-
-    def size(nbytes: float, digits: int = 2) -> str:
-        return f"{nbytes / div:,.{digits}f} {unit}"
-
-    def small(nbytes: float) -> str:  # a context, a workspace
-        return f"{nbytes / 2**20:,.0f} MiB" if unit == "GiB" else size(nbytes, 3)
+def describe(result: Longest) -> list[str]:
+    """The answer in words, one line each (the CLI prints them, the Plan tab shows them), every
+    figure in decimal GB, the unit of the budget field, the card sizes and ``--budget-gb``."""
+    size = small = gb
 
     ctx = (f"CUDA context ({small(result.cuda_context_bytes)}) counted" if result.count_cuda_context
            else f"CUDA context (~{small(500 * 2**20)}) not counted: add it for a whole card") \
         if result.device == "cuda" else "planned for this CPU"
-    budget = (f"{result.budget_bytes / 1e9:,.2f} GB = {size(result.budget_bytes)}" if unit == "GiB"
-              else size(result.budget_bytes))
+    budget = size(result.budget_bytes)
     lines = [f"Longest max_seq_len that fits {budget} on {result.device}: "
              f"{result.seq_len:,} tokens (micro-batch {result.micro_batch}; source: predicted, "
              f"{'confirmed by the fake-tensor trace' if result.confirmed_by_trace else 'estimate'}; {ctx})",
@@ -119,9 +110,8 @@ def describe(result: Longest, unit: str = "GiB") -> list[str]:
                      + ", ".join(costs))
     else:
         lines.append("  switches: none needed beyond your settings")
-    host = size_text(result.host_bytes) if unit == "GiB" else size(result.host_bytes)
-    allowed = "no limit" if result.host_limit_bytes is None else (
-        size_text(result.host_limit_bytes) if unit == "GiB" else size(result.host_limit_bytes))
+    host = size(result.host_bytes)
+    allowed = "no limit" if result.host_limit_bytes is None else size(result.host_limit_bytes)
     lines.append(f"  stopped by: {result.bound}")
     lines.append(f"  host memory for offloaded tensors: {host} (allowed: {allowed})")
     lines += [f"  note: {n}" for n in result.notes]

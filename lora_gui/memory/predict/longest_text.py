@@ -50,8 +50,9 @@ from lora_gui.memory.predict.run_plan import model_config_for, step_kwargs
 from lora_gui.memory.predict.run_predict import worst_case_shapes
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 from lora_gui.memory.runtime.guard import BatchCaps
-from lora_gui.memory.runtime.host import check_host_memory, size_text
+from lora_gui.memory.runtime.host import check_host_memory
 from lora_gui.models.stand_ins import rebuilds_made
+from lora_gui.units import gb
 
 __all__ = ["BOUND_CARD", "BOUND_CONTEXT", "BOUND_HOST", "Candidate", "Longest", "describe", "longest_text"]
 
@@ -273,8 +274,8 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     if best_len == 0:
         raise ConfigError(_nothing_fits(cfg, search, device, count_cuda_context))
     if most.seq_len > best_len:
-        notes.append(f"with about {size_text(most.host_bytes)} of host memory: about {most.seq_len:,} tokens "
-                     f"(estimate, not traced; host memory allowed: {size_text(host_limit_bytes)})")
+        notes.append(f"with about {gb(most.host_bytes)} of host memory: about {most.seq_len:,} tokens "
+                     f"(estimate, not traced; host memory allowed: {gb(host_limit_bytes)})")
     chosen = min((c for c in usable if c.seq_len == best_len), key=lambda c: (c.cost, len(c.changes)))
     candidates = usable
     allows = best_len
@@ -309,11 +310,11 @@ def longest_text(cfg: RunConfig, budget_bytes: int, device: str = "cuda", *, cou
     if margin_bytes:
         more = int(margin_bytes / _slope(search, chosen.changes, [(seq_len, search.counted(step))]))
         notes.append(f"kept at a margin: {', '.join(names)} not yet confirmed on a card, so this answer "
-                     f"counts the step without them ({size_text(margin_bytes)} more at this length); "
+                     f"counts the step without them ({gb(margin_bytes)} more at this length); "
                      f"counting them: about {min(cap, seq_len + more) // GRANULE * GRANULE:,} tokens "
                      "(unconfirmed; --count-unconfirmed)")
     if reserve_margin:
-        notes.append(f"kept at a margin of {size_text(reserve_margin)} ({RESERVE_MARGIN:.2%} of the card's "
+        notes.append(f"kept at a margin of {gb(reserve_margin)} ({RESERVE_MARGIN:.2%} of the card's "
                      "usable memory): the caching allocator's reserve ran 1.23% above its plan at the 8 GB "
                      "edge on a card (H200, bench/results/gpu_h200)")
     if names and not kept and not margin_bytes:

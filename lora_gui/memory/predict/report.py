@@ -11,9 +11,7 @@ from lora_gui.cards import card_by_name
 from lora_gui.config import ConfigError, RunConfig
 from lora_gui.memory.predict.planner import MAX_BUDGET_BYTES
 from lora_gui.memory.predict.run import Prediction
-from lora_gui.units import GB, GIB, MIB
-
-DEFAULT_CARD = "24gb"  # without a card, a budget or a GPU here: a common 24 GB card
+from lora_gui.units import GB, GIB, gb
 
 
 @dataclass(frozen=True)
@@ -24,16 +22,17 @@ class Budget:
     source: str
 
     def label(self, per: str = "") -> str:
-        """In both units: decimal GB (1e9 bytes, as cards are labelled) and GiB (2**30), e.g.
-        '4.00 GB = 3.73 GiB per GPU (--budget-gb)'."""
-        return f"{self.bytes / GB:,.2f} GB = {self.bytes / GIB:,.2f} GiB{per} ({self.source})"
+        """In decimal GB (1e9 bytes), the unit of every figure shown, e.g.
+        '4.00 GB per GPU (--budget-gb)'."""
+        return f"{gb(self.bytes)}{per} ({self.source})"
 
 
 def resolve_budget(cfg: RunConfig, budget_gb: float | None = None, card: str | None = None,
                    gpu_total_bytes: int | None = None, budget_from: str = "budget given",
-                   budget_gib: float | None = None) -> Budget:
+                   budget_gib: float | None = None) -> Budget | None:
     """The budget of a plan, in the order a user expects: a card picked by name, a budget typed
-    in GB (or GiB), the run's own ``budget_gb``, this machine's GPU, else a 24 GB card.
+    in GB (or GiB), the run's own ``budget_gb``, this machine's GPU; with none of them, no
+    budget (None), as a run without one.
 
     Raises:
         ConfigError: an unknown card (the message lists the known ones), a budget out of range,
@@ -60,8 +59,7 @@ def resolve_budget(cfg: RunConfig, budget_gb: float | None = None, card: str | N
         return Budget(int(cfg.budget_gb * GB), "budget_gb setting")
     if gpu_total_bytes:
         return Budget(gpu_total_bytes, "this GPU")
-    default = card_by_name(DEFAULT_CARD)
-    return Budget(default.total_bytes, f"default: {default.label}, no GPU here")
+    return None
 
 
 @dataclass(frozen=True)
@@ -170,38 +168,38 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
     """What `plan` prints for a text run."""
     step = pred.step
     lines = [f"Predicted peak of one training step on {pred.device}, per GPU with {parallel_label} "
-             f"(source: predicted, fake-tensor trace of {cfg.model}): {step.peak_bytes / MIB:,.0f} MiB"]
+             f"(source: predicted, fake-tensor trace of {cfg.model}): {gb(step.peak_bytes)}"]
     figures = pred.figures
     if figures:
         data = "the run's real data" if figures["from_data"] else "worst case, no data to read"
         rows = f" pairs ({2 * figures['batch_size']} rows)" if cfg.is_preference else ""
         lines.append(f"  peak micro-batch: {figures['batch_size']}{rows} x {figures['seq_len']} tokens, mask "
                      f"{figures['mask']}, attention kernel on {pred.device}: {figures['kernel']} ({data})")
-    lines += [f"  {name:<18} {nbytes / MIB:>10,.1f} MiB" for name, nbytes in step.breakdown.items()]
-    lines += [f"  + {name:<16} {nbytes / MIB:>10,.1f} MiB  (CUDA-only overhead, not in the trace)"
+    lines += [f"  {name:<18} {gb(nbytes):>14}" for name, nbytes in step.breakdown.items()]
+    lines += [f"  + {name:<16} {gb(nbytes):>14}  (CUDA-only overhead, not in the trace)"
               for name, nbytes in step.cuda_overheads.items() if nbytes]  # none when planning for a CPU
     if figures and "init_peak_bytes" in figures:  # the lora_init pass before step 1
         above = figures["init_peak_bytes"] > step.peak_bytes
         lines.append(f"lora_init {cfg.lora_init}: its pass before the first step peaks at "
-                     f"{figures['init_peak_bytes'] / MIB:,.0f} MiB (source: predicted)"
+                     f"{gb(figures['init_peak_bytes'])} (source: predicted)"
                      + (": above the steps, the run's predicted peak" if above else ", below the steps"))
     if step.device == "cuda":
         from lora_gui.memory.predict.cuda_kernels import card_figures, describe_rows
 
         card = card_figures(step)
-        lines.append(f"  on the card: allocated {card['allocated_bytes'] / MIB:,.0f} MiB "
-                     f"(max_memory_allocated), reserved {card['reserved_bytes'] / MIB:,.0f} MiB "
+        lines.append(f"  on the card: allocated {gb(card['allocated_bytes'])} "
+                     f"(max_memory_allocated), reserved {gb(card['reserved_bytes'])} "
                      "(max_memory_reserved), nvidia-smi "
-                     f"{card['nvidia_smi_bytes'] / MIB:,.0f} MiB (reserved + CUDA context: checked against "
+                     f"{gb(card['nvidia_smi_bytes'])} (reserved + CUDA context: checked against "
                      "the budget)")
         kernel = (figures or {}).get("kernel") or step.info.get("kernel")
-        workspace = step.info.get("attention_workspace_bytes", 0) / MIB
+        workspace = gb(step.info.get("attention_workspace_bytes", 0))
         lines.append(f"CUDA-only memory, one row per kernel (attention kernel: {kernel}; its backward "
-                     f"workspace {workspace:,.1f} MiB, one layer at a time)")
+                     f"workspace {workspace}, one layer at a time)")
         lines += describe_rows(kernels or [])
     if step.info.get("world_size", 1) > 1:
         lines.append(f"  (noted, not in the peak: LoRA gradient all-reduce bucket "
-                     f"{step.info['allreduce_bucket_bytes'] / MIB:,.1f} MiB after backward; DDP-style "
+                     f"{gb(step.info['allreduce_bucket_bytes'])} after backward; DDP-style "
                      "buckets of 25 MB)")
     return lines + _budget_lines(pred, budget, "bucket (tokens)", 15, " per GPU", short)
 
@@ -218,22 +216,22 @@ def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list
     n, pred = found
     return [f"Faster within the budget: checkpoint_layers={n} checkpoints only the first "
             f"{'decoder layer' if n == 1 else f'{n} decoder layers'}; the others keep their activations "
-            f"and are not recomputed. Predicted peak {pred.peak_bytes / MIB:,.0f} MiB (source: "
-            f"predicted) of {budget.bytes / MIB:,.0f} MiB, the same micro-batches."]
+            f"and are not recomputed. Predicted peak {gb(pred.peak_bytes)} (source: "
+            f"predicted) of {gb(budget.bytes)}, the same micro-batches."]
 
 
 def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> list[str]:
     """What `plan` prints for an image run."""
     step = pred.step
     lines = [f"Predicted peak of the image run on {pred.device} (source: predicted, the run's own plan of "
-             f"{cfg.model} at {cfg.resolution} px): {pred.peak_bytes / MIB:,.0f} MiB"]
+             f"{cfg.model} at {cfg.resolution} px): {gb(pred.peak_bytes)}"]
     if pred.train_peak_bytes is not None:
-        lines.append(f"  training steps alone: {pred.train_peak_bytes / MIB:,.0f} MiB (largest micro-batch: "
+        lines.append(f"  training steps alone: {gb(pred.train_peak_bytes)} (largest micro-batch: "
                      f"{step.info.get('batch_size') or '?'} image(s), traced)")
     if step.info.get("encoding_pass_bytes"):
         lines.append("  (the larger of the training step and the caching pass, which holds the VAE and "
                      "text encoders on the device, and the denoiser too unless latents are cached: "
-                     f"{step.info['encoding_pass_bytes'] / MIB:,.0f} MiB)")
+                     f"{gb(step.info['encoding_pass_bytes'])})")
     if pred.plan is None:
         lines.append(_no_plan_verdict(pred, budget, " (fixed batch per bucket)"))
         lines += [f"  {bucket:>13}  micro-batch {batch}" for bucket, batch in pred.bucket_batches]
@@ -256,18 +254,12 @@ def _budget_lines(pred: Prediction, budget: Budget | None, bucket_title: str, wi
     if plan is None or budget is None:
         return [_no_plan_verdict(pred, budget, "", per, short)]
     lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
-             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak MiB"]
+             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak GB"]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
-              f"{b.peak_bytes / MIB:>18,.0f}" for b in plan.buckets]
-    lines += [f"  try {s.switch}: {s.peak_bytes / MIB:,.0f} MiB (saves "
-              f"{s.saving_bytes / MIB:,.0f} MiB){' -> fits' if s.fits else ''}" for s in plan.suggestions]
+              f"{gb(b.peak_bytes, unit=False):>17}" for b in plan.buckets]
+    lines += [f"  try {s.switch}: {gb(s.peak_bytes)} (saves "
+              f"{gb(s.saving_bytes)}){' -> fits' if s.fits else ''}" for s in plan.suggestions]
     return lines
-
-
-def gb(nbytes: float, digits: int = 2) -> str:
-    """A memory figure as the Plan tab writes every one: decimal GB (1e9 bytes), the unit of its
-    budget field and of the card sizes, so one page speaks one unit."""
-    return f"{nbytes / GB:,.{digits}f} GB"
 
 
 def _bucket_name(bucket: Any, unit: str) -> str:

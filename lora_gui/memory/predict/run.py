@@ -22,7 +22,7 @@ from lora_gui.config import RunConfig
 from lora_gui.memory.predict import planner
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.trace import TraceResult
-from lora_gui.units import GB
+from lora_gui.units import GB, gb
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ def with_init_peak(cfg: RunConfig, source: str | None, device: str, figures: dic
         init = init_trace.init_peak_bytes(config, **args)
     figures["init_peak_bytes"] = init
     if init > figures["peak_bytes"]:
-        log.info("the %s initialisation (%.1f MiB) is this run's predicted peak, above its steps "
-                 "(%.1f MiB)", cfg.lora_init, init / 2**20, figures["peak_bytes"] / 2**20)
+        log.info("the %s initialisation (%s) is this run's predicted peak, above its steps "
+                 "(%s)", cfg.lora_init, gb(init), gb(figures["peak_bytes"]))
         figures["step_peak_bytes"], figures["peak_bytes"] = figures["peak_bytes"], init
     return figures
 

@@ -30,6 +30,7 @@ from lora_gui.memory.predict.parallel import Parallel, per_gpu
 from lora_gui.memory.predict.run_plan import model_config_for, plan_run, step_kwargs
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 from lora_gui.memory.runtime.guard import BatchCaps
+from lora_gui.units import gb
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ def predict_text_run(cfg: RunConfig, device: str = "cuda", source: str | None = 
             best = (step, shape)
     step, shape = best
     step = with_reference_table(per_gpu(step, config, parallel), cfg, device, len(lengths) if lengths else 0)
-    log.info("predicted peak %.1f MiB on %s: %s (%d shapes, %d traced)", step.peak_bytes / 2**20,
+    log.info("predicted peak %s on %s: %s (%d shapes, %d traced)", gb(step.peak_bytes),
              device, shape, len(shapes), len(candidates))
     return RunPrediction(step.peak_bytes, device, step.info.get("kernel", ""), shape, bool(lengths),
                          len(shapes), len(candidates), step, dict(caps.caps))

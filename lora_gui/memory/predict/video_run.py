@@ -48,6 +48,7 @@ from lora_gui.memory.predict.trace import (
 )
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.tracker import StorageTracker
+from lora_gui.units import gb
 
 Bucket = tuple[int, int, int]  # (width px, height px, frames)
 
@@ -333,18 +334,17 @@ def text_length_or(cfg: RunConfig, default: int) -> int:
 
 def video_plan_lines(cfg: RunConfig, pred: Any, budget: Any) -> list[str]:
     """What `plan` prints for a video run (``pred``: a :class:`lora_gui.memory.predict.run.Prediction`)."""
-    mib = 2**20
     step = pred.step
     bucket = "x".join(str(v) for v in step.info.get("bucket", ()))
     lines = [f"Predicted peak of the video run on {pred.device} (source: predicted, {cfg.model}, largest "
              f"micro-batch {step.info.get('batch_size')} clip(s) of {bucket} px x frames, "
-             f"{step.info.get('video_tokens', 0):,} video tokens): {pred.peak_bytes / mib:,.0f} MiB"]
+             f"{step.info.get('video_tokens', 0):,} video tokens): {gb(pred.peak_bytes)}"]
     if step.info.get("encoding_pass_bytes"):
         encoding = step.info["encoding_pass_bytes"]
-        lines.append(f"  training steps alone: {pred.train_peak_bytes / mib:,.0f} MiB; the caching pass "
-                     f"(VAE and text encoder on the device): {encoding / mib:,.0f} MiB")
+        lines.append(f"  training steps alone: {gb(pred.train_peak_bytes)}; the caching pass "
+                     f"(VAE and text encoder on the device): {gb(encoding)}")
     lines.append("  breakdown at the peak: " + ", ".join(
-        f"{k} {v / mib:,.0f} MiB" for k, v in step.breakdown.items() if v))
+        f"{k} {gb(v)}" for k, v in step.breakdown.items() if v))
     if budget is None:
         lines.append("\nNo budget to judge against: the peak above is what the run will hold")
     else:
@@ -399,7 +399,7 @@ def longest_video(cfg: RunConfig, budget: int, device: str, most_frames: int = 1
     out = {"size": f"{width}x{height}", "source": "predicted", "budget_bytes": budget}
     if peak(0) > budget:
         return {**out, "frames": 0, "peak_bytes_at_longest": peaks[0],
-                "note": f"not even one frame fits: {peaks[0] / 2**30:,.2f} GiB at 1 frame"}
+                "note": f"not even one frame fits: {gb(peaks[0])} at 1 frame"}
     low, high = 0, 1
     top = (most_frames - 1) // temporal
     while high <= top and peak(high) <= budget:  # double until a length does not fit

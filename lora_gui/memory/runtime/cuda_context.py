@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from lora_gui.units import gb
+
 log = logging.getLogger(__name__)
 
 SOURCE = "cuda_mem_get_info"
@@ -52,6 +54,6 @@ def budget_for_plan(budget: int | None, device: torch.device, planned_context: i
             "cuda_context_source": SOURCE}
     if budget is None or excess == 0:
         return budget, info
-    log.info("this card holds %.0f MiB outside the allocator, %.0f MiB more than the plan counts: "
-             "planning against %.0f MiB", measured / 2**20, excess / 2**20, (budget - excess) / 2**20)
+    log.info("this card holds %s outside the allocator, %s more than the plan counts: "
+             "planning against %s", gb(measured), gb(excess), gb(budget - excess))
     return max(0, budget - excess), {**info, "budget_lowered_by_bytes": excess}

@@ -10,12 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lora_gui.config import ConfigError
-from lora_gui.units import GB
-
-
-def size_text(nbytes: float) -> str:
-    """Bytes for people: GB (decimal) from 0.1 GB up, else MB."""
-    return f"{nbytes / GB:.2f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.1f} MB"
+from lora_gui.units import gb
 
 
 def host_available_bytes() -> int | None:
@@ -47,5 +42,5 @@ def check_host_memory(need_bytes: int, available_bytes: int | None, what: str) -
         ConfigError: naming both figures.
     """
     if available_bytes is not None and need_bytes > available_bytes:
-        raise ConfigError(f"{what} need {size_text(need_bytes)} of host memory; "
-                          f"{size_text(available_bytes)} is available")
+        raise ConfigError(f"{what} need {gb(need_bytes)} of host memory; "
+                          f"{gb(available_bytes)} is available")

@@ -29,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from lora_gui.units import gb
+
 MEMORY_SOURCE = "tracker"
 _DEVICE = torch.ops.prim.device.default  # tensor.device asked by C++ code of a fake tensor
 _HOST_SCOPE = threading.local()  # depth of nested on_host() blocks, per thread
@@ -165,8 +167,8 @@ def track_op(self: StorageTracker, func, types, args=(), kwargs=None):  # noqa: 
         if wanted > self.budget_bytes:
             del out, new  # the op's outputs die here, as a failed allocation would leave them
             raise torch.OutOfMemoryError(
-                f"simulated VRAM budget exceeded in {func}: {wanted / 2**20:.1f} MiB live "
-                f"would pass the budget of {self.budget_bytes / 2**20:.1f} MiB (source: tracker)"
+                f"simulated VRAM budget exceeded in {func}: {gb(wanted)} live "
+                f"would pass the budget of {gb(self.budget_bytes)} (source: tracker)"
             )
     self._count(new)
     return out

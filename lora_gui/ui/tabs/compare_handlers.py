@@ -10,8 +10,9 @@ from lora_gui.config import ConfigError
 from lora_gui.engine.compare.results import load_results
 from lora_gui.errors import clip
 from lora_gui.ui import charts, common
+from lora_gui.units import GB, gb, gb_value
 
-TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted MiB", "run's plan MiB", "measured MiB",
+TABLE_COLUMNS = ("mode", "size", "status", "batch", "predicted GB", "run's plan GB", "measured GB",
                  "source", "tokens or images /s", "eval loss", "message")
 PRESET_MODEL = "the preset's model"
 
@@ -37,14 +38,14 @@ def predicted_rows(preset: str, model: str, sizes: str = "") -> list[dict[str, A
     return instant_rows(common.preset_config(preset), chosen, tuple(_sizes(sizes)) or None)
 
 
-def _mib(value: Any) -> float | None:
-    return round(value / 2**20, 1) if value else None
+def _gb(value: Any) -> float | None:
+    return gb_value(value) if value else None
 
 
 def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[list[Any]]:
     """One line per mode and size: the prediction next to the measured row when there is one.
 
-    "predicted MiB" stays the figure shown before Measure (the planner for a CUDA GPU in bf16); a
+    "predicted GB" stays the figure shown before Measure (the planner for a CUDA GPU in bf16); a
     measured row's own plan (the planner for this machine and precision, which its run made) is
     a column of its own, so no predicted value changes under the user's eyes.
 
@@ -61,11 +62,11 @@ def table(predicted: list[dict[str, Any]], measured: list[dict[str, Any]]) -> li
         p = beside.pop(key, None) or {}
         speed = m.get("real_tokens_per_s") or m.get("images_per_s")
         lines.append([m["mode"], size(m), m.get("status"), m.get("batch_size") or p.get("batch_size"),
-                      _mib(p.get("peak_bytes")), _mib(m.get("predicted_peak_bytes")),
-                      _mib(m.get("peak_bytes")), m.get("memory_source"), round(speed, 2) if speed else None,
+                      _gb(p.get("peak_bytes")), _gb(m.get("predicted_peak_bytes")),
+                      _gb(m.get("peak_bytes")), m.get("memory_source"), round(speed, 2) if speed else None,
                       _loss(m.get("eval_loss")), m.get("message") or p.get("message")])
     for p in beside.values():  # sizes and modes nothing measured yet
-        lines.append([p["mode"], size(p), "predicted", p["batch_size"], _mib(p.get("peak_bytes")), None, None,
+        lines.append([p["mode"], size(p), "predicted", p["batch_size"], _gb(p.get("peak_bytes")), None, None,
                       "predicted", None, None, p.get("message")])
     return lines
 
@@ -76,7 +77,7 @@ def _loss(value: Any) -> Any:
 
 
 def with_card(fig: Any, card: str | None) -> Any:
-    """Draws the picked card's memory (MiB, as the driver reports it) as a line on a peak-MiB
+    """Draws the picked card's memory (GB, as the driver reports it) as a line on a peak-GB
     chart; the chart is returned as it was without a card."""
     from lora_gui.cards import card_by_name
 
@@ -88,13 +89,13 @@ def with_card(fig: Any, card: str | None) -> Any:
         return fig
     from lora_gui.ui import chart_style
 
-    card_mib = picked.total_bytes / 2**20
+    card_gb = picked.total_bytes / GB
     top = chart_style.finite_max(*[[y for y in (trace.y or ()) if y is not None] for trace in fig.data])
-    if chart_style.is_far_above(card_mib, top):  # a line there would flatten every bar
-        fig.add_annotation(**chart_style.off_scale_note(picked.name, card_mib))
+    if chart_style.is_far_above(card_gb, top):  # a line there would flatten every bar
+        fig.add_annotation(**chart_style.off_scale_note(picked.name, picked.total_bytes))
         return fig
-    fig.add_hline(y=card_mib, line_dash="dot", line_color="black",
-                  annotation_text=f"{picked.name}: {card_mib:,.0f} MiB")
+    fig.add_hline(y=card_gb, line_dash="dot", line_color="black",
+                  annotation_text=f"{picked.name}: {gb(picked.total_bytes)}")
     return fig
 
 
@@ -240,8 +241,8 @@ def measured_header(measured: list[dict[str, Any]]) -> str | None:
     sources = ", ".join(sorted({str(r.get("memory_source")) for r in done}))
     return (f"**Predicted and measured**: {len(done)} row(s) trained on this machine (source: "
             f"{sources}) beside the planner's predictions (source: predicted). "
-            "\"predicted MiB\" is the estimate for a CUDA GPU in bf16 shown before Measure; \"run's plan "
-            "MiB\" is the plan each measured run made for this machine and precision.")
+            "\"predicted GB\" is the estimate for a CUDA GPU in bf16 shown before Measure; \"run's plan "
+            "GB\" is the plan each measured run made for this machine and precision.")
 
 
 def progress_and_header(preset: str, model: str, sizes: str, out_name: str, seen: Any = None,

@@ -14,11 +14,11 @@ FILLED = ("max_seq_len", "loss_chunk", "gradient_checkpointing", "offload_checkp
           "embeddings_on_host", "optimizer", "batching", "attention_head_groups")
 
 
-def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB",
+def answer(cfg: RunConfig, budget_gb: float, device: str,
            host_gb: float | None = None) -> tuple[dict[str, Any], str]:
-    """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``;
-    ``unit``: the memory unit of the page it goes to (the Plan tab's is GB); ``host_gb``: host
-    memory the offloaded tensors may take (None: what this machine has free).
+    """(settings to fill, the answer in Markdown) for a run under ``budget_gb`` on ``device``
+    (every figure in GB); ``host_gb``: host memory the offloaded tensors may take (None: what
+    this machine has free).
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
     batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
@@ -38,7 +38,7 @@ def answer(cfg: RunConfig, budget_gb: float, device: str, unit: str = "GiB",
         result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host)
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
         return {}, f"Error: {err}"
-    lines = describe(result, unit)
+    lines = describe(result)
     text = f"**{lines[0]}**\n\n" + "\n".join(f"- {line.strip()}" for line in lines[1:])
     if common.gpu_total_gb() is None and device == "cpu":
         text += "\n- (simulated budget: no GPU here)"
@@ -79,7 +79,7 @@ def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointi
         return f"Error: {err}"
     if host_gb is not None and not host_gb >= 0:  # also catches NaN
         return f"Error: host memory: {host_gb} GB is not a size (0 or more GB)"
-    text = answer(cfg, float(budget_gb or 0), device, unit="GB", host_gb=host_gb)[1]
+    text = answer(cfg, float(budget_gb or 0), device, host_gb=host_gb)[1]
     if text.startswith("**Longest"):  # the verdict above judges the settings as they are
         text += ("\n- (with the switches listed here on; the verdict and the bucket table above judge "
                  "the settings as they are)")

@@ -102,7 +102,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
         rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
                                        cards_gb=cards_with(budget), **run_plan.step_kwargs(cfg, "cuda"))
     except (ValueError, *common.USER_ERRORS) as err:
-        return charts.breakdown_figure({}, {}, unit="GB"), f"Error: {err}", empty, empty
+        return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
     return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
                     pred.peak_bytes)
 
@@ -124,5 +124,5 @@ def _outputs(result, step, rows, budget: int, device: str, shape: str, peak: int
     text = report.verdict_markdown(result, step.peak_bytes if peak is None else peak, budget, shape, device,
                                    unit)
     smallest = "512 px" if image else "256 tokens"  # what_fits_where's smallest size tried
-    return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget, unit="GB"), text,
+    return (charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget), text,
             report.plan_rows(result), report.fits_rows(rows, smallest, budget / GB))

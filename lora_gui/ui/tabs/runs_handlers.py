@@ -19,9 +19,10 @@ from lora_gui.engine.core.runstate import folder_state
 from lora_gui.engine.core.trackers import open_commands, read_tracker_info
 from lora_gui.ui import charts, common
 from lora_gui.ui.series import downsample, ema
+from lora_gui.units import GB, gb_value
 
 # "trained s": the training time run.json keeps, the same the Train tab's status shows at the end
-RUN_COLUMNS = ("run", "status", "task", "mode", "peak MiB", "peak source", "eval loss", "trained s",
+RUN_COLUMNS = ("run", "status", "task", "mode", "peak GB", "peak source", "eval loss", "trained s",
                "why it failed")
 OVERLAY_RUNS = (2, 4)  # how many runs an overlay compares
 
@@ -71,7 +72,7 @@ def list_runs() -> list[list[Any]]:
         cfg, summary = _read_json(folder / "config.json"), _read_json(folder / "run.json")
         peak, status = summary.get("peak_bytes"), _status(folder, summary)
         rows.append([folder.name, status, cfg.get("task", "text"), cfg.get("mode"),
-                     round(peak / 2**20) if peak else None, summary.get("memory_source"),
+                     gb_value(peak) if peak else None, summary.get("memory_source"),
                      round(summary["eval_loss"], 4) if summary.get("eval_loss") is not None else None,
                      round(summary.get("train_seconds") or 0) or None, _reason(folder, status, summary)])
     return rows
@@ -125,7 +126,7 @@ def _overlay(runs: dict[str, list[dict]], key: str, title: str, unit: str, smoot
     from lora_gui.ui import chart_style
 
     fig = go.Figure([_line(name, records, key, smoothing, scale) for name, records in runs.items()])
-    axis = chart_style.MIB_AXIS if key == "peak_bytes" else {}
+    axis = chart_style.MEMORY_AXIS if key == "peak_bytes" else {}
     rows = max(1, -(-len(runs) // 2))  # legend entries (run names), two a line
     fig.update_layout(**chart_style.legend_below({
         "title": chart_style.title(title), "xaxis": {"title": {"text": "step"}},
@@ -186,8 +187,8 @@ def overlay(names: list[str] | None, smoothing: float = 0.0, most: int = OVERLAY
     sources = sorted({str(r[-1].get("memory_source")) for r in runs.values() if r})
     speed, note = speed_overlay(runs)
     return (f"Overlay of {', '.join(names)}" + (f"\n\n{note[0].upper()}{note[1:]}." if note else ""),
-            _overlay(runs, "peak_bytes", "Peak memory per step", f"MiB ({', '.join(sources) or 'no data'})",
-                     scale=2**20),
+            _overlay(runs, "peak_bytes", "Peak memory per step", f"GB ({', '.join(sources) or 'no data'})",
+                     scale=GB),
             _overlay(runs, "loss", "Loss", "loss", smoothing), speed)
 
 

@@ -13,10 +13,10 @@ from typing import Any
 from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
 from lora_gui.errors import clip
-from lora_gui.memory.runtime.meter import GB
 from lora_gui.ui import charts, common, forms, live
 from lora_gui.ui.input_checks import one_line
 from lora_gui.ui.run_status import status_line  # the status the timer shows (read here by tests)
+from lora_gui.units import GB, gb
 
 START_NEW, START_OVERWRITE, START_RESUME = "new", "overwrite", "resume"
 
@@ -161,7 +161,7 @@ def _switch_hints(cfg: RunConfig, plan: Any) -> list[str]:
     """What to switch when the run does not fit: the planner's suggestions, else the switches
     that are still off."""
     if plan is not None and plan.suggestions:
-        return [f"{s.switch}: {s.peak_bytes / 2**20:,.0f} MiB{' (fits)' if s.fits else ''}"
+        return [f"{s.switch}: {gb(s.peak_bytes)}{' (fits)' if s.fits else ''}"
                 for s in plan.suggestions]
     hints = []
     if cfg.mode == "traditional":
@@ -233,10 +233,10 @@ def _prediction_view(values: dict[str, Any], processes: Any,
                 "no quick estimate is shown for pictures: it is too rough to say whether a run fits)",
                 None, []), None
     how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
-    text = (f"Predicted peak: **{pred.peak_bytes / 2**20:,.0f} MiB** (source: predicted, {how}, "
+    text = (f"Predicted peak: **{gb(pred.peak_bytes)}** (source: predicted, {how}, "
             f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
     if budget:
-        text += f" of {budget / 2**20:,.0f} MiB"
+        text += f" of {gb(budget)}"
         if common.gpu_total_gb() is None:
             text += " (simulated: no GPU here)"
     if budget:
@@ -267,7 +267,7 @@ def _faster_hint(cfg: RunConfig, budget: int, processes: int, pred: Any) -> str:
     n, faster = found
     return (f"\n\nFaster within the budget: **checkpoint_layers {n}** (the first "
             f"{'layer' if n == 1 else f'{n} layers'} recompute, the others keep their activations): "
-            f"{faster.peak_bytes / 2**20:,.0f} MiB predicted, the same micro-batches.")
+            f"{gb(faster.peak_bytes)} predicted, the same micro-batches.")
 
 
 def gauge(peak: int, budget: int, cells: int = 30) -> str:
@@ -276,7 +276,7 @@ def gauge(peak: int, budget: int, cells: int = 30) -> str:
     used = min(cells, round(cells * share))
     over = "▓" * min(10, round(cells * (share - 1))) if share > 1 else ""
     return (f"`{'█' * used}{'░' * (cells - used)}{over}` {share:.0%} of the budget "
-            f"({peak / 2**20:,.0f} / {budget / 2**20:,.0f} MiB, predicted)")
+            f"({gb(peak, unit=False)} / {gb(budget)}, predicted)")
 
 
 class ShownForms:
@@ -413,14 +413,14 @@ def _job_status(job: Any, records: list[dict]) -> str:
     done = records[-1]["step"] if records else 0
     status = status_line(job, done, records=records)
     if job.predicted_bytes:
-        status += f" · planned peak {job.predicted_bytes / 2**20:,.0f} MiB (predicted)"
+        status += f" · planned peak {gb(job.predicted_bytes)} (predicted)"
     if job.error:
         status += f"\n\nError: {one_line(job.error)}"
     if job.summary and job.status in ("completed", "stopped", "out_of_memory"):
         s = job.summary
         status += (f"\n\nAdapter: `{s['adapter']}` · eval loss {_fmt(s['eval_loss'], '.3f')} "
                    f"(base {_fmt(s['base_eval_loss'], '.3f')}) · steps {s['steps']} · peak "
-                   f"{_fmt(s['peak_bytes'] and s['peak_bytes'] / 2**20, '.0f')} MiB ({s['memory_source']})")
+                   f"{gb(s['peak_bytes'] or None)} ({s['memory_source']})")
         if s.get("message"):
             status += f"\n\n{s['message']}"
     return status
