@@ -103,6 +103,7 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
     import contextlib
     import io
 
+    from bench.common import markdown_table
     from bench.peers import trl_sft as pt
 
     precisions = ", ".join(sorted({r["precision"] for r in rows}))
@@ -115,9 +116,9 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
         out += [f"### {model}", *text.getvalue().strip().splitlines(), ""]
     plans = [r for r in rows if r.get("trainer") == "lora_gui" and r.get("predicted_vs_measured") is not None]
     if plans:  # the engine's own run (autocast on a GPU) against the plan it made before it started
-        out += ["### lora_gui runs: plan against measured peak (never below 0)", "",
-                "| model | run | round | peak MiB | plan vs measured |", "|---|---|---|---|---|"]
-        out += [f"| {r['model']} | {r['run']} | {r['round']} | {r['peak_bytes'] / 2**20:,.1f} | "
-                f"{r['predicted_vs_measured']:+.2%} |" for r in plans if r.get("peak_bytes")]
+        table = markdown_table(["model", "run", "round", "peak MiB", "plan vs measured"],
+                               [[r["model"], r["run"], r["round"], f"{r['peak_bytes'] / 2**20:,.1f}",
+                                 f"{r['predicted_vs_measured']:+.2%}"] for r in plans if r.get("peak_bytes")])
+        out += ["### lora_gui runs: plan against measured peak (never below 0)", "", *table.splitlines()]
         out.append("")
     return out

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from bench.docs.meta import stamp
+from bench.common import write_results
 from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.chunked_loss import enable_chunked_loss
 from lora_gui.models.long_context import apply_long_context
@@ -109,8 +108,7 @@ def main() -> None:
                            "seq_len": args.seq, "rounds": args.rounds, "device": "cpu"}
         print(f"  {switch:22s} x{ratio:.3f} vs {base_arm}")
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"meta": stamp(), **results}, indent=2) + "\n", encoding="utf-8")
+        write_results(RESULTS, results, indent=2)
         print(f"wrote {RESULTS}")
 
 

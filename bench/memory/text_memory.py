@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common import markdown_table, write_results
 from lora_gui.config import apply_overrides
 from lora_gui.engine.text.train import train_text
 from lora_gui.presets import load_config
@@ -51,17 +52,16 @@ def main() -> None:
     trad = rows[0]
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("\n| mode | steps | real tokens | padding eff. | peak MiB (tracker) | peak vs trad. | "
-          "real tokens/s | speed vs trad. | eval loss | vs trad. |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['steps']} | {r['real_tokens']} | {r['padding_efficiency']:.1%} | "
-              f"{r['peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / trad['peak_bytes']:.2f}x | "
-              f"{r['real_tokens_per_s']:.0f} | {r['real_tokens_per_s'] / trad['real_tokens_per_s']:.1f}x | "
-              f"{r['eval_loss']:.4f} | {(r['eval_loss'] / trad['eval_loss'] - 1):+.2%} |")
+    columns = ["mode", "steps", "real tokens", "padding eff.", "peak MiB (tracker)", "peak vs trad.",
+               "real tokens/s", "speed vs trad.", "eval loss", "vs trad."]
+    print("\n" + markdown_table(columns, [
+        [r["mode"], r["steps"], r["real_tokens"], f"{r['padding_efficiency']:.1%}",
+         f"{r['peak_bytes'] / 2**20:.0f}", f"{r['peak_bytes'] / trad['peak_bytes']:.2f}x",
+         f"{r['real_tokens_per_s']:.0f}", f"{r['real_tokens_per_s'] / trad['real_tokens_per_s']:.1f}x",
+         f"{r['eval_loss']:.4f}", f"{(r['eval_loss'] / trad['eval_loss'] - 1):+.2%}"] for r in rows]))
     print(f"\nbase model eval loss (before LoRA): {trad['base_eval_loss']:.4f}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        write_results(args.json, {"rows": rows})  # stamped: the commit and planner that made it
 
 
 if __name__ == "__main__":

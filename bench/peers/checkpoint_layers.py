@@ -24,14 +24,11 @@ batch 1, LoRA r16 on all linear layers, SDPA, the chunked loss: what each kept l
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-
-from bench.docs.meta import with_stamp
+from bench.common import pin_threads, round_order, write_results
 from bench.peers.trl_sft import LORA_CONFIGS, bench_run_config, run_lora
 from lora_gui.memory.predict.estimate import estimate_text_step
 from lora_gui.memory.predict.trace import trace_text_step
@@ -65,7 +62,7 @@ def main() -> int:
     parser.add_argument("--plans", default=None, help="a bundled model: print its CUDA plans instead")
     parser.add_argument("--seq", type=int, default=2048, help="--plans: tokens of the micro-batch")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    pin_threads(1)
     values = [int(v) for v in args.layers.split(",")]
     if args.plans:
         print_plans(args.plans, args.seq, values)
@@ -81,7 +78,7 @@ def main() -> int:
     cfg = bench_run_config(args.docs, "fp32", folder)
     rows = []
     for r in range(args.rounds):
-        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+        for name in round_order(list(arms), r):
             LORA_CONFIGS[name] = arms[name]
             row = run_lora(name, cfg, folder)
             rows.append({**row, "round": r})
@@ -103,8 +100,7 @@ def main() -> int:
               f"{statistics.median(x['real_tokens_per_s'] for x in mine):.0f} | "
               f"{', '.join(f'{q:.2f}x' for q in ratios)} |")
     if args.json:
-        body = with_stamp(rows)
-        Path(args.json).write_text(json.dumps(body, indent=1, default=str) + "\n", encoding="utf-8")
+        write_results(args.json, {"rows": rows})
     return 0
 
 

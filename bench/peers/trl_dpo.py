@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from bench.docs.meta import with_stamp
+from bench.common import pin_threads, write_results
 from bench.peers.trl_sft import TARGET_PEAK, LoopClock, json_lines, pair_order, speed_rounds, tracked_train
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.pairs import load_pairs, read_pairs
@@ -212,7 +212,7 @@ def main() -> None:
                              "from the first round); speeds and ratios from those rounds only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(args.threads)
+    pin_threads(args.threads)
     folder = args.out or Path(tempfile.mkdtemp(prefix="peer-trl-dpo-"))
     folder.mkdir(parents=True, exist_ok=True)
     cfg = load_config("preference-demo", {"objective": "dpo", "max_steps": args.steps,
@@ -235,7 +235,7 @@ def main() -> None:
                 print(json.dumps(out[-1]), flush=True)
     print_table(out)
     if args.json:
-        args.json.write_text(json.dumps(with_stamp(out), indent=1), encoding="utf-8")
+        write_results(args.json, {"rows": out})
 
 
 if __name__ == "__main__":

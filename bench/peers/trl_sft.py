@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from bench.docs.meta import with_stamp
+from bench.common import pin_threads, round_order, write_results
 from bench.peers.tracker_cost import without_cpu_tracker
 from lora_gui.config import BUILTIN_MODEL_DIR, RunConfig, apply_overrides
 from lora_gui.data.text import load_documents, split_documents, tokenize_documents
@@ -179,7 +179,7 @@ def pair_order(round_index: int, names: list[str]) -> list[tuple[str, bool]]:
     """(TRL configuration, TRL first?) for one round: the configurations' order reversed and each
     pair's order flipped every other round."""
     first = round_index % 2 == 0
-    return [(n, first) for n in (names if first else names[::-1])]
+    return [(n, first) for n in round_order(names, round_index)]
 
 
 def run_trl(name: str, ids: list[list[int]], cfg: RunConfig, folder: Path,
@@ -350,7 +350,7 @@ def main() -> None:
                              "from the first round); speeds and ratios from those rounds only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(args.threads)
+    pin_threads(args.threads)
     folder = args.out or Path(tempfile.mkdtemp(prefix="peer-trl-"))
     folder.mkdir(parents=True, exist_ok=True)
     base = load_config("text-demo", {"max_steps": 0, "epochs": 1, "max_seq_len": args.max_seq_len})
@@ -385,7 +385,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps(with_stamp(rows), indent=1), encoding="utf-8")
+        write_results(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

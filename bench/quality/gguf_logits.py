@@ -17,7 +17,6 @@ Prints a Markdown table (docs/BENCHMARKS.md) and writes bench/results/gguf_logit
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.docs.meta import stamp
+from bench.common import write_results
 
 log = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gguf_logits.json"
@@ -158,8 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     result = run(args.run, args.steps, args.threads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": stamp(), **result}, indent=1) + "\n")
+    write_results(args.out, result)
     print(table(result))
 
 

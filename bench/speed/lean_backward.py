@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.common import pin_threads, round_order  # noqa: E402
 from lora_gui.memory.predict.dit_trace import trace_dit_step  # noqa: E402
 from lora_gui.memory.predict.trace import trace_text_step, trace_unet_step  # noqa: E402
 from lora_gui.memory.runtime.tracker import StorageTracker  # noqa: E402
@@ -88,8 +89,7 @@ def measured(rounds: int) -> None:
         print(f"| {label} | {kept:,} | {tracker.peak_bytes:,} |")
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(rounds):
-        order = (("off", plain), ("on", lean)) if r % 2 == 0 else (("on", lean), ("off", plain))
-        for label, m in order:
+        for label, m in round_order((("off", plain), ("on", lean)), r):
             step(m)
             start = time.perf_counter()
             for _ in range(20):
@@ -105,7 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     a = parser.parse_args()
-    torch.set_num_threads(1)
+    pin_threads(1)
     planned()
     measured(a.rounds)
 

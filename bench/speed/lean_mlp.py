@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import lora_gui.models.lean_backward as lean_backward
+from bench.common import pin_threads, round_order
 from bench.peers.trl_sft import bench_run_config, run_lora
 from lora_gui.memory.predict.trace import trace_text_step
 
@@ -73,7 +74,7 @@ def measured(rounds: int, docs: int, precisions: list[str]) -> None:
         run_lora("lora", cfg, folder)  # warm-up: the first run of a process builds its kernels
         rows: dict[bool, list[dict]] = {True: [], False: []}
         for r in range(rounds):
-            for on in ((True, False) if r % 2 == 0 else (False, True)):
+            for on in round_order((True, False), r):
                 with mlps(on):
                     rows[on].append(run_lora("lora", cfg, folder))
         ratios = [a["real_tokens_per_s"] / b["real_tokens_per_s"] for a, b in zip(rows[True], rows[False])]
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--skip-plans", action="store_true")
     parser.add_argument("--precisions", default="fp32,bf16")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    pin_threads(1)
     if not args.skip_plans:
         planned()
     measured(args.rounds, args.docs, args.precisions.split(","))

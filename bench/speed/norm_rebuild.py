@@ -50,6 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import pin_threads, round_order  # noqa: E402
 from lora_gui.memory.predict.dit_trace import trace_dit_step  # noqa: E402
 from lora_gui.memory.predict.trace import trace_unet_step  # noqa: E402
 from lora_gui.memory.runtime.tracker import StorageTracker  # noqa: E402
@@ -212,7 +213,7 @@ def measured(name: str, build: Callable, rounds: int, arms_: tuple[str, ...] = A
         print(f"| {a} | {kept:,} | {tracker.peak_bytes:,} |")
     times: dict[str, list[float]] = {a: [] for a in arms_}
     for r in range(rounds):
-        for a in (arms_ if r % 2 == 0 else arms_[::-1]):
+        for a in round_order(arms_, r):
             step(a)
             start = time.perf_counter()
             for _ in range(5):
@@ -229,7 +230,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-plans", action="store_true", help="the CPU measurements only")
     a = parser.parse_args()
-    torch.set_num_threads(1)
+    pin_threads(1)
     if not a.no_plans:
         planned()
     measured("SD-1.x-shaped UNet, 256 wide, 2 x 256 px", _unet_256, a.rounds, ("before", "norms"))

@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from bench.docs.meta import stamp
+from bench.common import round_order, write_results
 from lora_gui.ui.tabs.train import LIVE_TICK_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -432,8 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             for r in range(args.rounds):
-                order = (0, args.pages) if r % 2 == 0 else (args.pages, 0)
-                for n in order:
+                for n in round_order((0, args.pages), r):
                     row = measure(browser, url, run, n, args.window, poll, args.settle, server.pid,
                                   args.api_pages)
                     row["round"] = r + 1
@@ -452,8 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows, args.pages)
     print(table(rows, summary, args))
     if args.json:
-        body = {"meta": stamp(), "rows": rows, "summary": summary}
-        Path(args.json).write_text(json.dumps(body, indent=1) + "\n")
+        write_results(args.json, {"rows": rows, "summary": summary})
     return 0
 
 
