@@ -99,7 +99,7 @@ def check_peers(smoke: bool = False, docs: int = 192, rounds: int = 3,
 
 
 def markdown(rows: list[dict[str, Any]]) -> list[str]:
-    """The peers table per model (peer_trl's own table), for gpu_check.md."""
+    """The peers table per model (bench.peers.trl_sft's own table), for gpu_check.md."""
     import contextlib
     import io
 
