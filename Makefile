@@ -39,4 +39,4 @@ quick: $(VENV)/.test lint
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadscope -m "not slow and not integration"
 
 bench: $(VENV)/.runtime
-	$(PY) -m bench.text_memory
+	$(PY) -m bench.memory.text_memory

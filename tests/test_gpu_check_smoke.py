@@ -1,4 +1,4 @@
-"""bench/gpu_check.py runs end to end on a CPU in its smoke mode (tiny models, the same code paths
+"""bench/gpu/check.py runs end to end on a CPU in its smoke mode (tiny models, the same code paths
 the lent GPU runs), and writes one JSON with planned allocated / reserved per row."""
 
 import json
@@ -18,14 +18,14 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     plans = tmp_path / "plans.json"
     # the plans first, alone (what runs on a CPU before a card is lent), then the check reads them
-    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path),
+    res = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--smoke", "--out", str(tmp_path),
                           "--plan-only", "--plans", str(plans), "--sections", "text,card"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     stored = json.loads(plans.read_text(encoding="utf-8"))["plans"]
     assert any(key.startswith("card:8gb:") and key.endswith(":longest") for key in stored)
     assert not (tmp_path / "gpu_check.json").exists()  # nothing measured
-    res = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(tmp_path),
+    res = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--smoke", "--out", str(tmp_path),
                           "--plans", str(plans)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -66,7 +66,7 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
 def test_the_h200_report_pairs_each_row_with_its_plan():
     """The lent card's results: every row found its plan, and the 8 GB longest length that ran
     out of memory under its cap is refused by the capped-run rule the plan now uses."""
-    from bench.gpu_report import report
+    from bench.gpu.report import report
 
     folder = Path(__file__).resolve().parent.parent / "bench" / "results" / "gpu_h200"
     check = json.loads((folder / "run2_gpu_check.json").read_text(encoding="utf-8"))

@@ -132,7 +132,7 @@ def test_peak_contents_lists_the_storages_alive_at_the_peak_with_their_module():
 
 
 def test_plan_contents_groups_every_byte_of_the_traced_peak_by_module():
-    from bench.plan_contents import KEPT_APART, contents
+    from bench.memory.plan_contents import KEPT_APART, contents
     from lora_gui.models.build_diffusion import build_sdxl_pipeline
 
     config = {**build_sdxl_pipeline(seed=0).unet.config, "_class_name": "UNet2DConditionModel"}

@@ -1,6 +1,6 @@
 """What made a results file: the commit and the planner fingerprint, read from git.
 
-The planner fingerprint is :func:`bench.gpu_plans.planner_fingerprint`'s hash (the source of
+The planner fingerprint is :func:`bench.gpu.plans.planner_fingerprint`'s hash (the source of
 ``lora_gui/memory/predict`` and ``lora_gui/models``, whose layers the traces run), here computed
 for any commit from git's objects, so a results file's recorded fingerprint can be checked against
 the commit it names: a fingerprint that no commit has is a plan made from uncommitted code.
@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parents[2]
-PLANNED_BY = ("lora_gui/memory/predict", "lora_gui/models")  # as bench.gpu_plans._PLANNED_BY
+PLANNED_BY = ("lora_gui/memory/predict", "lora_gui/models")  # as bench.gpu.plans._PLANNED_BY
 
 
 def _git(*args: str, data: bytes | None = None) -> bytes:
@@ -40,7 +40,7 @@ def head_commit() -> str:
 
 def _digest(files: list[tuple[str, bytes]]) -> str:
     digest = hashlib.sha256()
-    # bench.gpu_plans sorts Path objects, which compare by their parts: sort the same way
+    # bench.gpu.plans sorts Path objects, which compare by their parts: sort the same way
     for rel, body in sorted(files, key=lambda f: PurePosixPath(f[0]).parts):
         digest.update(rel.encode() + b"\0" + body)
     return digest.hexdigest()[:16]
@@ -49,7 +49,7 @@ def _digest(files: list[tuple[str, bytes]]) -> str:
 @cache
 def fingerprint_at(commit: str) -> str:
     """The planner fingerprint of the code at ``commit`` (the same hash as the working tree's
-    :func:`bench.gpu_plans.planner_fingerprint` when the tree is that commit)."""
+    :func:`bench.gpu.plans.planner_fingerprint` when the tree is that commit)."""
     listing = _git("ls-tree", "-r", "--format=%(objectname) %(path)", commit, "--", *PLANNED_BY)
     entries = [line.split(" ", 1) for line in listing.decode().splitlines() if line.endswith(".py")]
     if not entries:
@@ -66,7 +66,7 @@ def fingerprint_at(commit: str) -> str:
 
 
 def working_fingerprint() -> str:
-    """The planner fingerprint of the files on disk (bench.gpu_plans.planner_fingerprint's hash,
+    """The planner fingerprint of the files on disk (bench.gpu.plans.planner_fingerprint's hash,
     without importing torch)."""
     package = ROOT / "lora_gui"
     files = [(path.relative_to(package).as_posix(), path.read_bytes())

@@ -197,7 +197,7 @@ def main() -> None:
         global RealTracker
         RealTracker = NoTracker  # noqa: F811 (speed-only runs)
     if args.no_builtin_tracker:
-        from bench.tracker_cost import without_cpu_tracker
+        from bench.peers.tracker_cost import without_cpu_tracker
 
         without_cpu_tracker().__enter__()  # for the whole process: its one run
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.adapter_variants import tiny_qwen2
+from bench.memory.adapter_variants import tiny_qwen2
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.export import export_run
 from lora_gui.engine.generate import TextTrial, open_run

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from bench.adapter_variants import tiny_qwen2
+from bench.memory.adapter_variants import tiny_qwen2
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.text import train as text_train
 

@@ -13,7 +13,7 @@ import logging
 import pytest
 import torch
 
-from bench.adapter_variants import tiny_qwen2
+from bench.memory.adapter_variants import tiny_qwen2
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.text import train as text_train

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from bench.adapter_variants import tiny_qwen2
+from bench.memory.adapter_variants import tiny_qwen2
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.text import train as text_train

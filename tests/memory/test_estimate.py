@@ -60,7 +60,7 @@ def test_estimate_rejects_bad_input():
 @pytest.mark.parametrize("kind", ["dora", "loha", "lokr", "oft", "lora-fa"])
 def test_estimate_of_each_adapter_variant_is_close_to_its_trace(kind):
     """The variant's closed-form term against the trace of its real peft layers: parameters
-    exact, the peak within 5% (OFT: +1.5%...+1.9% at 64-512 tokens, bench/oft_estimate.py)."""
+    exact, the peak within 5% (OFT: +1.5%...+1.9% at 64-512 tokens, bench/memory/oft_estimate.py)."""
     from lora_gui.models.adapters import AdapterSpec
 
     spec = AdapterSpec(fa=True) if kind == "lora-fa" else AdapterSpec(kind)

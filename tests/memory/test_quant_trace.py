@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("bitsandbytes")
 
-from bench.quant_measure import engine_step_peak, save_random_model  # noqa: E402
+from bench.memory.quant_measure import engine_step_peak, save_random_model  # noqa: E402
 from lora_gui.memory.predict import planner  # noqa: E402
 from lora_gui.memory.predict.estimate import estimate_text_step  # noqa: E402
 from lora_gui.memory.predict.quant import optimizer_state_bytes, quantized_linear_bytes  # noqa: E402

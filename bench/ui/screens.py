@@ -1,0 +1,187 @@
+"""First-view screenshots of the dashboard as a new user meets it, at 1400 x 1000 in Debian's
+Chromium (Playwright, no browser download): Train for a text and an image preset, Plan after a
+plan, Compare after Measure, Runs with a failed run. Written to docs/screens/*.png.
+
+    python -m bench.ui.screens [--out docs/screens] [--extra DIR]
+
+A dashboard is started in a temporary folder (its own runs/), driven, and ended. ``--extra``
+also saves the Train tab with a finished run's charts (not committed: a reviewer's check).
+Takes 3-6 minutes on a laptop CPU (one short run, a failed one and a one-step comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MINUTE = 60_000  # ms
+VIEW = {"width": 1400, "height": 1000}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_dashboard(cwd: Path) -> tuple[subprocess.Popen, str]:
+    """app.py in ``cwd`` on a free port; returns (process, url) once it listens."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False"}
+    log = (cwd / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=cwd, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the dashboard did not start listening within 300 s")
+
+
+def wait_text(page, elem_id: str, words: str, minutes: float = 5) -> None:
+    page.wait_for_function(
+        "([id, w]) => { const el = document.getElementById(id); return el && el.innerText.includes(w); }",
+        arg=[elem_id, words], timeout=int(minutes * MINUTE))
+
+
+def set_field(page, name: str, value: str) -> None:
+    """Sets a field at once, as a paste or autofill does, then leaves it (Tab)."""
+    box = page.locator(f"#field-{name} input, #field-{name} textarea").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def settled(page, elem_id: str = "predicted", quiet_s: float = 6, minutes: float = 6) -> str:
+    """The element's text once it has not changed for ``quiet_s`` seconds."""
+    deadline, last, since = time.time() + minutes * 60, None, time.time()
+    while time.time() < deadline:
+        now = page.evaluate("id => (document.getElementById(id) || {innerText: ''}).innerText", elem_id)
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet_s:
+            break
+        time.sleep(0.5)
+    return last or ""
+
+
+def start_run(page, name: str) -> None:
+    page.locator("#run-name input, #run-name textarea").first.fill(name)
+    page.click("#start")
+    wait_text(page, "message", "Started")
+
+
+def pick(page, elem_id: str, value: str) -> None:
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill(value)
+    page.locator(f"ul[role='listbox'] li[aria-label='{value}']").first.click(timeout=10_000)
+
+
+def shoot(page, path: Path) -> None:
+    page.wait_for_timeout(1500)  # the charts' last redraw (Plotly draws on the next frames)
+    page.screenshot(path=str(path))
+    print(f"wrote {path}")
+
+
+def tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+    page.evaluate("window.scrollTo(0, 0)")
+
+
+def take(url: str, cwd: Path, out: Path, extra: Path | None) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport=VIEW)
+        page.set_default_timeout(2 * MINUTE)
+        page.goto(url)
+        page.wait_for_selector("#start", timeout=5 * MINUTE)
+        wait_text(page, "predicted", "the run's own plan,")
+        settled(page)
+        shoot(page, out / "train-text.png")
+
+        # a run that fails after it starts (a data line that is not JSON: found by the run itself)
+        (cwd / "notes.jsonl").write_text('{"text": "a fine line"}\nthis line is not JSON\n', encoding="utf-8")
+        set_field(page, "data", str(cwd / "notes.jsonl"))
+        wait_text(page, "differs", "notes.jsonl")
+        settled(page)
+        start_run(page, "bad-notes")
+        wait_text(page, "status", "failed", minutes=5)
+        tab(page, "Runs")
+        page.click("#runs-refresh")
+        wait_text(page, "runs-table", "bad-notes")
+        shoot(page, out / "runs-failed.png")
+
+        if extra is not None:  # a short run's charts, with a 24 GB budget far above its curve
+            tab(page, "Train")
+            set_field(page, "data", "builtin")
+            set_field(page, "max_seq_len", "128")
+            set_field(page, "max_steps", "12")
+            set_field(page, "budget_gb", "24")
+            settled(page)
+            start_run(page, "short")
+            wait_text(page, "status", "completed", minutes=10)
+            shoot(page, extra / "train-run.png")
+
+        tab(page, "Compare")
+        wait_text(page, "compare-message", "Predicted")
+        page.locator("#compare-measure-sizes input, #compare-measure-sizes textarea").first.fill("128")
+        page.locator("#compare-steps input").fill("1")
+        page.click("#compare-measure")
+        wait_text(page, "compare-progress", "completed", minutes=10)
+        page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('tracker')",
+                               timeout=2 * MINUTE)
+        page.locator("#compare-bars").scroll_into_view_if_needed()
+        page.evaluate("document.getElementById('compare-bars').scrollIntoView({block: 'start'})")
+        shoot(page, out / "compare.png")
+
+        tab(page, "Plan")
+        page.click("#plan-button")
+        wait_text(page, "plan-message", "fits", minutes=5)
+        settled(page, "plan-message", quiet_s=3)
+        shoot(page, out / "plan.png")
+
+        tab(page, "Train")
+        pick(page, "preset", "image-768")
+        wait_text(page, "predicted", "the run's own plan,", minutes=8)
+        settled(page)
+        shoot(page, out / "train-image.png")
+        browser.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screens")
+    parser.add_argument("--extra", type=Path, default=None,
+                        help="also save the Train tab with a finished run's charts here")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.extra is not None:
+        args.extra.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lora-gui-screens-") as tmp:
+        cwd = Path(tmp)
+        proc, url = start_dashboard(cwd)
+        try:
+            take(url, cwd, args.out, args.extra)
+        finally:
+            os.killpg(proc.pid, 15)  # the dashboard and any run it started (its own session)
+            proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
