@@ -71,7 +71,7 @@ _CARDS = (
     # H100 80GB HBM3: "total capacity of 79.11 GiB" (vllm-project/vllm#27508,
     # NVIDIA-NeMo/RL#2814)
     ("h100-80gb", "NVIDIA H100 80 GB", _gib(79.11)),
-    # H200: measured on a lent H200 (driver 580, torch 2.11 + CUDA 13.0, bench/gpu_check.py);
+    # H200: measured on a lent H200 (driver 580, torch 2.11 + CUDA 13.0, bench/gpu/check.py);
     # nvidia-smi shows 143,771 MiB, 615 MiB of which the driver keeps (NVML v2 "reserved")
     ("h200", "NVIDIA H200 141 GB", 150_109_880_320),
 )

@@ -54,7 +54,7 @@ IMPLS: tuple[str, ...] = ("auto", "dense", "blocked", "flex")
 # Queries per block in `blocked`: min(128, max(16, W // 2)). Keys seen per query block are
 # B + W - 1 (+ G), so the wasted score columns are a (B - 1) / W fraction, while the k/v window
 # copies made for the batched matmul hold (B + W + G) * D / B values per token; larger blocks
-# also make the CPU/GPU batched matmuls more efficient. Measured in bench/windowed_scaling.py.
+# also make the CPU/GPU batched matmuls more efficient. Measured in bench/long/windowed_scaling.py.
 MAX_BLOCK_SIZE = 128
 
 

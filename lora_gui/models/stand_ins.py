@@ -22,7 +22,7 @@ from lora_gui.models.cuda_autocast import same_autocast
 # kernel's query and key). A recompute costs one elementwise pass a feature plus fixed per-op
 # overheads, the block's matmuls cost about width x width a token, so the recompute's share of a
 # step falls with the width: the bundled 64-wide SD3-shaped model ran 1.17x slower for 12% fewer
-# bytes at 4 x 64 px, 256-wide SD3.5- and Flux-shaped ones 1.04x for 8% (bench/norm_rebuild.py);
+# bytes at 4 x 64 px, 256-wide SD3.5- and Flux-shaped ones 1.04x for 8% (bench/speed/norm_rebuild.py);
 # models people train are 320-3,072 wide (the bundled text model 256).
 # A property of the model, not of the tensor's size, so a step's bytes stay linear in its pixels,
 # batch and tokens (the calibrated image estimates rely on it).

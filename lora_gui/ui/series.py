@@ -1,6 +1,6 @@
 """Curve helpers for the charts: loss smoothing and downsampling of long histories.
 
-No plotting here: plain lists in, plain lists out (unit-tested, and timed by bench/chart_refresh.py).
+No plotting here: plain lists in, plain lists out (unit-tested, and timed by bench/ui/chart_refresh.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ CACHE_ALLOWANCE = 0.11
 # taken so the estimate errs high.
 EXPANDABLE_CACHE_ALLOWANCE = 0.04
 # What a capped run held on a card beyond the replay's live pages, as a share of the allocated
-# peak (bench/gpu_check.py on an H200, Llama-3.1-8B nf4 r32 at the 8 GB card's longest length
+# peak (bench/gpu/check.py on an H200, Llama-3.1-8B nf4 r32 at the 8 GB card's longest length
 # under its cap): +1.3% fitted (head groups off), and with attention in head groups the run ran
 # out of memory 0.6% above the pages (the allocator could not unmap 340 MiB of partly used pages
 # and the side stream's blocks). Not from the allocator's source: the largest seen, rounded up.

@@ -62,7 +62,7 @@ def kernel_watch(found: set[str], device: str, workspaces: list[int] | None = No
     each call's bytes. Without a mask the CPU flash kernel keeps what the CUDA kernels keep (output
     and float32 logsumexp). With a mask the CPU kernel's memory stands in for the
     memory-efficient kernel's, which keeps its converted (B, 1, S, S) bias: not yet checked on a
-    GPU (bench/gpu_check.py is the place).
+    GPU (bench/gpu/check.py is the place).
     """
     from lora_gui.memory.predict.cuda_kernels import sdpa_kernel, wrap_attention
 

@@ -20,7 +20,7 @@ Which attention kernel a run gets is decided by :func:`sdpa_kernel`, the rule of
 ``sdp_utils.cpp`` (``select_sdp_backend``: flash first, then memory-efficient, then math; cuDNN is
 never picked by default) applied to what transformers passes (``integrations/sdpa_attention.py``:
 ``enable_gqa`` only without a mask and head dim <= 256, else ``repeat_kv`` copies K / V to all
-heads). All sizes in bytes; not yet checked on a card (``bench/gpu_check.py`` is the check).
+heads). All sizes in bytes; not yet checked on a card (``bench/gpu/check.py`` is the check).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ MEM_EFF_BLOCK_J = 128  # kernel_backward.h: key block (kBlockSizeJ), upper bound
 # getChosenWorkspaceSize): ":4096:8" on Hopper = 8 x 4 MiB; older cards ":4096:2:16:8" = 8.125 MiB.
 # One workspace per (handle, stream) that runs a matmul, and handles are per thread
 # (DeviceThreadHandlePool): the forward's thread and the autograd engine's device thread, which
-# runs every backward matmul, hold one each. Measured on an H200 (bench/gpu_check.py): every
+# runs every backward matmul, hold one each. Measured on an H200 (bench/gpu/check.py): every
 # training step's max_memory_allocated was 31 MiB above a plan that counted one workspace.
 # The plan takes 32 MiB (the Hopper size) on every card: a card of unknown kind never gets less.
 # cuBLASLt: 1 MiB of its own (getCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE 1024 KiB),

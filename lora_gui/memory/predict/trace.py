@@ -6,7 +6,7 @@ no data) under ``FakeTensorMode``. One real training step (forward, loss, backwa
 ``zero_grad``) runs through autograd exactly as it would on a GPU, and a
 :class:`~lora_gui.memory.runtime.tracker.StorageTracker` counts every live storage. The same code with
 ``fake=False`` runs the step on real CPU tensors (random weights): that is how the trace is
-checked (tests/memory, bench/trace_accuracy.py).
+checked (tests/memory, bench/memory/trace_accuracy.py).
 
 The step that is traced (``_text_step`` / ``_unet_step``)::
 

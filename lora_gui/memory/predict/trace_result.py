@@ -21,7 +21,7 @@ BATCH_MASKS = ("none", "padding", "packed")  # what a text micro-batch tells att
 # -- CUDA-side overheads the trace cannot see (bytes) ---------------------------------------
 # CUDA context + kernels loaded lazily by torch + the libraries' own device memory, outside
 # torch.cuda.max_memory_allocated(). Measured on an H200 (torch 2.11 + CUDA 13.0, driver 580;
-# bench/gpu_check.py, source cuda_mem_get_info: total - free - reserved): 619 MiB after the first
+# bench/gpu/check.py, source cuda_mem_get_info: total - free - reserved): 619 MiB after the first
 # tensor, 765 MiB once cuBLAS and flash attention ran, 919 MiB after text, NF4 (bitsandbytes),
 # DiT and UNet steps had run in the same process. Cards with fewer multiprocessors hold less,
 # so plans err high there; a run on a card reads its own figure before planning

@@ -7,7 +7,7 @@
 - ``rss``: this process's resident set (``/proc/self/statm``), which includes Python and libraries.
 
 The sampler only reads counters (no synchronisation with the GPU, no allocation in torch), so
-it does not slow training measurably; ``bench/monitor_overhead.py`` measures it.
+it does not slow training measurably; ``bench/speed/monitor_overhead.py`` measures it.
 """
 
 from __future__ import annotations
