@@ -203,7 +203,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lora_gui.engine.export import export_run
+    from lora_gui.engine.export.run_export import export_run
 
     out = export_run(args.run, args.out, merged=args.merged, gguf=args.gguf)
     what = "merged model" if args.merged else "adapter"
@@ -213,8 +213,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    """Runs waiting for the card: see engine/queue_cli.py."""
-    from lora_gui.engine.queue_cli import run
+    """Runs waiting for the card: see engine/jobs/queue_cli.py."""
+    from lora_gui.engine.jobs.queue_cli import run
 
     stop = threading.Event()
     if args.queue_command == "run":
@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="text: the merged model as GGUF (default f16) for llama.cpp / Ollama, the "
                           "adapter alone as a GGUF LoRA where possible, and an Ollama Modelfile")
     exp.set_defaults(func=cmd_export)
-    from lora_gui.engine.queue_cli import add_parser as add_queue_parser
+    from lora_gui.engine.jobs.queue_cli import add_parser as add_queue_parser
 
     add_queue_parser(sub).set_defaults(func=cmd_queue)
     ui = sub.add_parser("ui", help="open the web dashboard (same as python app.py)")
