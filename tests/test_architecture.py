@@ -20,7 +20,7 @@ LAYERS = (
     ("memory",),  # memory/__init__ and memory.predict
     ("engine",),
     ("ui",),
-    ("__main__", "cli_plan", "cli_settings", "cli_summary"),
+    ("cli", "__main__"),
 )
 # Inside the engine, the core is written once for every task: it never imports a task, the
 # comparisons, the job manager, queue or launcher (engine.jobs), the export (engine.export), nor

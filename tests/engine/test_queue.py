@@ -214,7 +214,7 @@ def test_a_sweep_queues_one_run_per_value_and_refuses_all_on_one_bad_value(tmp_p
 
 # -- the CLI: python -m lora_gui queue ... --------------------------------------------------------
 def _cli(capsys, *args) -> tuple[int, str, str]:
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
 
     code = main([str(a) for a in args])
     out = capsys.readouterr()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.jobs.manager import JobManager
 from lora_gui.engine.jobs.queue_file import Queue
