@@ -122,7 +122,7 @@ class JobManager:
         # the dashboard's path check (lora_gui.ui.paths.check_config): every run and comparison
         # this manager starts (Start, Resume, the queue's runner) passes it first; None: no limit
         self.gate = gate
-        self.queue_runner = None  # the queue's runner (engine.queue_runner), once run_queue is called
+        self.queue_runner = None  # the queue's runner (jobs/queue_runner.py), once run_queue is called
 
     def run_queue(self, runs_root: Path, every_s: float = 1.0):
         """Starts the queue of ``runs_root`` (``runs_root/queue.json``) from a background thread:
