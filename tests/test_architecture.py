@@ -20,11 +20,13 @@ LAYERS = (
     ("memory",),  # memory/__init__ and memory.predict
     ("engine",),
     ("ui",),
-    ("__main__", "cli_plan", "cli_settings", "cli_summary"),
+    ("cli", "__main__"),
 )
 # Inside the engine, the core is written once for every task: it never imports a task, the
-# comparisons, the job manager or the launcher (nor the engine's own entry point above them).
+# comparisons, the job manager, queue or launcher (engine.jobs), the export (engine.export), nor
+# the engine's own entry point above them.
 ENGINE_CORE = "lora_gui.engine.core"
+ENGINE_FLAT_MODULES_MAX = 6  # modules directly in engine/: the rest lives in its packages
 
 
 def _module_name(path: Path) -> str:
@@ -156,12 +158,12 @@ def test_imports_only_point_down():
 
 def test_a_planted_upward_import_is_caught_with_its_line():
     graph = _graph_with_lines()
-    graph["lora_gui.models.text"] = {**graph["lora_gui.models.text"], "lora_gui.engine.jobs": 7}
+    graph["lora_gui.models.text"] = {**graph["lora_gui.models.text"], "lora_gui.engine.jobs.manager": 7}
     loop = "lora_gui.engine.core.loop"
     graph[loop] = {**graph[loop], "lora_gui.engine.text.train": 3}
     graph["lora_gui.memory.runtime.tracker"] = {"lora_gui.memory.predict.trace": 12}
     found = upward_imports(graph)
-    assert "lora_gui/models/text.py:7: lora_gui.models.text imports lora_gui.engine.jobs" in found
+    assert "lora_gui/models/text.py:7: lora_gui.models.text imports lora_gui.engine.jobs.manager" in found
     assert f"lora_gui/engine/core/loop.py:3: {loop} imports lora_gui.engine.text.train" in found
     assert any(f.startswith("lora_gui/memory/runtime/tracker.py:12:") for f in found)
 
@@ -177,3 +179,10 @@ def test_the_house_plan_names_every_package():
                        for p in PACKAGE.rglob("__init__.py")} - {"."})
     missing = [pkg for pkg in packages if f"{pkg}/" not in doc]
     assert not missing, f"docs/ARCHITECTURE.md does not name these packages: {missing}"
+
+
+def test_the_engine_keeps_its_modules_in_packages():
+    flat = sorted(p.name for p in (PACKAGE / "engine").glob("*.py"))
+    assert len(flat) <= ENGINE_FLAT_MODULES_MAX, (
+        f"engine/ holds {len(flat)} modules directly ({', '.join(flat)}): at most "
+        f"{ENGINE_FLAT_MODULES_MAX}; put the new one in the package it belongs to")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from lora_gui import cli_settings
-from lora_gui.__main__ import build_parser, main
+from lora_gui.cli import build_parser, main
+from lora_gui.cli import settings as cli_settings
 from lora_gui.config import RunConfig
 from lora_gui.options import option
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lora_gui.__main__ import main
-from lora_gui.cli_summary import duration_text, summary_lines
+from lora_gui.cli import main
+from lora_gui.cli.train_summary import duration_text, summary_lines
 from lora_gui.engine.core.loop import progress_text
 from lora_gui.units import gb
 

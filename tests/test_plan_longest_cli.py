@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 
 
 @pytest.fixture

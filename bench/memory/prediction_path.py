@@ -49,7 +49,7 @@ def walk(entry: Callable[[], object]) -> tuple[set[str], set[tuple[str, str]]]:
 
 
 def entries() -> dict[str, Callable[[], object]]:
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
     from lora_gui.ui.tabs.train_handlers import prediction_view
 
     def form(preset: str) -> Callable[[], object]:

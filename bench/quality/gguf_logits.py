@@ -99,7 +99,7 @@ def llama_tokens(path: Path, text: str) -> list[int]:
 def run(run_dir: Path | None, steps: int, threads: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lora_gui.engine.export import export_run
+    from lora_gui.engine.export.run_export import export_run
 
     work = Path(tempfile.mkdtemp(prefix="gguf-logits-"))
     run_dir = run_dir or train_demo(work / "chat-demo", steps)

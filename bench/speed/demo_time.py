@@ -26,7 +26,7 @@ PRESET = "presets/text-demo.yaml"
 
 
 def run(out: Path) -> None:
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
 
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "cpu.jsonl").open("w")

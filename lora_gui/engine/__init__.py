@@ -1,7 +1,7 @@
 """The training engine: one core (engine/core) under one loop per task (engine/text,
-engine/image), comparisons (engine/compare), several processes (engine/core/distributed.py,
-engine/launch.py) and the dashboard's background job (engine/jobs.py). :func:`train` is the
-one entry point."""
+engine/image), comparisons (engine/compare), several processes (engine/core/distributed.py),
+the dashboard's runs as processes of their own and the queue (engine/jobs), and a finished run's
+export (engine/export). :func:`train` is the one entry point."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lora_gui.engine.jobs import JobManager
+from lora_gui.engine.jobs.manager import JobManager
 from lora_gui.errors import USER_ERRORS  # noqa: F401  (re-exported for the tabs)
 from lora_gui.memory.runtime.meter import GB
 from lora_gui.presets import list_presets

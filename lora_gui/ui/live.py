@@ -1,7 +1,7 @@
 """What the open pages share on each timer tick, so the server's work per tick grows with neither
 the run's length nor the number of pages.
 
-Every page of the dashboard shows the same job (one :class:`lora_gui.engine.jobs.JobManager` per
+Every page of the dashboard shows the same job (one :class:`lora_gui.engine.jobs.manager.JobManager` per
 server, fed from the run folder). A tick's charts depend only on the job's state (its counts of
 records, samples and phases, and the page's smoothing), so they are built and serialised once per
 change of that state and the same result is handed to every page (:class:`SharedView`); and a page

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.memory.adapter_variants import tiny_qwen2
 from lora_gui.config import RunConfig, apply_overrides
-from lora_gui.engine.export import export_run
+from lora_gui.engine.export.run_export import export_run
 from lora_gui.engine.generate import TextTrial, open_run
 from lora_gui.engine.text.train import train_text
 from lora_gui.models.adapters import AdapterSpec, attach_adapter

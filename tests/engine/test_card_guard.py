@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from lora_gui.config import RunConfig
-from lora_gui.engine import card_guard
-from lora_gui.engine import queue_runner as qr
-from lora_gui.engine.card_guard import (
+from lora_gui.engine.jobs import card_guard
+from lora_gui.engine.jobs import queue_runner as qr
+from lora_gui.engine.jobs.card_guard import (
     CardBusyError,
     busy_with,
     claim_card,
@@ -23,8 +23,8 @@ from lora_gui.engine.card_guard import (
     release_card,
     start_lock,
 )
-from lora_gui.engine.jobs import Job, JobManager
-from lora_gui.engine.queue_file import Entry, Queue
+from lora_gui.engine.jobs.manager import Job, JobManager
+from lora_gui.engine.jobs.queue_file import Entry, Queue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_two_processes_starting_at_once_never_both_get_the_card(tmp_path):
     code = """
         import sys, time
         from pathlib import Path
-        from lora_gui.engine.card_guard import CardBusyError, claim_card, start_lock
+        from lora_gui.engine.jobs.card_guard import CardBusyError, claim_card, start_lock
         root, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
         while not go.exists():
             time.sleep(0.001)
@@ -139,7 +139,7 @@ def test_a_queued_run_waits_while_another_dashboard_starts_one(tmp_path, monkeyp
     other = _python("""
         import sys, time
         from pathlib import Path
-        from lora_gui.engine.card_guard import claim_card, start_lock
+        from lora_gui.engine.jobs.card_guard import claim_card, start_lock
         root = Path(sys.argv[1])
         with start_lock(root):
             claim_card(root, root / "elsewhere")

@@ -15,7 +15,7 @@ from lora_gui.data.chat import Conversation
 from lora_gui.data.chat_template import ensure_chat_template, tokenize_conversations
 from lora_gui.data.text import IGNORE_INDEX, DataError
 from lora_gui.engine.core.rundir import RunDirError
-from lora_gui.engine.export import ExportError, export_run
+from lora_gui.engine.export.run_export import ExportError, export_run
 from lora_gui.engine.generate import TextTrial, open_run
 from lora_gui.engine.text.train import train_text
 from lora_gui.models.text import load_tokenizer

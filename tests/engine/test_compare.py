@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.config import ConfigError, apply_overrides
 from lora_gui.data.text import load_documents
 from lora_gui.engine.compare import spec as compare

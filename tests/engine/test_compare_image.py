@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.data.build_images import build
 from lora_gui.engine.compare.image_rows import IMAGE_ABLATIONS, image_modes, image_overrides
 

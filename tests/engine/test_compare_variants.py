@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.config import ConfigError
 from lora_gui.engine.compare.results import load_results
 from lora_gui.engine.compare.variants import format_variants_table, parse_variants, run_variants

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.engine.core.rundir import RunDirError
-from lora_gui.engine.export import ExportError, export_run
-from lora_gui.engine.gguf_export import GgufError, permute
+from lora_gui.engine.export.gguf_export import GgufError, permute
+from lora_gui.engine.export.run_export import ExportError, export_run
 from lora_gui.engine.text.train import train_text
 from lora_gui.presets import load_config
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.data.build_images import build
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.image.train import epoch_plan, table_batch, train_image
@@ -62,7 +62,7 @@ def test_cli_trains_an_image_run_with_the_run_folder_contract(run):
 def test_the_plan_event_speaks_of_resolution_buckets(run):
     """An image run's caps are keyed by latent size; its plan event names each as W x H px, and
     the dashboard's events line says resolution buckets, never token lengths."""
-    from lora_gui.engine.jobs import Job, plan_caps_text
+    from lora_gui.engine.jobs.manager import Job, plan_caps_text
 
     out, summary = run
     plan = next(e for e in read_records(out / "events.jsonl") if e.get("event") == "plan")

@@ -7,7 +7,7 @@ import pytest
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.engine.core.distributed import STOP_FILE
-from lora_gui.engine.jobs import JobManager
+from lora_gui.engine.jobs.manager import JobManager
 from lora_gui.engine.text.train import TrainControl, train_text
 from lora_gui.ui import charts, common
 from lora_gui.ui.tabs import train_handlers

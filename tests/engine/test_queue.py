@@ -10,9 +10,9 @@ import pytest
 
 import lora_gui.memory.predict as predict_pkg
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.engine import queue_runner as qr
-from lora_gui.engine.jobs import Job
-from lora_gui.engine.queue_file import MARKER, Queue, QueueError, QueueFileError, parse_queue
+from lora_gui.engine.jobs import queue_runner as qr
+from lora_gui.engine.jobs.manager import Job
+from lora_gui.engine.jobs.queue_file import MARKER, Queue, QueueError, QueueFileError, parse_queue
 from lora_gui.errors import UserError
 from lora_gui.memory.predict import Prediction
 
@@ -214,7 +214,7 @@ def test_a_sweep_queues_one_run_per_value_and_refuses_all_on_one_bad_value(tmp_p
 
 # -- the CLI: python -m lora_gui queue ... --------------------------------------------------------
 def _cli(capsys, *args) -> tuple[int, str, str]:
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
 
     code = main([str(a) for a in args])
     out = capsys.readouterr()
@@ -279,7 +279,7 @@ def test_an_entry_edited_by_hand_into_bad_settings_or_a_path_fails_at_start_with
 
 HOLDER = """
 import sys, time
-from lora_gui.engine.queue_file import RunnerLock
+from lora_gui.engine.jobs.queue_file import RunnerLock
 assert RunnerLock(sys.argv[1]).acquire()
 print("holding", flush=True)
 time.sleep(60)

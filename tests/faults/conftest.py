@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.engine.core import checkpoint as ckpt
 from lora_gui.engine.core.records import read_records

@@ -48,6 +48,6 @@ def _install() -> None:
 
 if __name__ == "__main__":
     _install()
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
 
     sys.exit(main(sys.argv[1:]))

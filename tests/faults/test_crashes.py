@@ -18,7 +18,7 @@ from lora_gui.engine.core import checkpoint as ckpt
 from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, read_lock
 from lora_gui.engine.core.records import RecordLog
 from lora_gui.engine.core.runstate import folder_state
-from lora_gui.engine.jobs import JobManager
+from lora_gui.engine.jobs.manager import JobManager
 from tests.faults.conftest import (
     assert_checkpoint_loads,
     assert_clear_error,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lora_gui.engine.jobs import JobManager
+from lora_gui.engine.jobs.manager import JobManager
 
 from .conftest import ROOT, TINY, steps_of, tiny_cfg, wait_for
 
@@ -19,7 +19,7 @@ DASHBOARD = """
 import json, sys, time
 from pathlib import Path
 from lora_gui.config import RunConfig, apply_overrides
-from lora_gui.engine.jobs import JobManager
+from lora_gui.engine.jobs.manager import JobManager
 job = JobManager().start(apply_overrides(RunConfig(), json.loads(sys.argv[1])), Path(sys.argv[2]))
 while job.pid is None and job.running:
     time.sleep(0.05)

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.engine.core.records import read_records
-from lora_gui.engine.jobs import JobManager
-from lora_gui.engine.queue_file import Queue
-from lora_gui.engine.queue_runner import QueueRunner
+from lora_gui.engine.jobs.manager import JobManager
+from lora_gui.engine.jobs.queue_file import Queue
+from lora_gui.engine.jobs.queue_runner import QueueRunner
 from lora_gui.ui import common
 from lora_gui.ui.tabs import queue_handlers
 

@@ -23,7 +23,7 @@ from lora_gui.engine.core.lock import (
 )
 from lora_gui.engine.core.rundir import RunDirError, run_folder
 from lora_gui.engine.core.runstate import folder_state
-from lora_gui.engine.jobs import Job
+from lora_gui.engine.jobs.manager import Job
 from lora_gui.engine.text.train import train_text
 from lora_gui.ui import common
 from lora_gui.ui.tabs import compare_handlers, train_handlers

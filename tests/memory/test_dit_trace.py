@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.memory.predict.dit_plan import plan_dit, resident_bytes, what_fits_where_dit
 from lora_gui.memory.predict.dit_trace import estimate_dit_step, text_encoder_params, trace_dit_step
 from lora_gui.memory.predict.model_configs import load_model_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.config import parse_set_args
 from lora_gui.data.build_images import build as build_pictures
 from lora_gui.memory.predict import predict

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.units import gb
 
 STEPS = 2  # optimizer steps of each run: the prediction covers exactly the steps a run executes

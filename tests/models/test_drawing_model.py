@@ -84,7 +84,7 @@ def test_image_demo_plans_under_a_budget_at_the_sizes_the_model_covers(capsys):
     """``plan`` under a budget fits a pixel line to two traced resolutions: the drawing model's
     position embedding covers 64 px at most (8 patches of 2 latents of 4 px), so it is
     calibrated at 32 and 64 px, not at 512 and 1024, which its transformer refuses."""
-    from lora_gui.__main__ import main
+    from lora_gui.cli import main
     from lora_gui.memory.predict.dit_plan import pipeline_vae_factor
     from lora_gui.memory.predict.dit_trace import calibration_sizes, largest_side
 

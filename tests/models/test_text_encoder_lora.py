@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.config import ConfigError
 from lora_gui.data.build_images import build
 from lora_gui.engine.core.records import read_records

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.queue_file import Queue
+from lora_gui.engine.jobs.queue_file import Queue
 from lora_gui.options import READS, WRITES, path_settings
 from lora_gui.presets import PRESET_DIR
 from lora_gui.ui import common, forms, paths
@@ -163,7 +163,7 @@ def test_what_held_paths_typed_in_the_form_outside_are_refused(work, outside):
 def test_the_dashboards_queue_runner_refuses_an_entry_naming_an_outside_file(work, outside):
     """An entry whose settings name an outside file (queue.json edited, or queued from the command
     line) fails at start in the dashboard's runner with the gate's message; nothing starts."""
-    from lora_gui.engine import queue_runner
+    from lora_gui.engine.jobs import queue_runner
 
     queue_runner.add(common.runs_root(), RunConfig(data="data.txt", max_steps=2), "late")
     with Queue(common.runs_root()).edit() as entries:

@@ -14,7 +14,7 @@ import pytest
 
 import app
 from lora_gui.config import RunConfig
-from lora_gui.engine.jobs import Job
+from lora_gui.engine.jobs.manager import Job
 from lora_gui.ui import common
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # ~40 s: the whole dashboard starts

@@ -203,8 +203,9 @@ def test_engine_never_imports_gradio():
     import subprocess
     import sys
 
-    code = ("import sys, lora_gui.engine.text.train, lora_gui.engine.jobs, lora_gui.memory.predict.run_plan, "
-            "lora_gui.memory.predict.run, lora_gui.engine.compare.instant, lora_gui.__main__; "
+    code = ("import sys, lora_gui.engine.text.train, lora_gui.engine.jobs.manager, "
+            "lora_gui.memory.predict.run_plan, lora_gui.memory.predict.run, "
+            "lora_gui.engine.compare.instant, lora_gui.cli; "
             "print('gradio' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.stdout.strip() == "False", res.stderr

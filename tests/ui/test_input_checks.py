@@ -83,7 +83,7 @@ def test_start_refuses_bad_data_at_once_and_writes_nothing(runs_root, monkeypatc
 
 
 def test_a_run_that_fails_after_starting_is_listed_failed_with_its_reason(runs_root):
-    from lora_gui.engine.launch import record_early_failure
+    from lora_gui.engine.jobs.launch import record_early_failure
     from lora_gui.presets import load_config
 
     folder = runs_root / "early"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.jobs import Job
+from lora_gui.engine.jobs.manager import Job
 from lora_gui.ui import common
 from lora_gui.ui.tabs import train
 from lora_gui.ui.tabs import train_handlers as handle

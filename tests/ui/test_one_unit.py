@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.engine.core.loop import progress_text
 from lora_gui.ui import charts, common
 from lora_gui.ui.tabs import compare_handlers, runs_handlers, train_handlers

@@ -4,7 +4,7 @@ Runs tab's table, reorder, cancel, sweep and the sweep's overlay (handlers, no b
 import pytest
 
 import lora_gui.memory.predict as predict_pkg
-from lora_gui.engine.queue_file import Queue
+from lora_gui.engine.jobs.queue_file import Queue
 from lora_gui.memory.predict import Prediction
 from lora_gui.ui import common
 from lora_gui.ui.tabs import queue_handlers as handle

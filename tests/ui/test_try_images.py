@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lora_gui.__main__ import main
+from lora_gui.cli import main
 from lora_gui.data.build_images import build
 from lora_gui.ui import common
 from lora_gui.ui.tabs import try_handlers

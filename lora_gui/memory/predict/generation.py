@@ -79,7 +79,7 @@ def device_total_bytes(job) -> tuple[int | None, str]:
 
 
 def room_for_generation(need_bytes: int, job) -> Room:
-    """Whether ``need_bytes`` fit beside ``job`` (a lora_gui.engine.jobs.Job or None)."""
+    """Whether ``need_bytes`` fit beside ``job`` (a lora_gui.engine.jobs.manager.Job or None)."""
     if job is None or not job.running:
         return Room(True, need_bytes, None, "no training job is running")
     total, what = device_total_bytes(job)

@@ -1,13 +1,13 @@
 """The queue on the dashboard: Add to queue (Train tab), the queue's table with reorder and
 cancel, a sweep of one setting, and the overlay of a finished sweep (Runs tab). The queue itself
-is engine/queue_file.py and engine/queue_runner.py; the server's job manager runs it."""
+is engine/jobs/queue_file.py and engine/jobs/queue_runner.py; the server's job manager runs it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lora_gui.engine import queue_runner
-from lora_gui.engine.queue_file import Entry, Queue
+from lora_gui.engine.jobs import queue_runner
+from lora_gui.engine.jobs.queue_file import Entry, Queue
 from lora_gui.errors import clip
 from lora_gui.ui import common, paths
 from lora_gui.ui.tabs import runs_handlers, train_handlers

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.engine.core.rundir import load_run_config
-from lora_gui.engine.export import export_run
+from lora_gui.engine.export.run_export import export_run
 from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
 from lora_gui.errors import USER_ERRORS
 from lora_gui.memory.predict import generation

@@ -8,7 +8,7 @@ convert_hf_to_gguf.py: tensor names from gguf's TensorNameMap; Llama / Mistral q
 permuted from the Hugging Face rotary half-split to llama.cpp's interleaved pairs (Qwen2 keeps
 the NeoX layout: no permutation); 1-D tensors (norms, biases) stay float32; a tied output head
 is not written (llama.cpp reuses token_embd). Every written file is read back with gguf's
-GGUFReader and compared with what was meant (:mod:`lora_gui.engine.gguf_check`).
+GGUFReader and compared with what was meant (:mod:`lora_gui.engine.export.gguf_check`).
 """
 
 from __future__ import annotations

@@ -5,10 +5,56 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
+from lora_gui.cli.settings import set_help
 from lora_gui.config import ConfigError, parse_set_args
 from lora_gui.presets import load_config
 from lora_gui.units import gb
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``plan`` subcommand on ``sub`` (the CLI's subparsers)."""
+    from lora_gui.cards import card_names
+
+    plan = sub.add_parser("plan", help="predict peak memory and batch sizes before a run (CPU only)")
+    plan.add_argument("--preset", help="presets/NAME.yaml or a path")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help())
+    plan.add_argument("--budget-gb", type=float,
+                      help="VRAM budget in decimal GB (1 GB = 1e9 bytes; default: the budget_gb setting, "
+                           "else no budget, as train plans)")
+    plan.add_argument("--budget-gib", type=float,
+                      help="VRAM budget in GiB (1 GiB = 2**30 bytes), instead of --budget-gb; figures are "
+                           "printed in GB")
+    plan.add_argument("--card", metavar="NAME",
+                      help="plan for this card: its whole memory as torch reports it is the budget, the "
+                           f"CUDA context counted (names: {', '.join(card_names())})")
+    plan.add_argument("--device", choices=("cuda", "cpu"),
+                      help="plan for a CUDA GPU (adds its overheads) or for this CPU (default: a GPU for "
+                           "--card, else where a run started here trains)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--world-size", type=int, default=1, metavar="N",
+                      help="processes (GPUs) of a data-parallel run: the figures are per GPU")
+    plan.add_argument("--fsdp", action="store_true",
+                      help="with --world-size: FSDP shards the frozen weights over the GPUs")
+    plan.add_argument("--longest", action="store_true",
+                      help="the longest max_seq_len that fits the budget and the switches it needs "
+                           "(image runs: the largest resolution and batch)")
+    plan.add_argument("--host-gb", type=float,
+                      help="host memory offloaded tensors may use "
+                           "(default: what is available here)")
+    plan.add_argument("--no-cuda-context", action="store_true",
+                      help="--longest on cuda: leave the CUDA context (0.965 GB) out of the budget, "
+                           "as published figures do")
+    plan.add_argument("--estimate-only", action="store_true",
+                      help="--longest: the closed-form estimate only (instant; not confirmed by the trace)")
+    plan.add_argument("--count-unconfirmed", action="store_true",
+                      help="--longest: count memory savings no card has confirmed yet instead of keeping "
+                           "them as a margin (see the answer's note)")
+    plan.add_argument("--beyond-context", action="store_true",
+                      help="--longest: search past the model's context (only for runs that extend it)")
+    plan.set_defaults(func=cmd_plan)
+    return plan
 
 
 def _plan_question(args: argparse.Namespace, cfg):

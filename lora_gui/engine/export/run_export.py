@@ -1,6 +1,6 @@
 """Export a finished run: the adapter with a model card, or (text runs) the base model with the
 adapter merged in, saved in transformers' safetensors format or as GGUF for llama.cpp / Ollama
-(:mod:`lora_gui.engine.gguf_export`: the merged model, the adapter alone where it can be, and a
+(:mod:`lora_gui.engine.export.gguf_export`: the merged model, the adapter alone where it can be, and a
 Modelfile; each file read back and compared before the export is published).
 
 Everything is written into a temporary folder beside ``out`` and renamed at the end, so a failed
@@ -81,7 +81,7 @@ def _gguf_inputs(run: RunInfo) -> tuple[Any, dict[str, Any], Path]:
     GGUF (architecture, tokenizer) before any work. The caller removes the folder."""
     from transformers import AutoConfig
 
-    from lora_gui.engine import gguf_export
+    from lora_gui.engine.export import gguf_export
     from lora_gui.models import text as text_models
 
     source = text_models.resolve_model_source(run.cfg.model)
@@ -108,7 +108,7 @@ def _write_gguf(run: RunInfo, staging: Path, name: str, kind: str, tokenizer: An
     back and compared; returns the lines the model card adds."""
     from safetensors.torch import load_file
 
-    from lora_gui.engine import gguf_check, gguf_export
+    from lora_gui.engine.export import gguf_check, gguf_export
     from lora_gui.engine.generate import TextTrial
 
     merged = TextTrial(run, device="cpu").model.merge_and_unload().to(torch.float32)
@@ -200,7 +200,7 @@ def export_run(run_dir: str | Path, out: str | Path, merged: bool = False, gguf:
 
 
 def _check_gguf_request(run: RunInfo, merged: bool, kind: str) -> None:
-    from lora_gui.engine.gguf_export import GGUF_TYPES
+    from lora_gui.engine.export.gguf_export import GGUF_TYPES
 
     if kind not in GGUF_TYPES:
         raise ExportError(f"--gguf {kind!r}: choose one of {', '.join(GGUF_TYPES)}")

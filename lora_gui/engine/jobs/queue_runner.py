@@ -5,7 +5,7 @@ queues it, reserving its run folder; :func:`sweep` queues one run per value of a
 :class:`QueueRunner` starts the next queued run when the card is free (no job of this process
 running and no live run folder under the runs folder), as its own process through the job
 manager (the dashboard's Start path), after checking it again. The dashboard ticks it from a
-background thread (:meth:`lora_gui.engine.jobs.JobManager.run_queue`); ``python -m lora_gui
+background thread (:meth:`lora_gui.engine.jobs.manager.JobManager.run_queue`); ``python -m lora_gui
 queue run`` ticks it in the foreground until the queue is done (:func:`run_to_end`).
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides, parse_value
-from lora_gui.engine.card_guard import busy_with, start_lock
 from lora_gui.engine.core.lock import lock_is_live
 from lora_gui.engine.core.rundir import RUN_FILES, run_folder
 from lora_gui.engine.core.runstate import folder_state
-from lora_gui.engine.queue_file import (
+from lora_gui.engine.jobs.card_guard import busy_with, start_lock
+from lora_gui.engine.jobs.queue_file import (
     ENDED,
     MARKER,
     Entry,
@@ -38,7 +38,7 @@ from lora_gui.errors import USER_ERRORS, clip
 from lora_gui.units import GB, gb
 
 if TYPE_CHECKING:
-    from lora_gui.engine.jobs import JobManager
+    from lora_gui.engine.jobs.manager import JobManager
 
 log = logging.getLogger(__name__)
 TICK_S = 1.0  # seconds between two looks at the card and the queue

@@ -25,16 +25,16 @@ import yaml
 
 from lora_gui.config import diff_from_defaults
 from lora_gui.engine import check_inputs
-from lora_gui.engine.card_guard import note_pid
 from lora_gui.engine.core.distributed import STOP_FILE
 from lora_gui.engine.core.lock import LOCK_FILE, lock_is_live, release_run_folder
 from lora_gui.engine.core.preflight import check_before_replacing
 from lora_gui.engine.core.rundir import prepare_run_dir
 from lora_gui.engine.core.runstate import died_message
+from lora_gui.engine.jobs.card_guard import note_pid
 from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
 
 POLL_S = 0.5  # seconds between reads of the run folder
-REPO = Path(__file__).resolve().parents[2]  # where `python -m lora_gui` is importable from
+REPO = Path(__file__).resolve().parents[3]  # where `python -m lora_gui` is importable from
 
 
 def launch_command(preset_file: Path, out: Path, processes: int, resume: bool) -> list[str]:
@@ -73,7 +73,7 @@ class _Tail:
 
 def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path) -> None:
     """Runs the job as a process of its own and mirrors its run folder into ``job`` (a
-    :class:`lora_gui.engine.jobs.Job`) until it exits; sets the job's status and summary."""
+    :class:`lora_gui.engine.jobs.manager.Job`) until it exits; sets the job's status and summary."""
     # bad input is refused before an older run is replaced: nothing lost
     check_before_replacing(job.cfg, job.out, check_inputs, resume=resume, overwrite=overwrite)
     prepare_run_dir(job.out, resume=resume, overwrite=overwrite)  # folder errors show in the UI at once

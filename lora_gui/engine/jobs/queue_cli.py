@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lora_gui.config import ConfigError, parse_set_args
-from lora_gui.engine.queue_file import Entry, Queue
+from lora_gui.engine.jobs.queue_file import Entry, Queue
 from lora_gui.presets import load_config
 
 DEFAULT_RUNS = "runs"  # the dashboard's runs folder, relative to where it is started
@@ -65,7 +65,7 @@ def describe(entries: list[Entry]) -> list[str]:
 
 def run(args: argparse.Namespace, say: Callable[[str], None], stop: threading.Event) -> int:
     """Runs one ``queue`` sub-command; user errors are raised for the CLI to print."""
-    from lora_gui.engine import queue_runner as runner  # torch and the engine: seconds to import
+    from lora_gui.engine.jobs import queue_runner as runner  # torch and the engine: seconds to import
 
     root = Path(args.runs)
     what = args.queue_command
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None], stop: threading.Ev
     elif what == "move":
         say(runner.move(root, args.entry, args.position))
     elif what == "run":
-        from lora_gui.engine.jobs import JobManager
+        from lora_gui.engine.jobs.manager import JobManager
 
         failed = runner.run_to_end(JobManager(), root, say, stop)
         say("\n".join(describe(Queue(root).entries())))

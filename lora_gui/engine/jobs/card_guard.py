@@ -1,7 +1,7 @@
 """One run on the card per runs folder, across dashboards and the queue.
 
 Every run a dashboard starts (its Start button, its queue) goes through
-:meth:`lora_gui.engine.jobs.JobManager.start`, which calls :func:`claim_card` first. Under an
+:meth:`lora_gui.engine.jobs.manager.JobManager.start`, which calls :func:`claim_card` first. Under an
 exclusive ``flock`` on ``RUNS/.queue/start.lock`` (held only for the check and the note, so two
 dashboards never both see a free card) it refuses when a run under the runs folder trains (its
 folder's lock is live, whoever started it: another dashboard, the queue, the CLI) or another

@@ -1,7 +1,7 @@
 """One background job at a time, for the UI: start, stop, re-attach, events.
 
 A training job is a process of its own running the same CLI a user would (see
-:mod:`lora_gui.engine.launch`): it outlives the dashboard, and a dashboard started later
+:mod:`lora_gui.engine.jobs.launch`): it outlives the dashboard, and a dashboard started later
 re-attaches to it (:meth:`JobManager.attach_live`). A worker thread follows its run folder into
 the job. Other work (a comparison) runs in a worker thread of the server. The UI only reads:
 ``snapshot()`` returns the records so far; the engine never calls the UI.
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from lora_gui.config import RunConfig
-from lora_gui.engine.card_guard import claim_card, release_card, start_lock
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.runstate import failure_message
+from lora_gui.engine.jobs.card_guard import claim_card, release_card, start_lock
 from lora_gui.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -122,14 +122,14 @@ class JobManager:
         # the dashboard's path check (lora_gui.ui.paths.check_config): every run and comparison
         # this manager starts (Start, Resume, the queue's runner) passes it first; None: no limit
         self.gate = gate
-        self.queue_runner = None  # the queue's runner (engine.queue_runner), once run_queue is called
+        self.queue_runner = None  # the queue's runner (jobs/queue_runner.py), once run_queue is called
 
     def run_queue(self, runs_root: Path, every_s: float = 1.0):
         """Starts the queue of ``runs_root`` (``runs_root/queue.json``) from a background thread:
         the next queued run starts as this manager's job when the card is free. Returns the
-        :class:`lora_gui.engine.queue_runner.QueueRunner` (its ``problem`` is the line to show,
+        :class:`lora_gui.engine.jobs.queue_runner.QueueRunner` (its ``problem`` is the line to show,
         e.g. when another dashboard runs that queue)."""
-        from lora_gui.engine.queue_runner import QueueRunner
+        from lora_gui.engine.jobs.queue_runner import QueueRunner
 
         if self.queue_runner is None:
             self.queue_runner = QueueRunner(self, runs_root)
@@ -191,7 +191,7 @@ class JobManager:
         return job
 
     def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
-        from lora_gui.engine.launch import run_launched
+        from lora_gui.engine.jobs.launch import run_launched
 
         launch_dir = job.out.parent / ".launch"
         try:
@@ -217,7 +217,7 @@ class JobManager:
         its end. None when no run is alive or a job is already running here."""
         from lora_gui.engine.core.lock import lock_is_live, read_lock
         from lora_gui.engine.core.rundir import load_run_config
-        from lora_gui.engine.launch import follow_existing
+        from lora_gui.engine.jobs.launch import follow_existing
 
         live = [d for d in Path(runs_root).glob("*") if d.is_dir() and lock_is_live(d)]
         with self._lock:
