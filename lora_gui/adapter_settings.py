@@ -22,7 +22,8 @@ def bitsandbytes_present() -> bool:
 
 @dataclass
 class QuantizationSettings:
-    """The frozen base's storage and the optimizer's states (mixed into RunConfig)."""
+    """The frozen base's storage and the optimizer's states (mixed into RunConfig, whose ``task``
+    and ``mode`` resolved_optimizer reads)."""
 
     # -- quantized base and 8-bit optimizer states (bitsandbytes) ------------------------------
     quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "

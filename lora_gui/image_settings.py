@@ -14,9 +14,9 @@ DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipeline
 
 @dataclass
 class ImageSettings:
-    """Image runs' inputs, batches and samples (mixed into RunConfig). ``lean_backward`` is a
-    memory switch of every task declared among them, where it has always stood in the settings'
-    order (the form shows it under Memory)."""
+    """Image runs' inputs, batches and samples (mixed into RunConfig, whose ``mode`` the rules
+    below read). ``lean_backward``, a memory switch of every task, is declared among them to keep
+    its place in the settings' order (the form shows it under Memory)."""
 
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
     resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
