@@ -1,15 +1,22 @@
 """How a setting is declared: :func:`option`, shared by :class:`lora_gui.config.RunConfig` and the
-groups of settings it is composed of (:mod:`lora_gui.objective`)."""
+groups of settings it is composed of (:mod:`lora_gui.objective`, :mod:`lora_gui.task_settings`...),
+and the error a bad value raises."""
 
 from __future__ import annotations
 
 from dataclasses import field
 from typing import Any
 
+from lora_gui.errors import UserError
+
 TEXT = ("text",)  # option(tasks=TEXT): a setting of text runs only
 # option(path=...): the setting names a file or folder; the dashboard checks every such value
 # (from any route) against the folders it may use before the value is used
 READS, WRITES = "reads", "writes"  # a file or folder the run reads / a folder it writes into
+
+
+class ConfigError(UserError, ValueError):
+    """A setting is unknown or out of range; the message names it."""
 
 
 def option(default: Any, help: str, group: str, *, low: float | None = None,

@@ -12,7 +12,8 @@ DOC = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 # memory.runtime (the tracker and what runs beside training) sits below models, which mark
 # host storages for the tracker; memory.predict sits above models, whose real code it traces.
 LAYERS = (
-    ("errors", "units", "options", "objective", "config", "cards", "presets"),
+    ("errors", "units", "options", "objective", "task_settings", "memory_settings",
+     "training_settings", "image_settings", "adapter_settings", "config", "cards", "presets"),
     ("data",),
     ("memory.runtime",),
     ("attention",),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig, load_yaml_overrides
+from lora_gui.objective import PREFERENCE
 from lora_gui.presets import list_presets
 
 KIND_WORDS = {bool: "true or false", int: "whole number", float: "number", str: "free text"}
@@ -93,12 +94,11 @@ def _number(value: float, integer: bool) -> str:
 
 
 def _fields() -> list[dataclasses.Field]:
-    """RunConfig's fields, its own first: the groups it takes from a base class (the objective's
-    preference settings) come after the task, training and memory settings, as on the form."""
-    inherited = {f.name for base in RunConfig.__mro__[1:] if dataclasses.is_dataclass(base)
-                 for f in dataclasses.fields(base)}
+    """RunConfig's fields in their order, the objective's preference settings last: they come
+    after the task, training and memory settings, as on the form."""
     fields = dataclasses.fields(RunConfig)
-    return [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]
+    last = [f for f in fields if f.metadata["group"] == PREFERENCE]
+    return [f for f in fields if f not in last] + last
 
 
 def settings() -> list[Setting]:

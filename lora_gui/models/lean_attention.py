@@ -29,11 +29,18 @@ plain processor runs where nothing would be saved for a backward (no grad) and i
 checkpointed blocks (checkpointing decides there); the query and key stay as diffusers' keep them
 where the norms' inputs need no gradient (the norms keep nothing then) and without query / key
 norms (SD3-medium: no kept tensor to recompute from; its output parts are still rebuilt).
+
+The copies are of the diffusers releases in :data:`CHECKED_DIFFUSERS`. On any other release, or
+one without the private helper the Flux copy calls, :func:`lean_dit_attention` leaves diffusers'
+own processors in place and logs one warning saying why. The run and its plan's trace both swap
+processors through :func:`lean_dit_attention` (by way of ``lean_backward.lean_frozen_layers``),
+so the plan traces whichever processor the run uses.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from typing import Any
 
@@ -45,6 +52,16 @@ from torch.autograd.graph import saved_tensors_hooks
 from lora_gui.models import stand_ins
 from lora_gui.models.cuda_autocast import CudaAutocast, emulated_dtype, same_autocast
 from lora_gui.models.stand_ins import Recompute, other_hooks_active, unpack, worth_rebuilding
+
+log = logging.getLogger(__name__)
+
+# The diffusers releases whose FluxAttnProcessor and JointAttnProcessor2_0 the lean processors copy
+# op for op (copied from 0.42.1; tests/models/test_lean_attention_guard.py compares each copy with
+# diffusers' own processor on the installed release). Another release may have changed what they
+# copy: list it here only once that test passes on it.
+CHECKED_DIFFUSERS = ("0.42.1",)
+# the private helper of diffusers' Flux module that the Flux copy calls, as diffusers' processor does
+FLUX_QKV_HELPER = "_get_qkv_projections"
 
 try:  # the active torch function modes (a private torch API: without it, see _kernel_routed_elsewhere)
     from torch.overrides import _get_current_function_mode_stack as _function_modes
@@ -351,26 +368,51 @@ def _lean_joint_processor_class() -> type:
     return LeanJointAttnProcessor
 
 
+def copies_unusable(flux_module: Any = None) -> str | None:
+    """Why the lean processors may not stand in for diffusers' own here (None: they may): the
+    installed diffusers is not a release in :data:`CHECKED_DIFFUSERS`, or (for the Flux copy,
+    given diffusers' ``transformer_flux`` module) it lacks the private helper the copy calls."""
+    import diffusers
+
+    version = getattr(diffusers, "__version__", "unknown")
+    if version not in CHECKED_DIFFUSERS:
+        return (f"diffusers {version} is not a release they were checked against "
+                f"({', '.join(CHECKED_DIFFUSERS)})")
+    if flux_module is not None and not callable(getattr(flux_module, FLUX_QKV_HELPER, None)):
+        return f"diffusers {version} has no transformer_flux.{FLUX_QKV_HELPER}, which the Flux copy calls"
+    return None
+
+
+@functools.cache
+def _warn_unusable(reason: str) -> None:
+    """One warning per reason and process (a run builds its model and its plan's trace apart)."""
+    log.warning("lean_backward: DiT attention layers keep diffusers' own attention processors "
+                "(the same results, their query and key kept as diffusers keeps them, which the "
+                "plan counts): %s.", reason)
+
+
 def lean_dit_attention(module: nn.Module) -> int:
     """Gives every attention layer in ``module`` whose processor is exactly diffusers'
     ``FluxAttnProcessor`` or ``JointAttnProcessor2_0`` (or a wrapper around one, with an
-    ``inner`` processor: the eager backend, windowed image attention) the lean processor above.
-    Returns how many."""
+    ``inner`` processor: the eager backend, windowed image attention) the lean processor above,
+    where the installed diffusers is one the copies were checked against
+    (:func:`copies_unusable`; else diffusers' own stay, with one warning). Returns how many."""
     if "diffusers.models.attention_processor" not in sys.modules:
         return 0  # no DiT here (a text model)
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-    swaps: dict[type, type] = {JointAttnProcessor2_0: _lean_joint_processor_class()}
+    swaps: dict[type, type] = {}
     flux = sys.modules.get("diffusers.models.transformers.transformer_flux")
+    checks = [(JointAttnProcessor2_0, copies_unusable(), _lean_joint_processor_class)]
     if flux is not None:
-        swaps[flux.FluxAttnProcessor] = _lean_flux_processor_class()
+        checks.append((flux.FluxAttnProcessor, copies_unusable(flux), _lean_flux_processor_class))
+    for plain, why_not, lean_class in checks:
+        if not why_not:
+            swaps[plain] = lean_class()
+        elif any(type(proc) is plain for _, _, proc in _processors(module, {plain})):
+            _warn_unusable(why_not)
     count = 0
-    for m in module.modules():
-        owner, proc = m, getattr(m, "processor", None)
-        while proc is not None and type(proc) not in swaps and hasattr(proc, "inner"):
-            owner, proc = proc, proc.inner  # a wrapper's own processor
-        if proc is None or type(proc) not in swaps:
-            continue
+    for m, owner, proc in _processors(module, set(swaps)):
         lean = swaps[type(proc)]()
         for name in ("_attention_backend", "_parallel_config"):
             if name in vars(proc):
@@ -381,3 +423,14 @@ def lean_dit_attention(module: nn.Module) -> int:
             owner.inner = lean
         count += 1
     return count
+
+
+def _processors(module: nn.Module, kinds: set[type]) -> Any:
+    """(layer, owner, processor) for each attention layer of ``module`` whose processor is of a
+    type in ``kinds``, directly (owner: the layer) or inside a wrapper (owner: the wrapper)."""
+    for m in module.modules():
+        owner, proc = m, getattr(m, "processor", None)
+        while proc is not None and type(proc) not in kinds and hasattr(proc, "inner"):
+            owner, proc = proc, proc.inner  # a wrapper's own processor
+        if proc is not None and type(proc) in kinds:
+            yield m, owner, proc

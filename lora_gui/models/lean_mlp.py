@@ -8,7 +8,7 @@ product itself, which the ``down_proj`` adapter's ``lora_A`` keeps for its weigh
 of them are one elementwise pass away from the other two:
 
 - the product is recomputed from ``gate`` and ``up`` when ``lora_A``'s backward asks for it
-  (plain LoRA on ``down_proj``; :class:`lora_gui.models.lean_backward._Rebuilt`);
+  (plain LoRA on ``down_proj``; :class:`lora_gui.models.lean_lora._Rebuilt`);
 - ``act(gate)`` is recomputed from ``gate`` when the product's backward asks for it, which
   comes next: the one the product's recompute made is handed over.
 
@@ -104,7 +104,7 @@ def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         torch.mul, act, up)
     del act
     if product.requires_grad and product.is_contiguous():
-        # read by the down_proj adapter (lean_backward._Rebuilt): it keeps this, not the product
+        # read by the down_proj adapter (lean_lora._Rebuilt): it keeps this, not the product
         product._lean_rebuild = Recompute(same_autocast(recomputed.product, device), (gate, up))
     return self.down_proj(product)
 

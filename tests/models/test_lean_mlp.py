@@ -10,7 +10,8 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from lora_gui.memory.runtime.tracker import StorageTracker
-from lora_gui.models.lean_backward import _lean_lora_layers, _lean_rms_norms, lean_frozen_layers
+from lora_gui.models.lean_backward import _lean_rms_norms, lean_frozen_layers
+from lora_gui.models.lean_lora import lean_lora_layers
 from lora_gui.models.lean_mlp import lean_gated_mlps
 from lora_gui.models.lora_fused import fuse_lora
 
@@ -49,7 +50,7 @@ def _step(model: nn.Module, autocast: bool) -> tuple[int, float, dict[str, torch
 def _without_mlps(model: nn.Module) -> nn.Module:
     """Every other lean layer, the MLPs as transformers runs them."""
     other = copy.deepcopy(model)
-    _lean_lora_layers(other)
+    lean_lora_layers(other)
     _lean_rms_norms(other)
     return other
 

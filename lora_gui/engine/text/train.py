@@ -1,21 +1,18 @@
 """The text training loop: LoRA on a causal LM with accelerate, token-weighted gradient
 accumulation over variable micro-batches, per-step peak memory, atomic checkpoints, resume.
-
-Loss normalisation: every micro-batch's summed token loss is divided by the number of target
-tokens in the whole optimizer step (``num_items_in_batch``), so a step's gradient is the same
-however the step is cut into micro-batches (the accumulation bug Hugging Face fixed in 2024).
+The run's data, epoch plans and a step's forward and backward are in
+:mod:`lora_gui.engine.text.steps`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,12 +23,9 @@ from accelerate.utils import DistributedType
 from peft import set_peft_model_state_dict
 
 from lora_gui.config import ConfigError, RunConfig, apply_overrides
-from lora_gui.data.batching import MicroBatch, Step, collate, count_targets, plan_epoch, round_up
-from lora_gui.data.model_inputs import training_batch
-from lora_gui.data.pairs import PairSample, load_pairs
+from lora_gui.data.batching import MicroBatch, Step, collate, round_up
+from lora_gui.data.pairs import PairSample
 from lora_gui.data.shard import split_step, step_targets
-from lora_gui.data.text import TokenizedSample
-from lora_gui.data.training_data import load_samples
 from lora_gui.engine.core import fsdp
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
@@ -67,11 +61,19 @@ from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
 from lora_gui.engine.text.preference import (
-    check_start_adapter,
     load_start_adapter,
     preference_summary,
     prepare_preference,
     run_pair_step,
+)
+from lora_gui.engine.text.steps import (
+    TextData,
+    epoch_plan,
+    evaluate,
+    load_text_data,
+    probe_step,
+    run_step,
+    steps_per_epoch,
 )
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.run_predict import padding_mask_kept
@@ -85,120 +87,11 @@ from lora_gui.models.checkpointing import enable_checkpointing
 from lora_gui.models.flops import text_flops
 from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.precision import cast_frozen, choose_precision, weights_dtype
-from lora_gui.models.preference_loss import preference_loss_of
 from lora_gui.models.quant import check_resume, quant_state_tensors
 
 __all__ = ["TextData", "TextSession", "TrainControl", "evaluate", "load_text_data", "run_step", "train_text"]
 
 log = logging.getLogger(__name__)
-EVAL_TOKEN_BUDGET = 8192  # padded tokens per eval micro-batch (no activations kept: no_grad)
-
-
-@dataclass
-class TextData:
-    """Tokenized train and held-out samples plus the pad id."""
-
-    train: list[TokenizedSample]
-    held_out: list[TokenizedSample]
-    pad_id: int
-    tokenizer: Any = None  # chat data: carries the chat template, saved with the adapter
-    is_chat: bool = False
-    # preference runs: train holds PairSamples, held_out the held-out pairs' chosen rows (eval loss)
-    preference: Any = None  # models.preference_loss.PreferenceLoss
-    held_out_pairs: list = field(default_factory=list)
-    reference: Any = None  # precomputed reference log-probabilities (pairs, 2)
-
-
-def load_text_data(cfg: RunConfig, tokenizer) -> TextData:
-    if cfg.init_adapter:  # refused with the data, before a run folder is written
-        check_start_adapter(cfg)
-    if cfg.is_preference:  # pairs through the chat template (lora_gui.data.pairs)
-        pairs = load_pairs(cfg.data_path(), tokenizer, max_seq_len=cfg.max_seq_len,
-                           eval_fraction=cfg.eval_fraction, seed=cfg.seed,
-                           chat_template=cfg.chat_template, long_pairs=cfg.long_pairs)
-        return TextData(pairs.train, [p.chosen for p in pairs.held_out], tokenizer.pad_token_id,
-                        tokenizer, True, preference_loss_of(cfg), pairs.held_out)
-    loaded = load_samples(cfg.data_path(), tokenizer, data_format=cfg.data_format,
-                          max_seq_len=cfg.max_seq_len, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
-                          chat_template=cfg.chat_template, train_on_prompt=cfg.train_on_prompt)
-    if not loaded.train:
-        raise ConfigError(f"data: {cfg.data_path()} has no document of 2 or more tokens")
-    return TextData(loaded.train, loaded.held_out, tokenizer.pad_token_id, tokenizer, loaded.is_chat)
-
-
-def steps_per_epoch(cfg: RunConfig, n_samples: int) -> int:
-    return math.ceil(n_samples / cfg.batch_size)
-
-
-def epoch_plan(cfg: RunConfig, data: TextData, epoch: int, planned: bool = False) -> list[Step]:
-    """The epoch's steps. ``planned``: the planner's caps per bucket (applied by the guard)
-    size the micro-batches instead of the token budget (adaptive batch under a VRAM budget)."""
-    token_budget = cfg.batch_size * cfg.max_seq_len if planned else cfg.sample_token_budget()
-    return plan_epoch([len(s) for s in data.train], cfg.resolved_batching(),
-                      batch_size=cfg.batch_size, max_seq_len=cfg.max_seq_len, seed=cfg.seed,
-                      epoch=epoch, token_budget=token_budget, pad_multiple=cfg.pad_multiple,
-                      packed_row=cfg.packed_row_tokens())
-
-
-@torch.no_grad()
-def evaluate(model, samples: list[TokenizedSample], pad_id: int, device: torch.device,
-             token_budget: int = EVAL_TOKEN_BUDGET) -> float | None:
-    """Token-weighted mean loss over samples (bucketed: padded to the longest, 64-rounded)."""
-    if not samples:
-        return None
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    plan = plan_epoch([len(s) for s in samples], "bucketed", batch_size=len(samples),
-                      max_seq_len=max(len(s) for s in samples), seed=0, epoch=0,
-                      token_budget=token_budget)
-    for step in plan:
-        for mb in step.micro_batches:
-            batch = {k: v.to(device) for k, v in collate(samples, mb, pad_id).items()}
-            n = count_targets(batch)
-            if n:
-                total += model(**batch, num_items_in_batch=n).loss.item() * n
-                count += n
-    model.train(was_training)
-    fsdp.reshard(model)  # no backward after a no_grad forward: free the gathered FSDP units now
-    return total / count if count else None
-
-
-def run_step(model, accelerator: Accelerator, data: TextData, step: Step,
-             n_targets: int | None = None) -> dict[str, float]:
-    """Forward and backward of every micro-batch of one optimizer step (no optimizer update).
-
-    ``n_targets``: the loss normaliser; with several ranks, the target tokens of the *global*
-    step (default: this step's own, from the samples, no tensors needed).
-    """
-    if n_targets is None:
-        n_targets = step_targets(data.train, step)
-    loss_sum = 0.0
-    for mb in step.micro_batches:
-        try:
-            batch = training_batch(model, data.train, mb, data.pad_id, accelerator.device)
-            loss = model(**batch, num_items_in_batch=n_targets).loss
-            accelerator.backward(loss)
-        except torch.OutOfMemoryError as err:
-            raise MicroBatchOutOfMemory(mb, err) from None
-        loss_sum += loss.item()
-        del loss, batch
-    real = sum(len(data.train[i]) for i in step.indices)  # fillers are not counted as trained
-    padded = sum((1 if mb.packed else len(mb.indices)) * mb.seq_len for mb in step.micro_batches)
-    return {"loss": loss_sum, "real_tokens": real, "padded_tokens": padded,
-            "target_tokens": n_targets}
-
-
-def _probe_step(model, data: TextData) -> Callable[[], None]:
-    """One forward+backward of the run's model on a small real batch (for the precision probe)."""
-    sample = min(data.train[: 8], key=len)
-    ids = torch.tensor([sample.input_ids[:64]] * 2)
-
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    return step
 
 
 def _memory_plan(cfg: RunConfig, source: str, budget: int | None, device: torch.device,
@@ -335,7 +228,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         set_peft_model_state_dict(model, ckpt["adapter"])
         mixed = ckpt["trainer"]["precision"]
     elif device.type == "cpu" and cfg.precision == "auto":
-        mixed = dist.on_main(lambda: choose_precision("auto", device, _probe_step(model, data)))
+        mixed = dist.on_main(lambda: choose_precision("auto", device, probe_step(model, data)))
     if device.type == "cpu":  # the frozen weights in the precision chosen after loading them
         cast_frozen(model, weights_dtype(mixed, device.type, text=True))
     if resume:

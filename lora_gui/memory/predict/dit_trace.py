@@ -4,8 +4,9 @@ trace-calibrated estimate, beside :func:`lora_gui.memory.predict.trace.trace_une
 The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` (noisy
 latents from cached latents and noise, Flux's 2 x 2 packing and position ids, the transformer,
 the weighted flow-matching MSE), then backward, AdamW step and ``zero_grad`` through the shared
-:func:`lora_gui.memory.predict.trace._trace`. Latents and text embeddings are assumed cached (the VAE
-and text encoders are not part of the step; see :func:`text_encoder_bytes` for their weights).
+:func:`lora_gui.memory.predict.trace_step.trace_step`. Latents and text embeddings are assumed
+cached (the VAE and text encoders are not part of the step; see :func:`text_encoder_bytes` for
+their weights).
 
 A DiT's sequence is ``text tokens + (H / f) * (W / f)`` image tokens, ``f`` = patch size x VAE
 factor (16 for SD3 and Flux; the VAE factor is the pipeline's own, ``vae_factor``: the built-in
@@ -28,11 +29,11 @@ from lora_gui.memory.predict.model_configs import is_dit_config, load_model_conf
 from lora_gui.memory.predict.trace import (
     TraceResult,
     _check_common,
-    _trace,
     as_dtype,
     attach_lora,
     run_autocast,
 )
+from lora_gui.memory.predict.trace_step import trace_step
 
 VAE_FACTOR = 8  # SD3 / Flux VAEs: 8x downsampling (a pipeline's own: models.dit.vae_factor)
 CALIBRATION_PX = (512, 1024)  # the estimate's two traced resolutions, where the model reaches them
@@ -174,9 +175,9 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         loss.held_inputs = batch
         return loss
 
-    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
-                 autocast=run_autocast(device, dt))
+    res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                      gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
+                      autocast=run_autocast(device, dt))
     res.info.update(model_type=kind, batch_size=batch_size, resolution=(h, w), text_tokens=tokens,
                     image_tokens=(h // factor) * (w // factor), source="tracker" if not fake else "predicted")
     return res

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from lora_gui.config import RunConfig
-from lora_gui.memory.predict.trace import _trace, attach_lora
+from lora_gui.memory.predict.trace import attach_lora
+from lora_gui.memory.predict.trace_step import trace_step
 from lora_gui.models.text_encoder_lora import TEXT_ENCODER_LORA_TARGETS, trains
 
 
@@ -38,7 +39,7 @@ def encoders_training_bytes(encoders: list, cfg: RunConfig, batch_size: int, dty
             out = m(input_ids=batch["input_ids"], output_hidden_states=True)
             return out.hidden_states[-2].float().mean()
 
-        res = _trace(peft, fake=True, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                     gradient_checkpointing=False, warm_steps=0)
+        res = trace_step(peft, fake=True, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                          gradient_checkpointing=False, warm_steps=0)
         total += res.traced_peak_bytes - res.breakdown["frozen_weights"]
     return total

@@ -7,7 +7,8 @@ transformer for a (width, height, frames) clip bucket, from a loaded model or a 
 
 The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` on video
 latents (B, C, T, h, w) (noisy latents, the transformer, the flow-matching MSE), then backward,
-AdamW step and ``zero_grad`` through the shared :func:`lora_gui.memory.predict.trace._trace`.
+AdamW step and ``zero_grad`` through the shared
+:func:`lora_gui.memory.predict.trace_step.trace_step`.
 A clip is ``T x (h / 2) x (w / 2)`` tokens (``T = (frames - 1) / 4 + 1`` latent frames, ``h``,
 ``w`` the latent sides): 832 x 480 x 81 frames is 21 x 30 x 52 = 32,760 tokens for Wan 2.1.
 
@@ -41,11 +42,11 @@ from lora_gui.memory.predict.trace import (
     CUDA_CONTEXT_BYTES,
     TraceResult,
     _check_common,
-    _trace,
     as_dtype,
     attach_lora,
     run_autocast,
 )
+from lora_gui.memory.predict.trace_step import trace_step
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.tracker import StorageTracker
 from lora_gui.units import gb
@@ -141,9 +142,9 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
         loss.held_inputs = batch  # the loop holds its batch until the backward is done
         return loss
 
-    res = _trace(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
-                 gradient_checkpointing=gradient_checkpointing, warm_steps=0,
-                 autocast=run_autocast(device, dt))
+    res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
+                      gradient_checkpointing=gradient_checkpointing, warm_steps=0,
+                      autocast=run_autocast(device, dt))
     res.info.update(model_type="wan", batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
     return res
