@@ -2,11 +2,13 @@
 Chromium (Playwright, no browser download): Train for a text and an image preset, Plan after a
 plan, Compare after Measure, Runs with a failed run. Written to docs/screens/*.png.
 
-    python -m bench.ui.screens [--out docs/screens] [--extra DIR]
+    python -m bench.ui.screens [--out docs/screens] [--extra DIR] [--only SHOT ...]
 
 A dashboard is started in a temporary folder (its own runs/), driven, and ended. ``--extra``
-also saves the Train tab with a finished run's charts (not committed: a reviewer's check).
-Takes 3-6 minutes on a laptop CPU (one short run, a failed one and a one-step comparison).
+also saves the Train tab with a finished run's charts (not committed: a reviewer's check);
+``--only`` takes just the named shots (e.g. ``--only runs-failed``; the page's first view is
+always loaded, since every shot starts from it). Takes 3-6 minutes on a laptop CPU for all of
+them (one short run, a failed one and a one-step comparison).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MINUTE = 60_000  # ms
 VIEW = {"width": 1400, "height": 1000}
+SHOTS = ("train-text", "runs-failed", "compare", "plan", "train-image")  # docs/screens/NAME.png
 
 
 def _free_port() -> int:
@@ -100,7 +103,8 @@ def tab(page, name: str) -> None:
     page.evaluate("window.scrollTo(0, 0)")
 
 
-def take(url: str, cwd: Path, out: Path, extra: Path | None) -> None:
+def take(url: str, cwd: Path, out: Path, extra: Path | None, only: tuple[str, ...] = SHOTS) -> None:
+    """Drives the dashboard at ``url`` through each shot in ``only`` (in SHOTS' order)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -112,55 +116,70 @@ def take(url: str, cwd: Path, out: Path, extra: Path | None) -> None:
         page.wait_for_selector("#start", timeout=5 * MINUTE)
         wait_text(page, "predicted", "the run's own plan,")
         settled(page)
-        shoot(page, out / "train-text.png")
-
-        # a run that fails after it starts (a data line that is not JSON: found by the run itself)
-        (cwd / "notes.jsonl").write_text('{"text": "a fine line"}\nthis line is not JSON\n', encoding="utf-8")
-        set_field(page, "data", str(cwd / "notes.jsonl"))
-        wait_text(page, "differs", "notes.jsonl")
-        settled(page)
-        start_run(page, "bad-notes")
-        wait_text(page, "status", "failed", minutes=5)
-        tab(page, "Runs")
-        page.click("#runs-refresh")
-        wait_text(page, "runs-table", "bad-notes")
-        shoot(page, out / "runs-failed.png")
-
-        if extra is not None:  # a short run's charts, with a 24 GB budget far above its curve
+        if "train-text" in only:
+            shoot(page, out / "train-text.png")
+        if "runs-failed" in only:
+            _failed_run(page, cwd, out)
+        if extra is not None:
+            _short_run(page, extra)
+        if "compare" in only:
+            _compare(page, out)
+        if "plan" in only:
+            tab(page, "Plan")
+            page.click("#plan-button")
+            wait_text(page, "plan-message", "fits", minutes=5)
+            settled(page, "plan-message", quiet_s=3)
+            shoot(page, out / "plan.png")
+        if "train-image" in only:
             tab(page, "Train")
-            set_field(page, "data", "builtin")
-            set_field(page, "max_seq_len", "128")
-            set_field(page, "max_steps", "12")
-            set_field(page, "budget_gb", "24")
+            pick(page, "preset", "image-768")
+            wait_text(page, "predicted", "the run's own plan,", minutes=8)
             settled(page)
-            start_run(page, "short")
-            wait_text(page, "status", "completed", minutes=10)
-            shoot(page, extra / "train-run.png")
-
-        tab(page, "Compare")
-        wait_text(page, "compare-message", "Predicted")
-        page.locator("#compare-measure-sizes input, #compare-measure-sizes textarea").first.fill("128")
-        page.locator("#compare-steps input").fill("1")
-        page.click("#compare-measure")
-        wait_text(page, "compare-progress", "completed", minutes=10)
-        page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('tracker')",
-                               timeout=2 * MINUTE)
-        page.locator("#compare-bars").scroll_into_view_if_needed()
-        page.evaluate("document.getElementById('compare-bars').scrollIntoView({block: 'start'})")
-        shoot(page, out / "compare.png")
-
-        tab(page, "Plan")
-        page.click("#plan-button")
-        wait_text(page, "plan-message", "fits", minutes=5)
-        settled(page, "plan-message", quiet_s=3)
-        shoot(page, out / "plan.png")
-
-        tab(page, "Train")
-        pick(page, "preset", "image-768")
-        wait_text(page, "predicted", "the run's own plan,", minutes=8)
-        settled(page)
-        shoot(page, out / "train-image.png")
+            shoot(page, out / "train-image.png")
         browser.close()
+
+
+def _failed_run(page, cwd: Path, out: Path) -> None:
+    """A run that fails after it starts (a data line that is not JSON: found by the run itself),
+    then the Runs tab listing it with its reason."""
+    (cwd / "notes.jsonl").write_text('{"text": "a fine line"}\nthis line is not JSON\n', encoding="utf-8")
+    set_field(page, "data", str(cwd / "notes.jsonl"))
+    wait_text(page, "differs", "notes.jsonl")
+    settled(page)
+    start_run(page, "bad-notes")
+    wait_text(page, "status", "failed", minutes=5)
+    tab(page, "Runs")
+    page.click("#runs-refresh")
+    wait_text(page, "runs-table", "bad-notes")
+    shoot(page, out / "runs-failed.png")
+
+
+def _short_run(page, extra: Path) -> None:
+    """A short run's charts, with a 24 GB budget far above its curve."""
+    tab(page, "Train")
+    set_field(page, "data", "builtin")
+    set_field(page, "max_seq_len", "128")
+    set_field(page, "max_steps", "12")
+    set_field(page, "budget_gb", "24")
+    settled(page)
+    start_run(page, "short")
+    wait_text(page, "status", "completed", minutes=10)
+    shoot(page, extra / "train-run.png")
+
+
+def _compare(page, out: Path) -> None:
+    """Compare after Measure (one step at 128 tokens per mode)."""
+    tab(page, "Compare")
+    wait_text(page, "compare-message", "Predicted")
+    page.locator("#compare-measure-sizes input, #compare-measure-sizes textarea").first.fill("128")
+    page.locator("#compare-steps input").fill("1")
+    page.click("#compare-measure")
+    wait_text(page, "compare-progress", "completed", minutes=10)
+    page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('tracker')",
+                           timeout=2 * MINUTE)
+    page.locator("#compare-bars").scroll_into_view_if_needed()
+    page.evaluate("document.getElementById('compare-bars').scrollIntoView({block: 'start'})")
+    shoot(page, out / "compare.png")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screens")
     parser.add_argument("--extra", type=Path, default=None,
                         help="also save the Train tab with a finished run's charts here")
+    parser.add_argument("--only", nargs="+", choices=SHOTS, default=list(SHOTS),
+                        help="take only these shots (default: all)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.extra is not None:
@@ -176,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         cwd = Path(tmp)
         proc, url = start_dashboard(cwd)
         try:
-            take(url, cwd, args.out, args.extra)
+            take(url, cwd, args.out, args.extra, tuple(args.only))
         finally:
             os.killpg(proc.pid, 15)  # the dashboard and any run it started (its own session)
             proc.wait(timeout=30)

@@ -137,21 +137,19 @@ def memory_spec(records: list[dict[str, Any]], budget_bytes: int | None = None,
 
 def _reference_lines(budget_bytes: int | None, predicted_bytes: int | None, simulated: bool,
                      drawn: Any) -> tuple[list[tuple[int, str, str, str]], list[dict[str, Any]]]:
-    """(the budget and predicted-peak lines to draw, notes for those left off the scale): a line
-    far above the curve and the other line would flatten them onto the axis, so it is named in
-    a note at the top instead (before any point, every line is drawn)."""
+    """(the budget and predicted-peak lines to draw, notes for those left off the scale): the
+    axis is scaled to what is drawn, the curve and the predicted peak (always drawn: it belongs
+    to the run, and a line that came and went with the first samples would move the axis); a
+    budget far above both would flatten them onto the axis, so it is named in a note instead."""
     budget_label = "budget (simulated VRAM)" if simulated else "budget"
-    wanted = [(v, label, color, dash) for v, label, color, dash in (
-        (budget_bytes, budget_label, "red", "dash"), (predicted_bytes, "predicted peak", "green", "dot"))
-        if v]
-    lines, notes = [], []
-    for i, line in enumerate(wanted):
-        others = [v / GB for j, (v, *_) in enumerate(wanted) if j != i]
-        top = style.finite_max(*drawn, *others)
-        if style.is_far_above(line[0] / GB, top):
-            notes.append(style.off_scale_note(line[1], line[0], len(notes)))
+    lines = [(predicted_bytes, "predicted peak", "green", "dot")] if predicted_bytes else []
+    notes = []
+    if budget_bytes:
+        top = style.finite_max(*drawn, predicted_bytes / GB if predicted_bytes else None)
+        if style.is_far_above(budget_bytes / GB, top):
+            notes.append(style.off_scale_note(budget_label, budget_bytes))
         else:
-            lines.append(line)
+            lines.insert(0, (budget_bytes, budget_label, "red", "dash"))
     return lines, notes
 
 

@@ -35,6 +35,24 @@ def test_a_budget_far_above_the_curve_is_a_note_not_a_line():
     assert len(near["shapes"]) == 1 and not near["annotations"]  # near: drawn as a line
 
 
+def test_the_axis_holds_the_curve_and_the_predicted_peak_and_only_a_budget_goes_off_scale():
+    """The predicted peak is always drawn, whatever the samples so far (the first ones can be far
+    below it); a budget is judged against the higher of the curve and the predicted peak."""
+    few = _records(1, mib=20.0)  # one early sample, 5x below the prediction
+    traces, layout = charts.memory_spec(few, predicted_bytes=int(100 * MIB))
+    assert "predicted peak" in [t["name"] for t in traces] and not layout["annotations"]
+    assert len(layout["shapes"]) == 1  # the predicted peak's line
+    traces, layout = charts.memory_spec(few, budget_bytes=int(250 * MIB), predicted_bytes=int(100 * MIB))
+    assert {"budget (simulated VRAM)", "predicted peak"} <= {t["name"] for t in traces}  # 2.5x: drawn
+    traces, layout = charts.memory_spec(few, budget_bytes=int(400 * MIB), predicted_bytes=int(100 * MIB))
+    notes = [a["text"] for a in layout["annotations"]]  # 4x the prediction: named, not drawn
+    assert len(notes) == 1 and notes[0].startswith("budget") and "above the scale" in notes[0], notes
+    assert "budget (simulated VRAM)" not in {t["name"] for t in traces}
+    samples = [{"time": 1.0, "tracker_live_bytes": 10 * MIB}]
+    traces, layout = charts.timeline_spec(samples, [("training", 0.0)], 24 * 1024 * MIB, int(100 * MIB))
+    assert [t["name"] for t in traces][-1] == "predicted peak" and len(layout["annotations"]) >= 1
+
+
 def test_memory_axes_start_at_zero_with_plain_ticks():
     for _, layout in (charts.memory_spec(_records()), charts.timeline_spec([], [], 24 * 1024 * MIB)):
         assert layout["yaxis"]["rangemode"] == "tozero" and layout["yaxis"]["tickformat"] == ",~g"
