@@ -399,8 +399,8 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     """Writes out/adapter/ atomically: LoRA / DoRA in diffusers' format
     (pytorch_lora_weights.safetensors), LoHa / LoKr as a peft folder (``peft/``: diffusers cannot
     load them), kohya_lora.safetensors (kohya / LyCORIS keys; for SD3 / Flux.1 the layout their
-    readers map) when asked, and adapter_info.json naming which tools read which file
-    (:mod:`lora_gui.models.image_adapter`)."""
+    readers map; for Wan ComfyUI's Wan names, :mod:`lora_gui.models.wan_comfy`) when asked, and
+    adapter_info.json naming which tools read which file (:mod:`lora_gui.models.image_adapter`)."""
     from diffusers.utils import convert_state_dict_to_diffusers
 
     from lora_gui.models import image_adapter
@@ -431,7 +431,14 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     if export_kohya:
         from safetensors.torch import save_file
 
-        if is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
+        if model.kind == "wan":  # ComfyUI's Wan names (lora_gui.models.wan_comfy)
+            from lora_gui.models import wan_comfy
+
+            # the file's alpha / rank is the scale: rank-stabilised LoRA scales by alpha / sqrt(rank)
+            scale_alpha = alpha * rank ** 0.5 if getattr(config, "use_rslora", False) else alpha
+            tensors, readers = wan_comfy.comfy_wan_state_dict(peft_sd, scale_alpha), wan_comfy.READERS
+            meta = image_adapter.kohya_metadata(kind, rank, alpha)
+        elif is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
             tensors, meta, readers = image_adapter.dit_kohya_file(model.kind, kind, peft_sd, rank, alpha,
                                                                   model.unet)
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from diffusers import LTXPipeline
 
-from lora_gui.config import RunConfig, apply_overrides
+from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.videos import VideoDataError
 from lora_gui.engine import train
 from lora_gui.memory.predict import predict
@@ -72,3 +72,8 @@ def test_ltx_run_two_sizes_two_frame_buckets_predicted_within_band(ltx_folder, c
 def test_ltx_frames_must_be_8k_plus_1(ltx_folder, clips_folder, tmp_path):
     with pytest.raises(VideoDataError, match="video_frames: 13 is not 8k\\+1 frames.*use 9 or 17"):
         train(ltx_cfg(ltx_folder, clips_folder, video_frames=13), tmp_path / "run", progress=False)
+
+
+def test_ltx_export_kohya_is_refused_before_the_run(ltx_folder, clips_folder):
+    with pytest.raises(ConfigError, match="export_kohya: ComfyUI's key names are written for Wan runs"):
+        predict(ltx_cfg(ltx_folder, clips_folder, export_kohya=True), None, "cpu")

@@ -225,14 +225,20 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     micro-batch whose traced step fits) and its predicted peak, per process.
 
     Raises:
-        ConfigError: export_kohya (no ComfyUI Wan layout is written yet).
+        ConfigError: export_kohya on an LTX-Video run (ComfyUI's names are written for Wan).
+        WanExportError: export_kohya with an adapter ComfyUI's Wan layout cannot hold.
     """
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.video import lora_targets
 
+    if cfg.export_kohya and model.kind != "wan":
+        raise ConfigError("export_kohya: ComfyUI's key names are written for Wan runs; an LTX-Video run "
+                          "writes diffusers' format (pytorch_lora_weights.safetensors, which "
+                          "LTXPipeline.load_lora_weights reads)")
     if cfg.export_kohya:
-        raise ConfigError("export_kohya: video runs write diffusers' format only for now "
-                          "(pytorch_lora_weights.safetensors, which WanPipeline.load_lora_weights reads)")
+        from lora_gui.models.wan_comfy import check_exportable
+
+        check_exportable(model.unet, adapter_spec(cfg).kind)
     from lora_gui.models import ltx
     from lora_gui.models.video import VIDEO_TRANSFORMERS
 
