@@ -324,12 +324,8 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
     from lora_gui.models.precision import planned_weights_dtype
     from lora_gui.models.video import lora_targets
 
-    patch = config.get("patch_size", (1, 2, 2))
-    vae, text = config["_vae"], config["_text"]
-    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
-        (int(config.get("patch_size_t", 1)), int(patch))
-    geometry = VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
-                             patch_s, patch_t)
+    text = config["_text"]
+    geometry = shape_geometry(config)
     bucket = (*clip_size(cfg), cfg.video_frames)
     dtype = planned_weights_dtype(cfg.precision, device)
     resident = 0 if cfg.resolved_cache_latents() != "off" else \
@@ -350,6 +346,17 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
     out.caps.caps = {clip_tokens(bucket): batch}
     out.peak_bytes = out.train_peak_bytes = out.step.peak_bytes + resident
     return out
+
+
+def shape_geometry(config: dict[str, Any]) -> VideoGeometry:
+    """A shape config's clip geometry: its ``_vae`` factors and the transformer's patch (Wan's
+    (t, h, w) tuple, or LTX-Video's ``patch_size`` and ``patch_size_t``)."""
+    patch = config.get("patch_size", (1, 2, 2))
+    vae = config["_vae"]
+    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
+        (int(config.get("patch_size_t", 1)), int(patch))
+    return VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
+                         patch_s, patch_t)
 
 
 def text_length_or(cfg: RunConfig, default: int) -> int:
@@ -398,45 +405,3 @@ def shape_config(cfg: RunConfig) -> dict[str, Any]:
             "_vae": {"scale_factor_temporal": geometry.temporal, "scale_factor_spatial": geometry.spatial},
             "_text": {"tokens": int(model.info["text_tokens"]), "width": int(model.info["text_width"]),
                       "encoder_params": encoder}}
-
-
-def longest_video(cfg: RunConfig, budget: int, device: str, most_frames: int = 1025) -> dict[str, Any]:
-    """The longest clip (frames, ``4k+1`` for Wan) at the run's size that fits ``budget`` at
-    batch 1 with the run's switches (source: predicted; one traced step a probe: doubling, then
-    halving the interval, about 2 log2(k) probes).
-
-    Raises:
-        ValueError: a model the video plan cannot trace.
-    """
-    import dataclasses
-
-    from lora_gui.data.video_batches import clip_size
-
-    config = shape_config(cfg)
-    temporal = int(config["_vae"]["scale_factor_temporal"])
-    peaks: dict[int, int] = {}
-
-    def peak(k: int) -> int:
-        if k not in peaks:
-            one = dataclasses.replace(cfg, video_frames=k * temporal + 1, batch_size=1)
-            peaks[k] = plan_video_shape(one, config, None, device).peak_bytes
-        return peaks[k]
-
-    width, height = clip_size(cfg)
-    out = {"size": f"{width}x{height}", "source": "predicted", "budget_bytes": budget}
-    if peak(0) > budget:
-        return {**out, "frames": 0, "peak_bytes_at_longest": peaks[0],
-                "note": f"not even one frame fits: {peaks[0] / 2**30:,.2f} GiB at 1 frame"}
-    low, high = 0, 1
-    top = (most_frames - 1) // temporal
-    while high <= top and peak(high) <= budget:  # double until a length does not fit
-        low, high = high, high * 2
-    high = min(high, top + 1)
-    while high - low > 1:  # peak(low) fits, peak(high) does not (or is past the top)
-        mid = (low + high) // 2
-        low, high = (mid, high) if peak(mid) <= budget else (low, mid)
-    frames = low * temporal + 1
-    switches = "gradient checkpointing" if cfg.gradient_checkpointing else "no gradient checkpointing"
-    return {**out, "frames": frames, "peak_bytes_at_longest": peaks[low],
-            "note": f"longest clip at {width}x{height}: {frames} frames ({switches}, latents cached, "
-                    "batch 1)"}
