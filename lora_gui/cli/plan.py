@@ -141,11 +141,13 @@ def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:
                       f"({gb(result['peak_bytes_at_largest'])}, {result['source']})")
                 print(f"  largest batch at {result['resolution']} px: {result['batch_at_resolution']}")
             return 0
-        if cfg.task == "video":
+        if cfg.task == "video":  # the longest clip at the run's size, the largest size at its frames
             result = longest(cfg, budget, args.device)
+            size = result["largest_size_at_frames"]
             print(json.dumps(result, indent=1) if args.json else
                   f"Video run, budget {plan_budget.label()}, {args.device}: {result['note']} "
-                  f"({gb(result['peak_bytes_at_longest'])}, {result['source']})")
+                  f"({gb(result['peak_bytes_at_longest'])}, {result['source']})\n"
+                  f"  {size['note']} ({gb(size['peak_bytes_at_largest'])}, {size['source']})")
             return 0
         from lora_gui.memory.predict.longest_text import describe
 

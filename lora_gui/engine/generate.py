@@ -50,8 +50,9 @@ def open_run(run_dir: str | Path) -> RunInfo:
         raise RunDirError(f"{out}: not a run folder (no config.json)")
     cfg = load_run_config(out)
     adapter = out / "adapter"
-    needed = IMAGE_ADAPTER_FILE if cfg.task == "image" else TEXT_ADAPTER_FILE
-    if cfg.task == "image" and (adapter / "peft" / TEXT_ADAPTER_FILE).is_file():
+    diffusion = cfg.task in ("image", "video")  # a diffusers pipeline's adapter file
+    needed = IMAGE_ADAPTER_FILE if diffusion else TEXT_ADAPTER_FILE
+    if diffusion and (adapter / "peft" / TEXT_ADAPTER_FILE).is_file():
         needed = f"peft/{TEXT_ADAPTER_FILE}"  # LoHa / LoKr: a peft folder (diffusers cannot load them)
     if not (adapter / needed).is_file():
         raise RunDirError(f"{out}: has no trained adapter (no adapter/{needed}); train it to the end "
@@ -183,3 +184,42 @@ class ImageTrial:
         tuned = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)),
                           **{scale_arg: {"scale": float(scale)}}, **common).images[0]
         return base, tuned
+
+
+class VideoTrial:
+    """A video run's pipeline (Wan or LTX-Video) with its adapter loaded; base clips with the LoRA
+    switched off, written as mp4 files the Try tab plays."""
+
+    def __init__(self, run: RunInfo, device: str | None = None) -> None:
+        from lora_gui.models import diffusion as dm
+
+        self.run = run
+        self.device = device or device_name()
+        source = dm.resolve_pipeline_source(run.cfg.model)
+        self.kind = dm.pipeline_kind(source)
+        self.pipe = dm.load_pipeline(source, run.adapter, self.device)
+
+    def clips(self, prompt: str, folder: Path, *, seed: int = 0, scale: float = 1.0,
+              steps: int | None = None) -> tuple[Path, Path]:
+        """(base, adapter) mp4 clips from the same prompt and seed at the run's size and longest
+        frame bucket, written into ``folder``; ``scale`` weighs the LoRA."""
+        from lora_gui.data import video_batches, videos
+        from lora_gui.models.video import text_length_for
+
+        width, height = video_batches.clip_size(self.run.cfg)
+        common = dict(num_inference_steps=int(steps or self.run.cfg.sample_steps), height=height, width=width,
+                      num_frames=self.run.cfg.video_frames, output_type="np",
+                      max_sequence_length=text_length_for(self.kind, self.run.cfg.text_max_length))
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, lora in (("base", None), ("adapter", float(scale))):
+            if lora is None:
+                self.pipe.disable_lora()
+            else:
+                self.pipe.enable_lora()
+            frames = self.pipe(prompt, generator=torch.Generator("cpu").manual_seed(int(seed)),
+                               attention_kwargs=None if lora is None else {"scale": lora}, **common).frames[0]
+            array = (frames.clip(0, 1) * 255).round().astype("uint8")  # (F, H, W, 3)
+            path = folder / f"{name}-seed{int(seed)}-scale{float(scale):g}.mp4"
+            paths.append(videos.write_clip(path, array))
+        return paths[0], paths[1]

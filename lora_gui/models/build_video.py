@@ -75,6 +75,53 @@ def build_pipeline(seed: int = 0, clips: Path | None = BUILTIN_CLIPS, **transfor
     return pipe
 
 
+# a tiny LTX-Video: 8x spatial (patch 1, three 2x stages) and 8x temporal compression, so clips
+# are 8k+1 frames and multiples of 8 px a side (the published VAE: patch 4, 32 px)
+LTX_VAE = {"latent_channels": 4, "block_out_channels": [8, 8, 8, 8],
+           "decoder_block_out_channels": [8, 8, 8, 8], "layers_per_block": [1, 1, 1, 1, 1],
+           "decoder_layers_per_block": [1, 1, 1, 1, 1],
+           "spatio_temporal_scaling": [True, True, True, False],
+           "decoder_spatio_temporal_scaling": [True, True, True, False], "patch_size": 1, "patch_size_t": 1}
+LTX_TRANSFORMER = {"in_channels": 4, "out_channels": 4, "patch_size": 1, "patch_size_t": 1,
+                   "num_attention_heads": 2, "attention_head_dim": 16, "num_layers": 2,
+                   "caption_channels": 32}
+
+
+def build_ltx_pipeline(seed: int = 0, **transformer_overrides):
+    """A tiny ``LTXPipeline`` with seeded random weights (LTX-Video's classes at a width of 32;
+    ``transformer_overrides`` change the transformer's shape), its VAE's posterior made narrow as
+    the Wan one's (:data:`LOG_VARIANCE`)."""
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
+    from transformers import T5Config, T5EncoderModel
+
+    from lora_gui.data.build_clips import CLIP_WORDS
+    from lora_gui.models.build_dit import build_t5_tokenizer
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLLTXVideo(**LTX_VAE)
+    with torch.no_grad():  # the encoder's last channel is the shared log-variance of its posterior
+        conv = vae.encoder.conv_out.conv
+        conv.weight[-1] = 0.0
+        conv.bias[-1] = LOG_VARIANCE
+    tokenizer = build_t5_tokenizer(CLIP_WORDS)
+    tokenizer.model_max_length = TEXT_TOKENS
+    torch.manual_seed(seed + 1)
+    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, **T5))
+    torch.manual_seed(seed + 2)
+    shape = {**LTX_TRANSFORMER, **transformer_overrides}
+    # the caption projection maps prompts to the transformer's width, which cross-attention reads
+    shape["cross_attention_dim"] = shape["num_attention_heads"] * shape["attention_head_dim"]
+    transformer = LTXVideoTransformer3DModel(**shape)
+    return LTXPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=vae, transformer=transformer,
+                       scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER))
+
+
 @torch.no_grad()
 def latent_statistics(vae, folder: Path) -> tuple[list[float], list[float]]:
     """Per-channel mean and standard deviation of the VAE's latent means over the clips of

@@ -47,7 +47,7 @@ class ImageModel:
     ``encode_prompt`` encodes captions until the encoders are freed.
     """
 
-    kind: str  # "sd", "sdxl", "sd3" or "flux"
+    kind: str  # "sd", "sdxl", "sd3", "flux", or a video kind: "wan", "ltx"
     source: str
     unet: Any
     vae: Any | None
@@ -80,10 +80,9 @@ def _model_index(source: str) -> dict[str, Any]:
 
 
 def pipeline_kind(source: str) -> str:
-    """'sd', 'sdxl', 'sd3' or 'flux' from model_index.json; any other architecture raises
+    """'sd', 'sdxl', 'sd3', 'flux', 'wan' or 'ltx' from model_index.json; any other architecture raises
     :class:`ModelError` listing the supported pipeline classes."""
     name = _model_index(source).get("_class_name", "?")
-    video.refuse_planned_only(name, source)
     if name not in SUPPORTED_PIPELINES:
         raise ModelError(f"model: {source} is a {name}; supported are "
                          f"{', '.join(SUPPORTED_PIPELINES)}")
@@ -194,9 +193,9 @@ def _load_parts(source: str, weights_dtype: torch.dtype, cfg: RunConfig | None,
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     kind = pipeline_kind(source)
-    if video.is_video_kind(kind):  # Wan: the same parts, a video VAE and one text encoder
+    if video.is_video_kind(kind):  # Wan, LTX-Video: the same parts, a video VAE and one text encoder
         pipe = None if weights else meta_pipeline(source, weights_dtype)
-        parts = video.load_video_parts(source, weights_dtype, cfg or RunConfig(), pipe)
+        parts = video.load_video_parts(source, weights_dtype, cfg or RunConfig(), pipe, kind)
         return ImageModel(kind, source, parts["transformer"], parts["vae"], parts["text_encoders"],
                           parts["tokenizers"], parts["objective"], parts["info"], parts["pipe"])
     if dit.is_dit_kind(kind):
@@ -321,7 +320,9 @@ def encode_prompts(model: ImageModel, captions: list[str], device: torch.device,
     encoders concatenated, pooled output of the second (as StableDiffusionXLPipeline does).
     """
     if video.is_video_kind(model.kind):
-        return video.encode_video_prompts(model.pipe, captions, device, model.info["text_length"])
+        hidden, _mask = video.encode_video_prompts(model.pipe, model.kind, captions, device,
+                                                   model.info["text_length"])
+        return hidden, None
     if dit.is_dit_kind(model.kind):
         return dit.encode_dit_prompts(model.pipe, model.kind, captions, device, model.info["text_length"])
     states, pooled = [], None
@@ -346,10 +347,12 @@ class Encoded:
     hidden: torch.Tensor  # (B, 77, D) text-encoder hidden states (SD3: 77 + T5 tokens; Flux: T5)
     pooled: torch.Tensor | None  # (B, 1280) SDXL / SD3 / Flux pooled text embedding
     time_ids: torch.Tensor | None  # (B, 6) SDXL micro-conditioning
+    text_mask: torch.Tensor | None = None  # (B, L) LTX-Video: 1.0 on the prompt's tokens, 0.0 on padding
 
     def to(self, device: torch.device) -> Encoded:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Encoded(move(self.latents), move(self.hidden), move(self.pooled), move(self.time_ids))
+        return Encoded(move(self.latents), move(self.hidden), move(self.pooled), move(self.time_ids),
+                       move(self.text_mask))
 
 
 @torch.no_grad()
@@ -359,6 +362,10 @@ def encode_pixels(model: ImageModel, pixels: list[torch.Tensor], captions: list[
     """Encodes loaded (3, H, W) pixels of one bucket and their captions (the memory plan traces
     this on fake tensors: :mod:`lora_gui.memory.predict.encode_trace`)."""
     latents = encode_latents(model, pixels, device, sample=sample, generator=generator)
+    if video.is_video_kind(model.kind):  # T5 states, and LTX-Video's prompt mask
+        hidden, mask = video.encode_video_prompts(model.pipe, model.kind, captions, device,
+                                                  model.info["text_length"])
+        return Encoded(latents, hidden, None, None, mask)
     hidden, pooled = encode_prompts(model, captions, device)
     ids = torch.tensor(time_ids, dtype=hidden.dtype, device=device) if model.kind == "sdxl" else None
     return Encoded(latents, hidden, pooled, ids)
@@ -376,7 +383,7 @@ def encode_latents(model: ImageModel, pixels: list[torch.Tensor], device: torch.
     else:
         latents = dist.sample(generator) if sample else dist.mode()
     if video.is_video_kind(model.kind):  # (B, C, T, h, w): per-channel mean and std
-        latents = video.normalise_latents(model.vae, latents)
+        latents = video.normalise_latents(model.kind, model.vae, latents)
     else:  # SD3 / Flux VAEs also shift the latents (shift_factor); SD 1.x / SDXL VAEs have none
         latents = (latents - (model.vae.config.get("shift_factor") or 0.0)) * model.vae.config.scaling_factor
     return latents
@@ -392,8 +399,8 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     """Writes out/adapter/ atomically: LoRA / DoRA in diffusers' format
     (pytorch_lora_weights.safetensors), LoHa / LoKr as a peft folder (``peft/``: diffusers cannot
     load them), kohya_lora.safetensors (kohya / LyCORIS keys; for SD3 / Flux.1 the layout their
-    readers map) when asked, and adapter_info.json naming which tools read which file
-    (:mod:`lora_gui.models.image_adapter`)."""
+    readers map; for Wan ComfyUI's Wan names, :mod:`lora_gui.models.wan_comfy`) when asked, and
+    adapter_info.json naming which tools read which file (:mod:`lora_gui.models.image_adapter`)."""
     from diffusers.utils import convert_state_dict_to_diffusers
 
     from lora_gui.models import image_adapter
@@ -424,7 +431,14 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     if export_kohya:
         from safetensors.torch import save_file
 
-        if is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
+        if model.kind == "wan":  # ComfyUI's Wan names (lora_gui.models.wan_comfy)
+            from lora_gui.models import wan_comfy
+
+            # the file's alpha / rank is the scale: rank-stabilised LoRA scales by alpha / sqrt(rank)
+            scale_alpha = alpha * rank ** 0.5 if getattr(config, "use_rslora", False) else alpha
+            tensors, readers = wan_comfy.comfy_wan_state_dict(peft_sd, scale_alpha), wan_comfy.READERS
+            meta = image_adapter.kohya_metadata(kind, rank, alpha)
+        elif is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
             tensors, meta, readers = image_adapter.dit_kohya_file(model.kind, kind, peft_sd, rank, alpha,
                                                                   model.unet)
         else:

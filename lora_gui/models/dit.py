@@ -129,6 +129,7 @@ class FlowMatching:
         guidance: Flux guidance embedding value (None when the model has none).
         vae_scale_factor: VAE downsampling (8 for SD3 / Flux): unpacks Flux's latents.
         precondition_outputs: SD3's default output preconditioning.
+        rope_scale: LTX-Video's rotary scale (seconds a latent frame, px a latent pixel x2).
     """
 
     kind: str
@@ -140,6 +141,7 @@ class FlowMatching:
     guidance: float | None = None
     vae_scale_factor: int = 8
     precondition_outputs: bool = False
+    rope_scale: tuple[float, float, float] | None = None
 
     @property
     def config(self) -> Any:
@@ -170,6 +172,12 @@ class FlowMatching:
         if self.kind == "wan":  # video latents (B, C, T, h, w): Wan patchifies and ropes them itself
             pred = transformer(hidden_states=noisy.to(dtype), timestep=timesteps,
                                encoder_hidden_states=enc.hidden, return_dict=False)[0]
+            return self._weighted(pred, noise - x0, sig, x0.shape[0], reduction)
+        if self.kind == "ltx":  # video latents packed into tokens, the prompt's mask, scaled rotary positions
+            from lora_gui.models.ltx import predict_velocity
+
+            mask = getattr(enc, "text_mask", None)
+            pred = predict_velocity(transformer, noisy, timesteps, enc.hidden, mask, self.rope_scale)
             return self._weighted(pred, noise - x0, sig, x0.shape[0], reduction)
         with image_grid(*token_grid(transformer, self.kind, x0.shape[-2:])):  # for windowed attention
             if self.kind == "flux":

@@ -1,8 +1,9 @@
 """Text-to-video transformers trained with flow matching: Wan 2.1 / 2.2 (``WanPipeline``,
-``WanTransformer3DModel``, ``AutoencoderKLWan``), from a Hugging Face id or a folder saved with
-``save_pretrained``. The run is the image run's (:mod:`lora_gui.engine.image.train`): the same
-loop, cache and flow-matching objective (:class:`lora_gui.models.dit.FlowMatching`, kind
-``wan``), with clips for pictures.
+``WanTransformer3DModel``, ``AutoencoderKLWan``) and LTX-Video (``LTXPipeline``; what differs is in
+:mod:`lora_gui.models.ltx`), from a Hugging Face id or a folder saved with ``save_pretrained``.
+The run is the image run's (:mod:`lora_gui.engine.image.train`): the same loop, cache and
+flow-matching objective (:class:`lora_gui.models.dit.FlowMatching`, kind ``wan`` or ``ltx``), with
+clips for pictures.
 
 The training recipe is the one Wan's trainers use (diffusers' finetrainers, musubi-tuner):
 
@@ -17,11 +18,9 @@ The training recipe is the one Wan's trainers use (diffusers' finetrainers, musu
 
 LoRA goes on the attention projections of every block (self- and cross-attention: ``to_q``,
 ``to_k``, ``to_v``, ``to_out.0``, the targets of diffusers' and finetrainers' Wan LoRA), and is
-saved with ``WanPipeline.save_lora_weights`` so that ``pipe.load_lora_weights(run/adapter)``
-loads it.
-
-LTX-Video (``LTXPipeline``) is planned from its config (``presets/models/ltx-video-2b.json``) but
-not trained yet: its folders are refused by name.
+saved with the pipeline's ``save_lora_weights`` (``WanPipeline`` / ``LTXPipeline``) so that
+``pipe.load_lora_weights(run/adapter)`` loads it. LTX-Video's LoRA has the same targets (its
+``LTXAttention`` projections).
 """
 
 from __future__ import annotations
@@ -33,21 +32,23 @@ import torch
 from lora_gui.data.video_batches import VideoGeometry
 from lora_gui.models.text import ModelError
 
-VIDEO_PIPELINES = {"WanPipeline": "wan"}  # trained here
-PLANNED_ONLY = {"LTXPipeline": "ltx"}  # planned from configs, not trained yet
+VIDEO_PIPELINES = {"WanPipeline": "wan", "LTXPipeline": "ltx"}
+PIPELINE_OF = {kind: name for name, kind in VIDEO_PIPELINES.items()}
+VAE_CLASSES = {"wan": "AutoencoderKLWan", "ltx": "AutoencoderKLLTXVideo"}
 VIDEO_TRANSFORMERS = {"wan": "WanTransformer3DModel", "ltx": "LTXVideoTransformer3DModel"}
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # every attention block's projections
 DEFAULT_TEXT_LENGTH = {"wan": 512, "ltx": 128}  # the pipelines' max_sequence_length defaults
+DEFAULT_WEIGHTING = {"wan": "none", "ltx": "logit_normal"}  # weighting_scheme 'auto' (see the recipes)
 DEFAULT_SHIFT = 3.0  # Wan 2.1's flow_shift at 480p (its UniPC inference scheduler's)
 
 
 def is_video_kind(kind: str) -> bool:
-    """True for the video pipeline kinds ('wan')."""
+    """True for the video pipeline kinds ('wan', 'ltx')."""
     return kind in VIDEO_PIPELINES.values()
 
 
 def is_video_module(module: Any) -> bool:
-    """True for a Wan transformer (peft-wrapped or not)."""
+    """True for a Wan or LTX-Video transformer (peft-wrapped or not)."""
     base = module.get_base_model() if hasattr(module, "get_base_model") else module
     return type(base).__name__ in VIDEO_TRANSFORMERS.values()
 
@@ -64,39 +65,34 @@ def text_length_for(kind: str, setting: int) -> int:
     return setting or DEFAULT_TEXT_LENGTH[kind]
 
 
-def geometry_of(vae_config: dict[str, Any], transformer_config: dict[str, Any]) -> VideoGeometry:
-    """How a Wan pipeline turns clips into tokens, from its VAE and transformer configs."""
+def geometry_of(vae_config: dict[str, Any], transformer_config: dict[str, Any],
+                kind: str = "wan") -> VideoGeometry:
+    """How a Wan or LTX-Video pipeline turns clips into tokens, from its VAE and transformer configs."""
+    if kind == "ltx":
+        from lora_gui.models import ltx
+
+        return ltx.geometry_of(vae_config, transformer_config)
     patch = transformer_config.get("patch_size", (1, 2, 2))
     return VideoGeometry(temporal=int(vae_config.get("scale_factor_temporal", 4)),
                          spatial=int(vae_config.get("scale_factor_spatial", 8)),
                          patch=int(patch[1]), patch_t=int(patch[0]))
 
 
-def source_geometry(source: str) -> VideoGeometry:
+def source_geometry(source: str, kind: str) -> VideoGeometry:
     """A pipeline folder's (or cached hub id's) geometry from its configs, nothing loaded: what
     the data check needs before the model is read."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    import diffusers
 
-    vae = AutoencoderKLWan.load_config(source, subfolder="vae")
-    transformer = WanTransformer3DModel.load_config(source, subfolder="transformer")
-    return geometry_of(vae, transformer)
-
-
-def refuse_planned_only(class_name: str, source: str) -> None:
-    """LTX-Video is planned but not trained yet: say so, naming the folder.
-
-    Raises:
-        ModelError: for an LTXPipeline.
-    """
-    if class_name in PLANNED_ONLY:
-        raise ModelError(f"model: {source} is an {class_name}; video runs train Wan pipelines "
-                         "(WanPipeline) for now; `plan` answers for ltx-video-2b")
+    vae = getattr(diffusers, VAE_CLASSES[kind]).load_config(source, subfolder="vae")
+    transformer = getattr(diffusers, VIDEO_TRANSFORMERS[kind]).load_config(source, subfolder="transformer")
+    return geometry_of(vae, transformer, kind)
 
 
-def load_video_parts(source: str, weights_dtype: torch.dtype, cfg: Any, pipe: Any = None) -> dict[str, Any]:
-    """Loads a Wan pipeline (or takes ``pipe``, e.g. one built on the meta device); returns the
-    parts of a :class:`~lora_gui.models.diffusion.ImageModel` (VAE in float32, as the Wan
-    pipelines' own docs advise).
+def load_video_parts(source: str, weights_dtype: torch.dtype, cfg: Any, pipe: Any = None,
+                     kind: str = "wan") -> dict[str, Any]:
+    """Loads a Wan or LTX-Video pipeline (or takes ``pipe``, e.g. one built on the meta device);
+    returns the parts of a :class:`~lora_gui.models.diffusion.ImageModel` (VAE in float32, as the
+    Wan pipelines' own docs advise).
 
     Raises:
         ModelError: an unknown weighting scheme.
@@ -108,42 +104,60 @@ def load_video_parts(source: str, weights_dtype: torch.dtype, cfg: Any, pipe: An
     from lora_gui.models.dit import WEIGHTING_SCHEMES, FlowMatching
 
     if pipe is None:
-        pipe = diffusers.WanPipeline.from_pretrained(source, torch_dtype=weights_dtype)
+        pipe = getattr(diffusers, PIPELINE_OF[kind]).from_pretrained(source, torch_dtype=weights_dtype)
     torch.nn.Module.to(pipe.vae, torch.float32)
     for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
         module.requires_grad_(False)
         module.eval()
     scheme = getattr(cfg, "weighting_scheme", "auto")
-    scheme = "none" if scheme == "auto" else scheme
+    scheme = DEFAULT_WEIGHTING[kind] if scheme == "auto" else scheme
     if scheme not in WEIGHTING_SCHEMES:
         raise ModelError(f"weighting_scheme: {scheme!r} is not one of {', '.join(WEIGHTING_SCHEMES)}")
     sched = pipe.scheduler.config
     shift = float(sched.get("flow_shift") or sched.get("shift") or DEFAULT_SHIFT)
     training = diffusers.FlowMatchEulerDiscreteScheduler(
         num_train_timesteps=int(sched.get("num_train_timesteps", 1000)), shift=shift)
-    objective = FlowMatching("wan", copy.deepcopy(training), scheme, float(getattr(cfg, "logit_mean", 0.0)),
+    length = text_length_for(kind, int(getattr(cfg, "text_max_length", 0)))
+    geometry = geometry_of(dict(pipe.vae.config), dict(pipe.transformer.config), kind)
+    objective = FlowMatching(kind, copy.deepcopy(training), scheme, float(getattr(cfg, "logit_mean", 0.0)),
                              float(getattr(cfg, "logit_std", 1.0)), float(getattr(cfg, "mode_scale", 1.29)),
-                             vae_scale_factor=int(pipe.vae.config.scale_factor_spatial))
-    length = text_length_for("wan", int(getattr(cfg, "text_max_length", 0)))
-    geometry = geometry_of(dict(pipe.vae.config), dict(pipe.transformer.config))
+                             vae_scale_factor=geometry.spatial, rope_scale=rope_scale_for(kind, geometry))
     info = {"text_length": length, "text_tokens": length, "geometry": geometry,
             "text_width": int(pipe.text_encoder.config.d_model)}
     return {"transformer": pipe.transformer, "vae": pipe.vae, "text_encoders": [pipe.text_encoder],
             "tokenizers": [pipe.tokenizer], "objective": objective, "pipe": pipe, "info": info}
 
 
+def rope_scale_for(kind: str, geometry: VideoGeometry) -> tuple[float, float, float] | None:
+    """LTX-Video's rotary scale (None for Wan, which ropes its latent grid as it is)."""
+    if kind != "ltx":
+        return None
+    from lora_gui.models import ltx
+
+    return ltx.rope_scale(geometry)
+
+
 @torch.no_grad()
-def encode_video_prompts(pipe: Any, captions: list[str], device: torch.device,
-                         text_length: int) -> tuple[torch.Tensor, None]:
-    """Prompt embeddings (B, text_length, D) through the pipeline's own ``encode_prompt``."""
+def encode_video_prompts(pipe: Any, kind: str, captions: list[str], device: torch.device,
+                         text_length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prompt embeddings (B, text_length, D) through the pipeline's own ``encode_prompt``, and
+    for LTX-Video their attention mask (B, text_length) (None for Wan, which zeroes the padding)."""
+    if kind == "ltx":
+        from lora_gui.models import ltx
+
+        return ltx.encode_prompts(pipe, captions, device, text_length)
     embeds, _negative = pipe.encode_prompt(prompt=captions, do_classifier_free_guidance=False,
                                            max_sequence_length=text_length, device=device)
     return embeds, None
 
 
-def normalise_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+def normalise_latents(kind: str, vae: Any, latents: torch.Tensor) -> torch.Tensor:
     """(B, C, T, h, w) VAE latents -> the transformer's space: per channel (x - mean) / std (the
-    inverse of what ``WanPipeline`` does before decoding)."""
+    inverse of what ``WanPipeline`` / ``LTXPipeline`` do before decoding)."""
+    if kind == "ltx":
+        from lora_gui.models import ltx
+
+        return ltx.normalise_latents(vae, latents)
     shape = (1, -1, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
     std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
@@ -151,7 +165,7 @@ def normalise_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
 
 
 def set_video_attention(transformer: Any, backend: str) -> None:
-    """sdpa: Wan's own processors (torch SDPA); eager: the same under torch's math SDPA backend
+    """sdpa: the model's own processors (torch SDPA); eager: the same under torch's math SDPA backend
     (the scores kept, as eager attention keeps them)."""
     from lora_gui.models.dit import MathAttention
 

@@ -29,10 +29,12 @@ def image_run(tmp_path_factory):
 
 
 def pictures(run, scale: float, seed: int = 3):
-    """The handler's last update: (base text, adapter text, base picture, adapter picture, message)."""
-    base_text, tuned_text, base, tuned, start_text, message = list(
+    """The handler's last update: (base text, adapter text, base picture, adapter picture, start
+    text, base clip, adapter clip, message)."""
+    base_text, tuned_text, base, tuned, start_text, base_clip, tuned_clip, message = list(
         try_handlers.generate(str(run), "a red circle", 16, 0.0, seed, scale))[-1]
     assert [base_text, tuned_text, start_text] == ["", "", ""] and message.startswith("Done"), message
+    assert base_clip is None and tuned_clip is None  # clips are a video run's
     return np.asarray(base), np.asarray(tuned), message
 
 

@@ -35,7 +35,8 @@ def load_run_data(cfg: RunConfig) -> RunData:
         return load_image_data(cfg)
     from lora_gui.models.video import source_geometry
 
-    return video_batches.load_video_data(cfg, source_geometry(dm.resolve_pipeline_source(cfg.model)))
+    source = dm.resolve_pipeline_source(cfg.model)
+    return video_batches.load_video_data(cfg, source_geometry(source, dm.pipeline_kind(source)))
 
 
 def epoch_plan(cfg: RunConfig, data: RunData, epoch: int) -> list:
@@ -83,7 +84,7 @@ def encode_clip_eval_set(model: ImageModel, data: video_batches.VideoData, how: 
     for item, bucket in zip(data.held_out, data.held_buckets, strict=True):
         enc = encode_clips(model, [item], [bucket], device, sample=False, how=how)
         out.append(Encoded(*(None if t is None else t.cpu() for t in
-                             (enc.latents, enc.hidden, enc.pooled, enc.time_ids))))
+                             (enc.latents, enc.hidden, enc.pooled, enc.time_ids, enc.text_mask))))
     return out
 
 
@@ -94,6 +95,7 @@ def generate_clips(cfg: RunConfig, source: str, adapter: Path, prompts: list[str
     from lora_gui.models.video import text_length_for
 
     pipe = dm.load_pipeline(source, adapter, device)
+    kind = dm.pipeline_kind(source)
     width, height = video_batches.clip_size(cfg)
     folder = out / "samples"
     folder.mkdir(exist_ok=True)
@@ -102,7 +104,7 @@ def generate_clips(cfg: RunConfig, source: str, adapter: Path, prompts: list[str
         gen = torch.Generator(device="cpu").manual_seed(cfg.seed + i)
         frames = pipe(prompt, num_inference_steps=cfg.sample_steps, height=height, width=width,
                       num_frames=cfg.video_frames, generator=gen, output_type="np",
-                      max_sequence_length=text_length_for("wan", cfg.text_max_length)).frames[0]
+                      max_sequence_length=text_length_for(kind, cfg.text_max_length)).frames[0]
         slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "empty"
         array = (frames.clip(0, 1) * 255).round().astype("uint8")  # (F, H, W, 3)
         paths.append(str(videos.write_clip(folder / f"{i:02d}-{slug}.mp4", array)))

@@ -78,16 +78,17 @@ class InputSource:
         gen = torch.Generator().manual_seed(CACHE_SEED)
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-        prompts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # caption -> its embeddings
+        prompts: dict[str, tuple] = {}  # caption -> its embeddings (hidden, pooled, text mask)
         for i, (item, bucket) in enumerate(zip(self.items, self.buckets, strict=True)):
             enc = self.encode(self.model, [item], [bucket], self.device, sample=True,
                               generator=gen if self.device.type == "cpu" else None)
             enc = Encoded(*(None if t is None else t[0].detach().to("cpu", torch.float32) for t in
-                            (enc.latents, enc.hidden, enc.pooled, enc.time_ids)))
+                            (enc.latents, enc.hidden, enc.pooled, enc.time_ids, enc.text_mask)))
             # a caption's embeddings do not depend on the image: held once per distinct caption
             # (one instance prompt for every image: one copy, not one per image; T5 embeddings
             # are 8 MiB an image at 512 tokens in float32)
-            enc.hidden, enc.pooled = prompts.setdefault(item.caption, (enc.hidden, enc.pooled))
+            enc.hidden, enc.pooled, enc.text_mask = prompts.setdefault(
+                item.caption, (enc.hidden, enc.pooled, enc.text_mask))
             if self.mode == "disk":
                 save_file({k: v for k, v in vars(enc).items() if v is not None}, self._path(i))
             else:
@@ -103,7 +104,8 @@ class InputSource:
         if self.mode == "ram":
             return self._ram[index]
         data = load_file(self._path(index))
-        return Encoded(data["latents"], data["hidden"], data.get("pooled"), data.get("time_ids"))
+        return Encoded(data["latents"], data["hidden"], data.get("pooled"), data.get("time_ids"),
+                       data.get("text_mask"))
 
     def batch(self, indices: tuple[int, ...], dtype: torch.dtype, step: int = 0) -> Encoded:
         """The inputs of ``indices`` on the device (hidden states in the UNet's dtype). Without
@@ -118,12 +120,14 @@ class InputSource:
             parts = [self._cached(i) for i in indices]
             stack = lambda name: None if getattr(parts[0], name) is None else torch.stack(  # noqa: E731
                 [getattr(p, name) for p in parts]).to(self.device)
-            enc = Encoded(stack("latents"), stack("hidden"), stack("pooled"), stack("time_ids"))
+            enc = Encoded(stack("latents"), stack("hidden"), stack("pooled"), stack("time_ids"),
+                          stack("text_mask"))
         if self.model.info.get("train_text_encoder"):  # the encoders' LoRA trains: encode with autograd
             captions = [self.items[i].caption for i in indices]
             enc.hidden, enc.pooled = encode_prompts_with_grad(self.model, captions, self.device)
         cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-        return Encoded(enc.latents.float(), cast(enc.hidden), cast(enc.pooled), cast(enc.time_ids))
+        return Encoded(enc.latents.float(), cast(enc.hidden), cast(enc.pooled), cast(enc.time_ids),
+                       cast(enc.text_mask))
 
 
 class EvalSet(list):
@@ -171,7 +175,8 @@ def eval_loss(unet, scheduler, encoded: list[Encoded], device: torch.device,
             enc = encoded.fresh(index)
         batch = Encoded(rep(enc.latents).float(), rep(enc.hidden).to(dtype),
                         None if enc.pooled is None else rep(enc.pooled).to(dtype),
-                        None if enc.time_ids is None else rep(enc.time_ids).to(dtype))
+                        None if enc.time_ids is None else rep(enc.time_ids).to(dtype),
+                        None if enc.text_mask is None else rep(enc.text_mask).to(dtype))
         noise = torch.randn(batch.latents.shape, generator=gen).to(device)
         steps = torch.tensor(EVAL_TIMESTEPS, device=device)
         total += unet_loss(unet, scheduler, batch, noise, steps).item()

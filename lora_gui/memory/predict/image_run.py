@@ -76,7 +76,7 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
     Raises:
         ModelError / ConfigError: buckets, embedding cache or export settings the run refuses.
     """
-    if model.kind == "wan":  # a video run: clips of (width, height, frames)
+    if model.kind in ("wan", "ltx"):  # a video run: clips of (width, height, frames)
         from lora_gui.memory.predict.video_run import video_run_prediction
 
         return video_run_prediction(cfg, model, data, budget, device, weights_dtype, world_size)

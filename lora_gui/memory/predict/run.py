@@ -270,10 +270,10 @@ def longest(cfg: RunConfig, budget_bytes: int, device: str | None = None, **text
         from lora_gui.memory.predict.longest_image import longest_image
 
         return longest_image(cfg, budget_bytes, device)
-    if cfg.task == "video":  # the longest clip (frames) at the run's size
-        from lora_gui.memory.predict.video_run import longest_video
+    if cfg.task == "video":  # the longest clip (frames) at the run's size, the largest size at its frames
+        from lora_gui.memory.predict.longest_video import video_limits
 
-        return longest_video(cfg, budget_bytes, device)
+        return video_limits(cfg, budget_bytes, device)
     from lora_gui.memory.predict.longest_text import longest_text
 
     return longest_text(cfg, budget_bytes, device, **text_options)

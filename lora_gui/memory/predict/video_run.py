@@ -1,9 +1,9 @@
 """A video run's predicted peak (source: predicted): the one function the video run calls when it
 starts (:func:`video_run_prediction`, through :func:`lora_gui.memory.predict.image_run.image_run_prediction`)
 and that ``plan`` calls before it, on the same pipeline built on the meta device, so both give
-the same bytes; and :func:`trace_video_step`, the fake-tensor trace of one step of a Wan
-transformer for a (width, height, frames) clip bucket, from a loaded model or a bundled config
-(``presets/models/wan2.1-t2v-14b.json``: no weights read).
+the same bytes; and :func:`trace_video_step`, the fake-tensor trace of one step of a Wan or
+LTX-Video transformer for a (width, height, frames) clip bucket, from a loaded model or a bundled
+config (``presets/models/wan2.1-t2v-14b.json``, ``ltx-video-2b.json``: no weights read).
 
 The step traced is the engine's own: :meth:`lora_gui.models.dit.FlowMatching.loss_at` on video
 latents (B, C, T, h, w) (noisy latents, the transformer, the flow-matching MSE), then backward,
@@ -11,6 +11,8 @@ AdamW step and ``zero_grad`` through the shared
 :func:`lora_gui.memory.predict.trace_step.trace_step`.
 A clip is ``T x (h / 2) x (w / 2)`` tokens (``T = (frames - 1) / 4 + 1`` latent frames, ``h``,
 ``w`` the latent sides): 832 x 480 x 81 frames is 21 x 30 x 52 = 32,760 tokens for Wan 2.1.
+LTX-Video packs ``T x h x w`` latent pixels (8 frames and 32 px each) into as many tokens and
+reads the prompt's attention mask beside its embeddings.
 
 The run's peak is the larger of the largest micro-batch's step plus what stays beside it (on a
 CPU, where the host is the device: the cached latents and caption embeddings and the encoded
@@ -84,7 +86,7 @@ class VideoPrediction:
 def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
                             lora_alpha: float | None, target_modules: Any, adapter: Any = None,
                             lean_backward: bool = True) -> nn.Module:
-    """The Wan transformer of ``config`` on the meta device with the run's adapter (still meta)."""
+    """The video transformer of ``config`` on the meta device with the run's adapter (still meta)."""
     import diffusers
 
     cls = getattr(diffusers, config["_class_name"])
@@ -103,21 +105,25 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
                      lean_backward: bool = True) -> TraceResult:
-    """Traces one LoRA training step of a WanTransformer3DModel on ``batch_size`` clips of
-    ``bucket`` (width, height, frames) with ``text_tokens`` x ``text_width`` prompt embeddings.
+    """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
+    ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
+    ``text_width`` prompt embeddings (and LTX-Video's prompt mask).
 
     Raises:
-        ValueError: a config that is not a Wan transformer's; a bucket off the model's grid.
+        ValueError: a config that is not a video transformer's; a bucket off the model's grid.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
+    from lora_gui.models import ltx
     from lora_gui.models.dit import FlowMatching
-    from lora_gui.models.video import LORA_TARGETS, set_video_attention
+    from lora_gui.models.video import LORA_TARGETS, VIDEO_TRANSFORMERS, rope_scale_for, set_video_attention
 
     _check_common(batch_size, device)
-    if config.get("_class_name") != "WanTransformer3DModel":
-        raise ValueError(f"not a WanTransformer3DModel config: {config.get('_class_name')!r} (LTX-Video "
-                         "steps are not traced yet)")
+    kinds = {name: kind for kind, name in VIDEO_TRANSFORMERS.items()}
+    kind = kinds.get(config.get("_class_name"))
+    if kind is None:
+        raise ValueError(f"not a video transformer config: {config.get('_class_name')!r} (expected one of "
+                         f"{', '.join(kinds)})")
     w, h, frames = bucket
     if w % geometry.grid or h % geometry.grid or (frames - 1) % geometry.temporal:
         raise ValueError(f"clip {w}x{h}x{frames} is off this model's grid ({geometry.grid} px, "
@@ -127,11 +133,15 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                                     target_modules=target_modules or LORA_TARGETS, adapter=adapter,
                                     lean_backward=lean_backward)
     set_video_attention(model.get_base_model(), attention)
-    objective = FlowMatching("wan", FlowMatchEulerDiscreteScheduler(), weighting_scheme)
-    latent = (batch_size, int(config.get("in_channels", 16)), *geometry.latent_shape(bucket))
+    objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
+                             rope_scale=rope_scale_for(kind, geometry))
+    channels = ltx.latent_channels(config) if kind == "ltx" else int(config.get("in_channels", 16))
+    latent = (batch_size, channels, *geometry.latent_shape(bucket))
 
     def make_inputs() -> dict:
-        enc = types.SimpleNamespace(latents=torch.randn(latent), pooled=None,
+        # the cached prompt mask (LTX-Video) reaches the step in the weights' dtype, as the embeddings
+        mask = torch.ones(batch_size, text_tokens, dtype=dt) if kind == "ltx" else None
+        enc = types.SimpleNamespace(latents=torch.randn(latent), pooled=None, text_mask=mask,
                                     hidden=torch.randn(batch_size, text_tokens, text_width, dtype=dt))
         sigmas = torch.rand(batch_size)
         return {"enc": enc, "noise": torch.randn(latent), "sigmas": sigmas, "timesteps": sigmas * 1000,
@@ -145,7 +155,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
                       autocast=run_autocast(device, dt))
-    res.info.update(model_type="wan", batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
+    res.info.update(model_type=kind, batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
     return res
 
@@ -157,8 +167,9 @@ def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.devi
     the run's VAE and text encoder: the pixels, the VAE encoder's activations, the latent
     distribution and sample (fake tensors through the run's own
     :func:`lora_gui.models.diffusion.encode_latents`), then the prompt embeddings beside the
-    latents (Wan's ``encode_prompt`` trims each prompt by its length, a value fake tensors do not
-    have: its output is counted, its activations, one caption's, are left out)."""
+    latents (with LTX-Video's prompt mask; Wan's ``encode_prompt`` trims each prompt by its
+    length, a value fake tensors do not have: its output is counted, its activations, one
+    caption's, are left out)."""
     from lora_gui.models.diffusion import encode_latents
 
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -169,6 +180,8 @@ def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.devi
     largest = max(size(b) for b in buckets)
     embed = next(model.text_encoders[0].parameters())
     prompt = int(model.info["text_tokens"]) * int(model.info["text_width"]) * embed.element_size()
+    if model.kind == "ltx":  # the prompt's attention mask beside it, in float32
+        prompt += int(model.info["text_tokens"]) * CACHE_BYTES_PER_VALUE
     peak = 0
     for w, h, f in sorted(b for b in set(buckets) if size(b) == largest):
         n = batches.get((w, h, f), 1)
@@ -187,20 +200,23 @@ def trace_clip_encode_peak(model: Any, buckets: list[Bucket], device: torch.devi
 
 
 def clip_held_bytes(data: VideoData, geometry: VideoGeometry, channels: int, text_tokens: int,
-                    text_width: int, embed_dtype: torch.dtype, cache_mode: str, caching_pass: bool) -> int:
+                    text_width: int, embed_dtype: torch.dtype, cache_mode: str, caching_pass: bool,
+                    text_mask: bool = False) -> int:
     """Host bytes a video run keeps between steps: the encoded held-out clips (latents float32,
     embeddings in the encoder's dtype) and, with ``cache_latents=ram``, every training clip's
     latents and each distinct caption's embeddings (float32); ``caching_pass``: at that pass's
-    peak, where a repeated caption's fresh embeddings live beside the kept copy (one more)."""
+    peak, where a repeated caption's fresh embeddings live beside the kept copy (one more);
+    ``text_mask``: each prompt's float32 attention mask beside its embeddings (LTX-Video)."""
     size = torch.empty((), dtype=embed_dtype).element_size()
     lat = lambda b: channels * math.prod(geometry.latent_shape(b)) * CACHE_BYTES_PER_VALUE  # noqa: E731
     prompt = text_tokens * text_width
-    held = sum(lat(b) + prompt * size for b in data.held_buckets)
+    mask = text_tokens * CACHE_BYTES_PER_VALUE if text_mask else 0  # bytes of one prompt's mask
+    held = sum(lat(b) + prompt * size + mask for b in data.held_buckets)
     if cache_mode == "ram":
         captions = len({item.caption for item in data.train})
         held += sum(lat(b) for b in data.buckets)
         repeated = caching_pass and captions < len(data.buckets)
-        held += (captions + repeated) * prompt * CACHE_BYTES_PER_VALUE
+        held += (captions + repeated) * (prompt * CACHE_BYTES_PER_VALUE + mask)
     return held
 
 
@@ -211,16 +227,26 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     micro-batch whose traced step fits) and its predicted peak, per process.
 
     Raises:
-        ConfigError: export_kohya (no ComfyUI Wan layout is written yet).
+        ConfigError: export_kohya on an LTX-Video run (ComfyUI's names are written for Wan).
+        WanExportError: export_kohya with an adapter ComfyUI's Wan layout cannot hold.
     """
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.video import lora_targets
 
+    if cfg.export_kohya and model.kind != "wan":
+        raise ConfigError("export_kohya: ComfyUI's key names are written for Wan runs; an LTX-Video run "
+                          "writes diffusers' format (pytorch_lora_weights.safetensors, which "
+                          "LTXPipeline.load_lora_weights reads)")
     if cfg.export_kohya:
-        raise ConfigError("export_kohya: video runs write diffusers' format only for now "
-                          "(pytorch_lora_weights.safetensors, which WanPipeline.load_lora_weights reads)")
+        from lora_gui.models.wan_comfy import check_exportable
+
+        check_exportable(model.unet, adapter_spec(cfg).kind)
+    from lora_gui.models import ltx
+    from lora_gui.models.video import VIDEO_TRANSFORMERS
+
     geometry: VideoGeometry = model.info["geometry"]
-    config = {**dict(model.unet.config), "_class_name": "WanTransformer3DModel"}
+    config = {**dict(model.unet.config), "_class_name": VIDEO_TRANSFORMERS[model.kind]}
+    channels = ltx.latent_channels(config) if model.kind == "ltx" else int(config.get("in_channels", 16))
     cache = cfg.resolved_cache_latents()
     encoders = (model.vae, *model.text_encoders)
     resident = 0 if cache != "off" else module_bytes(encoders)
@@ -236,8 +262,8 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     out = VideoPrediction(BatchCaps())
     embed_dtype = next(model.text_encoders[0].parameters()).dtype if model.text_encoders else torch.float32
     held, caching = (0 if device.type == "cuda" else clip_held_bytes(
-        data, geometry, int(config.get("in_channels", 16)), step["text_tokens"], step["text_width"],
-        embed_dtype, cache, caching_pass=p) for p in (False, True))
+        data, geometry, channels, step["text_tokens"], step["text_width"], embed_dtype, cache,
+        caching_pass=p, text_mask=model.kind == "ltx") for p in (False, True))
     traces: dict[tuple[Bucket, int], TraceResult] = {}
 
     def traced(bucket: Bucket, batch: int) -> TraceResult:
@@ -293,19 +319,15 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
     config has no VAE weights to trace); a run on the real pipeline plans it.
 
     Raises:
-        ValueError: an LTX-Video config (its step is not traced yet); a clip off the model's grid.
+        ValueError: a clip off the model's grid.
     """
     from lora_gui.data.video_batches import clip_size
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.precision import planned_weights_dtype
     from lora_gui.models.video import lora_targets
 
-    patch = config.get("patch_size", (1, 2, 2))
-    vae, text = config["_vae"], config["_text"]
-    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
-        (int(config.get("patch_size_t", 1)), int(patch))
-    geometry = VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
-                             patch_s, patch_t)
+    text = config["_text"]
+    geometry = shape_geometry(config)
     bucket = (*clip_size(cfg), cfg.video_frames)
     dtype = planned_weights_dtype(cfg.precision, device)
     resident = 0 if cfg.resolved_cache_latents() != "off" else \
@@ -326,6 +348,17 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
     out.caps.caps = {clip_tokens(bucket): batch}
     out.peak_bytes = out.train_peak_bytes = out.step.peak_bytes + resident
     return out
+
+
+def shape_geometry(config: dict[str, Any]) -> VideoGeometry:
+    """A shape config's clip geometry: its ``_vae`` factors and the transformer's patch (Wan's
+    (t, h, w) tuple, or LTX-Video's ``patch_size`` and ``patch_size_t``)."""
+    patch = config.get("patch_size", (1, 2, 2))
+    vae = config["_vae"]
+    patch_t, patch_s = (int(patch[0]), int(patch[1])) if isinstance(patch, (list, tuple)) else \
+        (int(config.get("patch_size_t", 1)), int(patch))
+    return VideoGeometry(int(vae["scale_factor_temporal"]), int(vae["scale_factor_spatial"]),
+                         patch_s, patch_t)
 
 
 def text_length_or(cfg: RunConfig, default: int) -> int:
@@ -362,55 +395,14 @@ def shape_config(cfg: RunConfig) -> dict[str, Any]:
     if config is not None:
         return config
     from lora_gui.models.diffusion import image_model_for_run
+    from lora_gui.models.video import VIDEO_TRANSFORMERS
 
     model = image_model_for_run(cfg, torch.bfloat16, weights=False)
-    if model.kind != "wan":
+    if model.kind not in VIDEO_TRANSFORMERS:
         raise ValueError(f"{cfg.model} is not a video pipeline")
     geometry: VideoGeometry = model.info["geometry"]
     encoder = sum(p.numel() for m in model.text_encoders for p in m.parameters())
-    return {**dict(model.unet.config), "_class_name": "WanTransformer3DModel",
+    return {**dict(model.unet.config), "_class_name": VIDEO_TRANSFORMERS[model.kind],
             "_vae": {"scale_factor_temporal": geometry.temporal, "scale_factor_spatial": geometry.spatial},
             "_text": {"tokens": int(model.info["text_tokens"]), "width": int(model.info["text_width"]),
                       "encoder_params": encoder}}
-
-
-def longest_video(cfg: RunConfig, budget: int, device: str, most_frames: int = 1025) -> dict[str, Any]:
-    """The longest clip (frames, ``4k+1`` for Wan) at the run's size that fits ``budget`` at
-    batch 1 with the run's switches (source: predicted; one traced step a probe: doubling, then
-    halving the interval, about 2 log2(k) probes).
-
-    Raises:
-        ValueError: a model the video plan cannot trace.
-    """
-    import dataclasses
-
-    from lora_gui.data.video_batches import clip_size
-
-    config = shape_config(cfg)
-    temporal = int(config["_vae"]["scale_factor_temporal"])
-    peaks: dict[int, int] = {}
-
-    def peak(k: int) -> int:
-        if k not in peaks:
-            one = dataclasses.replace(cfg, video_frames=k * temporal + 1, batch_size=1)
-            peaks[k] = plan_video_shape(one, config, None, device).peak_bytes
-        return peaks[k]
-
-    width, height = clip_size(cfg)
-    out = {"size": f"{width}x{height}", "source": "predicted", "budget_bytes": budget}
-    if peak(0) > budget:
-        return {**out, "frames": 0, "peak_bytes_at_longest": peaks[0],
-                "note": f"not even one frame fits: {gb(peaks[0])} at 1 frame"}
-    low, high = 0, 1
-    top = (most_frames - 1) // temporal
-    while high <= top and peak(high) <= budget:  # double until a length does not fit
-        low, high = high, high * 2
-    high = min(high, top + 1)
-    while high - low > 1:  # peak(low) fits, peak(high) does not (or is past the top)
-        mid = (low + high) // 2
-        low, high = (mid, high) if peak(mid) <= budget else (low, mid)
-    frames = low * temporal + 1
-    switches = "gradient checkpointing" if cfg.gradient_checkpointing else "no gradient checkpointing"
-    return {**out, "frames": frames, "peak_bytes_at_longest": peaks[low],
-            "note": f"longest clip at {width}x{height}: {frames} frames ({switches}, latents cached, "
-                    "batch 1)"}

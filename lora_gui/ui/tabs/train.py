@@ -15,6 +15,7 @@ from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
 
 SIDE_MIN_WIDTH = 420  # px: below two of these the columns stack (one column on narrow screens)
+SAMPLED_TASKS = ("image", "video")  # runs that write samples: pictures, or mp4 clips
 
 
 def _plan_details() -> dict[str, Any]:
@@ -57,7 +58,7 @@ def _views(part: str, key: tuple, specs: tuple) -> dict[str, live_charts.ChartVi
 
 
 PAGES = live_charts.PageCursors()  # what each open page holds of each chart
-TEXTS = live.PageMemory()  # the sample pictures each open page was last sent
+TEXTS = live.PageMemory()  # the samples each open page was last sent
 
 
 def poll(smoothing: float = 0.0, seen: str | None = None, request: gr.Request | None = None) -> tuple:
@@ -126,8 +127,8 @@ def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
             preset_note = gr.Textbox(label="What it is for (first line of the file)")
             save = gr.Button("Save as preset", elem_id="save-preset")
         save_message = gr.Markdown(elem_id="save-preset-message")
-    gallery = gr.Gallery(label="Sample pictures", columns=4, height=260, elem_id="samples",
-                         visible=values["task"] == "image")  # a text run draws none
+    gallery = gr.Gallery(label="Samples (a video run's clips play here)", columns=4, height=260,
+                         elem_id="samples", visible=values["task"] in SAMPLED_TASKS)  # a text run draws none
     return {"upload": upload, "preset_name": preset_name, "preset_note": preset_note, "save": save,
             "save_message": save_message, "gallery": gallery}
 
@@ -248,14 +249,14 @@ def build() -> dict[str, Any]:
                 updates[form.widgets[key_name]] = {**updates[form.widgets[key_name]], "value": value}
         return {**updates, **forms.error_updates(form, {}),
                 run_name: name, upload: gr.update(visible=filled["task"] == "text"),
-                gallery: gr.update(visible=filled["task"] == "image"),
+                gallery: gr.update(visible=filled["task"] in SAMPLED_TASKS),
                 panel["text"]: f"Predicting for the preset **{name}**…", panel["chart"]: None,
                 panel["table"]: [], differs: ""}  # nothing of the previous preset's plan stays
 
     def on_task(task: str, model: str) -> dict:
         kind = handle.image_kind(task, model)
         return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text"),
-                gallery: gr.update(visible=task == "image")}
+                gallery: gr.update(visible=task in SAMPLED_TASKS)}
 
     def on_card(card_name: str) -> Any:
         budget = common.card_budget_gb(card_name)

@@ -433,9 +433,12 @@ def poll(smoothing: float = 0.0) -> tuple[Any, Any, Any, Any, str, str]:
     return (timeline, step_peak, loss, throughput, *live_status())
 
 
+SAMPLE_SUFFIXES = (".png", ".mp4")  # an image run's pictures, a video run's clips (the gallery plays them)
+
+
 def sample_gallery() -> list[str]:
-    """Sample pictures of the current training job (runs/NAME/samples/*.png), listed again only
-    when the folder changed."""
+    """Samples of the current training job (runs/NAME/samples/*.png, or a video run's *.mp4),
+    listed again only when the folder changed."""
     job = common.MANAGER.job
     if job is None or job.kind != "training":
         return []
@@ -444,7 +447,8 @@ def sample_gallery() -> list[str]:
         stamp = folder.stat().st_mtime_ns
     except OSError:
         return []
-    return TEXTS.get(("samples", id(job), stamp), lambda: sorted(str(p) for p in folder.glob("*.png")))
+    return TEXTS.get(("samples", id(job), stamp),
+                     lambda: sorted(str(p) for p in folder.iterdir() if p.suffix in SAMPLE_SUFFIXES))
 
 
 UPLOAD_DIR = Path("runs") / "uploads"

@@ -11,7 +11,7 @@ from typing import Any
 
 from lora_gui.engine.core.rundir import load_run_config
 from lora_gui.engine.export.run_export import export_run
-from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, open_run
+from lora_gui.engine.generate import ImageTrial, RunInfo, TextTrial, VideoTrial, open_run
 from lora_gui.errors import USER_ERRORS
 from lora_gui.memory.predict import generation
 from lora_gui.ui import common, paths
@@ -51,7 +51,7 @@ def _running_job():
 
 def needed_bytes(run: RunInfo, max_new_tokens: int, prompt_tokens: int = 512) -> int:
     """Predicted bytes generation needs for this run (see lora_gui.memory.predict.generation)."""
-    if run.cfg.task == "image":
+    if run.cfg.task in ("image", "video"):  # one pipeline in memory, as for pictures
         from lora_gui.models import diffusion as dm
 
         return generation.image_generation_bytes(Path(dm.resolve_pipeline_source(run.cfg.model)), run.adapter)
@@ -66,7 +66,8 @@ def _trial_for(run: RunInfo):
            if run.cfg.task == "text" else (run.adapter / "pytorch_lora_weights.safetensors").stat().st_mtime)
     if _trial.get("key") != key:
         _trial.clear()  # free the previous run's model first
-        _trial["trial"] = ImageTrial(run) if run.cfg.task == "image" else TextTrial(run)
+        trials = {"image": ImageTrial, "video": VideoTrial}
+        _trial["trial"] = trials.get(run.cfg.task, TextTrial)(run)
         _trial["key"] = key
     return _trial["trial"]
 
@@ -74,7 +75,16 @@ def _trial_for(run: RunInfo):
 def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperature: float, seed: float,
              scale: float) -> Iterator[tuple[Any, ...]]:
     """Streams (base text, adapter text, base picture, adapter picture, starting adapter's text
-    (a run started from an earlier run's adapter), message)."""
+    (a run started from an earlier run's adapter), base clip, adapter clip (a video run's mp4
+    files), message)."""
+    for update in _generate_checked(run_dir, prompt, max_new_tokens, temperature, seed, scale):
+        *panes, message = update
+        yield (*panes, *([None, None] if len(panes) == 5 else []), message)
+
+
+def _generate_checked(run_dir: str | None, prompt: str, max_new_tokens: float, temperature: float,
+                      seed: float, scale: float) -> Iterator[tuple[Any, ...]]:
+    """:func:`generate` without the clip panes but for a video run's updates (which have them)."""
     if not run_dir:
         yield "", "", None, None, "", "Pick a finished run first (train one, then press Refresh)."
         return
@@ -103,6 +113,13 @@ def generate(run_dir: str | None, prompt: str, max_new_tokens: float, temperatur
 def _generate(run: RunInfo, prompt: str, max_new: int, temperature: float, seed: int,
               scale: float) -> Iterator[tuple[Any, ...]]:
     trial = _trial_for(run)
+    if run.cfg.task == "video":
+        yield "", "", None, None, "", None, None, "Generating clips…"
+        base, tuned = trial.clips(prompt, run.out / "try", seed=seed, scale=scale)
+        yield ("", "", None, None, "", str(base), str(tuned),
+               f"Done: seed {seed}, LoRA scale {scale:g}, {run.cfg.video_size or run.cfg.resolution} px, "
+               f"{run.cfg.video_frames} frames.")
+        return
     if run.cfg.task == "image":
         yield "", "", None, None, "", "Generating pictures…"
         base, tuned = trial.pictures(prompt, seed=seed, scale=scale)
@@ -165,11 +182,17 @@ def task_panes(run_dir: str | None) -> tuple[bool, ...]:
     adapter's only when it started from one), an image run its pictures; an unknown run all."""
     task, started_from = run_task(run_dir)
     text, image = task in (None, "text"), task in (None, "image")
-    return (text, text, image, text, text and started_from, text, image, image)
+    return (text, text, image or task == "video", text, text and started_from, text, image, image)
+
+
+def clip_panes(run_dir: str | None) -> tuple[bool, bool]:
+    """Whether the base and adapter clips show: a video run's (and an unknown run's)."""
+    task, _ = run_task(run_dir)
+    return (task in (None, "video"),) * 2
 
 
 def task_view(run_dir: str | None) -> tuple[dict[str, Any], ...]:
-    """:func:`task_panes` as visibility updates."""
+    """:func:`task_panes` and :func:`clip_panes` as visibility updates."""
     import gradio as gr
 
-    return tuple(gr.update(visible=v) for v in task_panes(run_dir))
+    return tuple(gr.update(visible=v) for v in (*task_panes(run_dir), *clip_panes(run_dir)))

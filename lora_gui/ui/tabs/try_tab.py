@@ -12,12 +12,14 @@ refresh = try_handlers.refresh_runs  # the list of finished runs, called when th
 def build() -> dict[str, gr.components.Component]:
     gr.Markdown("Pick a finished run, type a prompt: the base model and the adapter answer from the "
                 "same seed (chat runs get their chat template); for a picture run, base and adapter "
-                "pictures from the same prompt and seed at the chosen LoRA scale. Generation is refused "
+                "pictures from the same prompt and seed at the chosen LoRA scale (a video run: clips "
+                "that play here). Generation is refused "
                 "while a training job would not leave the memory it needs.")
     runs = try_handlers.finished_runs()
     # the first run's task decides the panes shown at first (then each pick of a run)
     (show_tokens, show_temperature, show_scale, show_base, show_start, show_tuned, show_base_image,
      show_tuned_image) = try_handlers.task_panes(runs[0] if runs else None)
+    show_base_clip, show_tuned_clip = try_handlers.clip_panes(runs[0] if runs else None)
     with gr.Row():
         run = gr.Dropdown(runs, value=runs[0] if runs else None, label="Run (runs/NAME with an adapter)",
                           elem_id="try-run", allow_custom_value=True)
@@ -42,6 +44,9 @@ def build() -> dict[str, gr.components.Component]:
                               visible=show_base_image)
         tuned_image = gr.Image(label="Adapter picture", type="pil", elem_id="try-adapter-image",
                                visible=show_tuned_image)
+    with gr.Row():  # a video run's clips (mp4), played in the page
+        base_clip = gr.Video(label="Base clip", elem_id="try-base-clip", visible=show_base_clip)
+        tuned_clip = gr.Video(label="Adapter clip", elem_id="try-adapter-clip", visible=show_tuned_clip)
     with gr.Accordion("Export this run", open=False):
         with gr.Row():
             out = gr.Textbox(label="Export folder (new or empty; default runs/NAME-export)",
@@ -51,11 +56,12 @@ def build() -> dict[str, gr.components.Component]:
                                label="GGUF for llama.cpp / Ollama (text: merged model + Modelfile)")
             export = gr.Button("Export", elem_id="export-button")
         export_message = gr.Markdown(elem_id="export-message")
-    by_task = [max_new, temperature, scale, base_text, start_text, tuned_text, base_image, tuned_image]
+    by_task = [max_new, temperature, scale, base_text, start_text, tuned_text, base_image, tuned_image,
+               base_clip, tuned_clip]
     refresh.click(try_handlers.refresh_runs, run, run)
     run.change(try_handlers.task_view, run, by_task)
     go.click(try_handlers.generate, [run, prompt, max_new, temperature, seed, scale],
-             [base_text, tuned_text, base_image, tuned_image, start_text, message])
+             [base_text, tuned_text, base_image, tuned_image, start_text, base_clip, tuned_clip, message])
     export.click(try_handlers.export, [run, out, merged, gguf], export_message)
     return {"run": run, "prompt": prompt, "generate": go, "base": base_text, "adapter": tuned_text,
             "start": start_text,
