@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="processes (GPUs) of a data-parallel run: the figures are per GPU")
     plan.add_argument("--fsdp", action="store_true",
                       help="with --world-size: FSDP shards the frozen weights over the GPUs")
+    plan.add_argument("--offload", action="store_true",
+                      help="with --fsdp: FSDP keeps the shards in host memory (accelerate's "
+                           "fsdp_offload_params); the plan adds the host memory per machine")
     plan.add_argument("--longest", action="store_true",
                       help="the longest max_seq_len that fits the budget and the switches it needs "
                            "(image runs: the largest resolution and batch)")

@@ -39,8 +39,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if cfg.task == "image" and _bundled_shapes_only(cfg):
         return _plan_image_shapes(cfg, budget or report.resolve_budget(cfg), args)
     try:
-        parallel = Parallel(args.world_size, args.fsdp)
-        pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp)
+        parallel = Parallel(args.world_size, args.fsdp, args.offload)
+        pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp, offload=args.offload)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(pred.step, args)
