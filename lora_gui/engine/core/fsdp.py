@@ -30,6 +30,11 @@ scales: 4 bytes per 64 weights, about 1 byte per 64 with ``double_quant``) is no
 every rank keeps all of it. int8 is refused (its row scales live in the parameter object and
 the layer's matmul state, which a sharded parameter does not carry), and so is parameter
 offload on a CPU (the weights are already in host memory): :func:`lora_gui.models.quant.check_fsdp`.
+
+Loading: every rank loads the whole quantized base (on a CPU, in host memory; on a GPU, onto
+its card) and :func:`shard_frozen` then keeps its shards and frees the rest, so the base must fit
+one process while it loads. Loading it on the main process alone and sending the others their
+shards (meta-device model, then a scatter) is not done yet.
 """
 
 from __future__ import annotations
