@@ -60,6 +60,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print("\n".join([*report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short),
                      question.rule]), flush=True)  # on screen while the search below makes its plans
+    if parallel.offload:
+        host = pred.step.info.get("fsdp_offload_host_bytes", 0)
+        print(f"  host memory for the offloaded shards: {host / 1e9:,.2f} GB per machine, all "
+              f"{args.world_size} processes on one (source: predicted; not counted: loading, each "
+              "process's own memory)")
     if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:
         print("\n".join(report.checkpoint_layers_lines(cfg, budget, device)))
     _print_fits(cfg, device)

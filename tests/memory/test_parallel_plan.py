@@ -111,3 +111,16 @@ def test_fsdp_over_nf4_keeps_the_quant_state_whole_and_offloads_to_host():
                 Parallel(2, fsdp=True, offload=True))
     with pytest.raises(ValueError, match="parameter offload is FSDP's"):
         Parallel(2, offload=True)
+
+
+def test_plan_cli_fsdp_offload_over_nf4():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "lora_gui", "plan", "--world-size", "2", "--fsdp", "--offload",
+            "--set", "quantization=nf4", "--set", "max_seq_len=64", "--set", "batch_size=4"]
+    shown = subprocess.run(base + ["--device", "cuda"], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, check=True).stdout
+    assert "FSDP (frozen weights sharded, offloaded to host memory)" in shown
+    assert "host memory for the offloaded shards:" in shown and "fsdp_offload_staging" in shown
+    refused = subprocess.run(base + ["--device", "cpu"], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "on a CPU the weights are in host memory already" in refused.stderr
