@@ -37,6 +37,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="processes (GPUs) of a data-parallel run: the figures are per GPU")
     plan.add_argument("--fsdp", action="store_true",
                       help="with --world-size: FSDP shards the frozen weights over the GPUs")
+    plan.add_argument("--offload", action="store_true",
+                      help="with --fsdp: FSDP keeps the shards in host memory (accelerate's "
+                           "fsdp_offload_params); the plan adds the host memory per machine")
     plan.add_argument("--longest", action="store_true",
                       help="the longest max_seq_len that fits the budget and the switches it needs "
                            "(image runs: the largest resolution and batch)")
@@ -86,8 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if cfg.task == "image" and _bundled_shapes_only(cfg):
         return _plan_image_shapes(cfg, budget, args)
     try:
-        parallel = Parallel(args.world_size, args.fsdp)
-        pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp)
+        parallel = Parallel(args.world_size, args.fsdp, args.offload)
+        pred = predict(cfg, None, device, processes=args.world_size, fsdp=args.fsdp, offload=args.offload)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_host(pred.step, args)
@@ -107,6 +110,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print("\n".join([*report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short),
                      question.rule]), flush=True)  # on screen while the search below makes its plans
+    if parallel.offload:
+        host = pred.step.info.get("fsdp_offload_host_bytes", 0)
+        print(f"  host memory for the offloaded shards: {gb(host)} per machine, all "
+              f"{args.world_size} processes on one (source: predicted; not counted: loading, each "
+              "process's own memory)")
     if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:
         print("\n".join(report.checkpoint_layers_lines(cfg, budget, device)))
     _print_fits(cfg, device)

@@ -117,7 +117,15 @@ def _chunk_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor, softcap: 
 
 
 def _fusable(head: nn.Module) -> bool:
-    return type(head) is nn.Linear and not any(p.requires_grad for p in head.parameters())
+    return _own_class(head) is nn.Linear and not any(p.requires_grad for p in head.parameters())
+
+
+def _own_class(module: nn.Module) -> type:
+    """The module's class, under the subclass FSDP2's ``fully_shard`` makes of it (an FSDP head
+    is still a plain Linear: its weight is gathered before the forward runs)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module, chunk: int,

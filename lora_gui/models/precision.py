@@ -84,9 +84,13 @@ def weights_dtype(mixed: str, device_type: str, text: bool = False) -> torch.dty
 def cast_frozen(model: torch.nn.Module, dtype: torch.dtype) -> int:
     """Frozen floating-point parameters cast to ``dtype`` (the adapter's stay as they are), as
     if the base had been loaded in it; returns how many were cast. For a CPU run whose precision
-    was chosen after its weights were loaded ('auto' times the loaded model first)."""
+    was chosen after its weights were loaded ('auto' times the loaded model first). Packed
+    4-bit weights stored in a floating dtype (FSDP's ``bnb_4bit_quant_storage``) are bytes, not
+    values: they are left alone."""
     count = 0
     for param in model.parameters():
+        if getattr(param, "bnb_quantized", False):
+            continue
         if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
             param.data = param.data.to(dtype)
             count += 1

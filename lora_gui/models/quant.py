@@ -51,31 +51,46 @@ def check_bitsandbytes(quantization: str, device: torch.device, precision: str =
                              "matmul kernels); use precision fp32 or bf16, or quantization: nf4")
 
 
-def check_not_fsdp(quantization: str) -> None:
-    """Refuses a quantized base under FSDP: sharding bitsandbytes' packed weights needs
-    ``bnb_4bit_quant_storage`` equal to the compute dtype and FSDP's original-parameter mode, which
-    this engine's FSDP paths do not set up.
+def check_fsdp(quantization: str, device: torch.device) -> bool:
+    """Whether this process shards its frozen weights with FSDP, refusing what cannot work.
+
+    nf4 under FSDP is supported (:mod:`lora_gui.engine.core.fsdp` says how); int8 is not:
+    bitsandbytes keeps an int8 weight's row scales in the parameter object and its matmul state,
+    which FSDP's sharded parameters do not carry. Parameter offload (accelerate's
+    ``fsdp_offload_params``) is refused on a CPU: the weights already live in host memory.
 
     Raises:
-        ModelError: saying what to use instead (several processes without FSDP, or one GPU).
+        ModelError: naming the setting to change.
     """
     import os
 
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        raise ModelError(f"quantization: {quantization} is not supported with FSDP; launch without "
-                         "FSDP (each process holds the whole quantized base: 8B in nf4 is about "
-                         "5.5 GB) or use quantization: none")
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return False
+    if quantization == "int8":
+        raise ModelError("quantization: int8 is not supported with FSDP; use quantization: nf4 "
+                         "(sharded over the processes) or launch without FSDP")
+    offload = os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
+    if offload and device.type == "cpu":
+        raise ModelError("fsdp_offload_params: true does nothing on a CPU (the weights already live "
+                         "in host memory); set it to false in the accelerate config for a CPU run")
+    return True
 
 
-def bnb_config(quantization: str, double_quant: bool, compute_dtype: torch.dtype) -> Any:
-    """transformers' BitsAndBytesConfig for ``nf4`` or ``int8`` with this compute dtype."""
+def bnb_config(quantization: str, double_quant: bool, compute_dtype: torch.dtype,
+               fsdp: bool = False) -> Any:
+    """transformers' BitsAndBytesConfig for ``nf4`` or ``int8`` with this compute dtype.
+
+    Under FSDP the packed 4-bit weights are stored in the compute dtype's elements
+    (``bnb_4bit_quant_storage``; the same bytes, two weights a byte), as PEFT's and Answer.AI's
+    FSDP recipes set it: a decoder layer's parameters then share one dtype, which FSDP1's flat
+    parameter (accelerate on GPUs with ``use_orig_params: false``) needs."""
     from transformers import BitsAndBytesConfig
 
     if quantization == "nf4":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                   bnb_4bit_use_double_quant=double_quant,
                                   bnb_4bit_compute_dtype=compute_dtype,
-                                  bnb_4bit_quant_storage=torch.uint8)
+                                  bnb_4bit_quant_storage=compute_dtype if fsdp else torch.uint8)
     if quantization == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"quantization must be one of {QUANTIZED}, got {quantization!r}")
@@ -120,14 +135,14 @@ def load_quantized(source: str, cfg: RunConfig, attn_backend: str, compute_dtype
     from transformers import AutoModelForCausalLM
 
     check_bitsandbytes(cfg.quantization, device, cfg.precision)
-    check_not_fsdp(cfg.quantization)
+    fsdp = check_fsdp(cfg.quantization, device)
     if device.type == "cuda":
         device_map: Any = {"": torch.cuda.current_device()}
     else:
         device_map = {"": "cpu"}
     model = AutoModelForCausalLM.from_pretrained(
         source, attn_implementation=attn_backend, dtype=compute_dtype, device_map=device_map,
-        quantization_config=bnb_config(cfg.quantization, cfg.double_quant, compute_dtype))
+        quantization_config=bnb_config(cfg.quantization, cfg.double_quant, compute_dtype, fsdp))
     model.config.use_cache = False  # training: no KV cache
     n = check_quantized(model, cfg.quantization)
     log.info("%s: %d linear layers in %s", source, n, cfg.quantization)

@@ -148,12 +148,20 @@ def test_layer_that_cannot_be_quantized_is_named():
         check_quantized(model, "nf4")
 
 
-def test_quantized_base_under_fsdp_and_for_images_is_refused(monkeypatch):
-    from lora_gui.models.quant import check_not_fsdp
+def test_fsdp_takes_nf4_and_refuses_int8_offload_on_cpu_and_images(monkeypatch):
+    from lora_gui.models.quant import check_fsdp
     from lora_gui.models.text import ModelError
 
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert check_fsdp("nf4", cpu) is False
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(ModelError, match="nf4 is not supported with FSDP"):
-        check_not_fsdp("nf4")
+    monkeypatch.delenv("FSDP_OFFLOAD_PARAMS", raising=False)
+    assert check_fsdp("nf4", cpu) is True
+    with pytest.raises(ModelError, match="int8 is not supported with FSDP"):
+        check_fsdp("int8", cpu)
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    with pytest.raises(ModelError, match="fsdp_offload_params: true does nothing on a CPU"):
+        check_fsdp("nf4", cpu)
     with pytest.raises(ConfigError, match="quantization: 'nf4' is for text runs"):
         apply_overrides(RunConfig(), {"task": "image", "quantization": "nf4"})

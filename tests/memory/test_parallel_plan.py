@@ -12,7 +12,7 @@ import pytest
 from lora_gui.memory.predict import planner
 from lora_gui.memory.predict.estimate import estimate_text_step
 from lora_gui.memory.predict.model_configs import load_model_config
-from lora_gui.memory.predict.parallel import Parallel, frozen_units, per_gpu
+from lora_gui.memory.predict.parallel import Parallel, frozen_layout, per_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,10 +28,12 @@ def test_fsdp_per_gpu_frozen_is_total_over_n(llama, n):
     shard = per_gpu(one, llama, Parallel(n, fsdp=True))
     total = one.breakdown["frozen_weights"]
     assert shard.breakdown["frozen_weights"] == math.ceil(total / n)
-    head, layer = frozen_units(llama, total)
-    assert head == pytest.approx(128256 * 4096 * 2, rel=1e-3)  # bf16 output head
-    assert layer == pytest.approx(218_112_000 * 2, rel=0.01)  # one Llama-3.1-8B decoder layer
-    assert shard.breakdown["fsdp_gathered"] == int((head + 2 * layer) * (n - 1) / n)
+    units = frozen_layout(llama, total)
+    assert units.tail == (128256 * 4096 + 4096) * 2  # bf16 output head + final norm
+    assert units.layer == (218_103_808 + 2 * 4096) * 2  # one Llama-3.1-8B decoder layer, exactly
+    assert units.quant_state == 0 and units.params == total
+    # unsharded beside the shards at the peak: the head and two layers (running, prefetched)
+    assert shard.breakdown["fsdp_gathered"] == units.tail + 2 * units.layer
     gathered = shard.breakdown["fsdp_gathered"]
     nccl = shard.cuda_overheads["nccl_buffers"]  # NCCL's own buffers, beside the allocator
     assert nccl == 128 * 2**20 and "nccl_buffers" not in one.cuda_overheads
@@ -80,3 +82,45 @@ def test_plan_cli_world_size_json():
     assert out[1]["world_size"] == 2 and out[1]["fsdp"] is True
     assert out[1]["breakdown"]["frozen_weights"] == math.ceil(out[0]["breakdown"]["frozen_weights"] / 2)
     assert out[1]["breakdown"]["fsdp_gathered"] > 0
+
+
+def test_fsdp_over_nf4_keeps_the_quant_state_whole_and_offloads_to_host():
+    """nf4 under FSDP: the packed weights are sharded, the 4-bit scales stay whole on every GPU;
+    with offload the shards move to host memory (all of them on one machine)."""
+    from lora_gui.memory.predict.quant import NF4_BLOCK
+
+    llama = load_model_config("llama-2-7b")
+    one = estimate_text_step(llama, batch_size=1, seq_len=512, lora_rank=8, quantization="nf4",
+                             double_quant=False, device="cuda")
+    units = frozen_layout(llama, one.breakdown["frozen_weights"], "nf4")
+    linear = 4 * 4096 * 4096 + 3 * 4096 * 11008  # one layer's Linear weights
+    assert units.layer == linear // 2 + 2 * 4096 * 2  # packed two a byte + bf16 norms
+    assert units.tail == (32000 * 4096 + 4096) * 2 and units.embed == 32000 * 4096 * 2
+    assert units.quant_state == pytest.approx(32 * linear / NF4_BLOCK * 4, rel=0.01)  # float32 absmax
+    two = per_gpu(one, llama, Parallel(2, fsdp=True))
+    assert two.breakdown["frozen_weights"] == units.quant_state + math.ceil(units.params / 2)
+    off = per_gpu(one, llama, Parallel(2, fsdp=True, offload=True))
+    assert off.breakdown["frozen_weights"] == units.quant_state
+    assert off.info["fsdp_offload_host_bytes"] == 2 * math.ceil(units.params / 2)
+    assert off.peak_bytes < two.peak_bytes
+    with pytest.raises(ValueError, match="int8 cannot be sharded by FSDP"):
+        per_gpu(estimate_text_step(llama, batch_size=1, seq_len=64, quantization="int8"), llama,
+                Parallel(2, fsdp=True))
+    with pytest.raises(ValueError, match="plan it for a GPU"):
+        per_gpu(estimate_text_step(llama, batch_size=1, seq_len=64, device="cpu"), llama,
+                Parallel(2, fsdp=True, offload=True))
+    with pytest.raises(ValueError, match="parameter offload is FSDP's"):
+        Parallel(2, offload=True)
+
+
+def test_plan_cli_fsdp_offload_over_nf4():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "lora_gui", "plan", "--world-size", "2", "--fsdp", "--offload",
+            "--set", "quantization=nf4", "--set", "max_seq_len=64", "--set", "batch_size=4"]
+    shown = subprocess.run(base + ["--device", "cuda"], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, check=True).stdout
+    assert "FSDP (frozen weights sharded, offloaded to host memory)" in shown
+    assert "host memory for the offloaded shards:" in shown and "fsdp_offload_staging" in shown
+    refused = subprocess.run(base + ["--device", "cpu"], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "on a CPU the weights are in host memory already" in refused.stderr

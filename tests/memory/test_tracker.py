@@ -93,3 +93,18 @@ def test_the_trace_fast_path_predicts_the_same_bytes_as_the_plain_count(monkeypa
     assert (fast.peak_bytes, fast.breakdown, fast.cuda_overheads, fast.info) == \
         (plain.peak_bytes, plain.breakdown, plain.cuda_overheads, plain.info)
     assert fast.info["host_bytes"] > 0 and fast.info["allocator_replay"]["peak_pages"] > 0
+
+
+def test_a_storage_resized_in_place_moves_the_count():
+    """FSDP2 frees a gathered layer by resizing its storage to 0 bytes and gathers it again into
+    the same storage: the tracker follows both, and stops following once it is left."""
+    with StorageTracker() as t:
+        x = torch.empty(1000, dtype=torch.float32)
+        assert t.live_bytes == 4000
+        x.untyped_storage().resize_(0)
+        assert t.live_bytes == 0 and t.peak_bytes == 4000
+        x.untyped_storage().resize_(8000)
+        assert t.live_bytes == 8000 and t.peak_bytes == 8000
+        del x
+        assert t.live_bytes == 0
+    assert torch.UntypedStorage.resize_ is torch._C.StorageBase.resize_  # the method is back

@@ -136,3 +136,15 @@ def test_fused_loss_holds_one_float32_chunk_of_logits(dtype):
     one_chunk = chunk * vocab * (4 if dtype == torch.float32 else 4 + 2)  # bytes
     small = 2 * hidden.numel() * hidden.element_size() + 64 * chunk * 8  # gradients, per-row terms
     assert one_chunk <= rise <= one_chunk + small, (rise, one_chunk)
+
+
+def test_a_head_under_fsdp_keeps_the_fused_loss():
+    """FSDP2's fully_shard turns the head's class into a subclass of it: still a plain Linear."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from lora_gui.models.chunked_loss import _fusable
+
+    head = torch.nn.Linear(4, 8, bias=False).requires_grad_(False)
+    head.__class__ = type("FSDPLinear", (FSDPModule, torch.nn.Linear), {})
+    assert _fusable(head)
+    assert not _fusable(torch.nn.Linear(4, 8))  # trainable: the checkpointed chunks

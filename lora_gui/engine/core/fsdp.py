@@ -15,6 +15,26 @@ and again in backward (``reshard_after_forward``), and the unsharded layers whil
 On GPUs accelerate's FSDP plugin applies it (FSDP2 with the config's options) with the LoRA
 modules passed as ``ignored_modules``; accelerate does not enable FSDP on CPU (its state keeps
 ``MULTI_CPU``), so there :func:`shard_frozen` calls ``fully_shard`` directly, same layout.
+
+A 4-bit (nf4) base: FSDP2 shards it, FSDP1 is not needed. Tried on torch 2.13, accelerate
+1.15 and bitsandbytes 0.50.2 (gloo, 2 processes, the bundled model): ``fully_shard`` turns
+each packed ``Params4bit`` into a DTensor of its rows (the packed bytes split over the ranks)
+and drops the parameter's ``quant_state``; bitsandbytes' ``Linear4bit`` keeps a copy on the
+module and puts it back on the gathered weight at every forward, so forward, backward and the
+loss are those of one process (equal to the last digit on the bundled model). The packed
+weights are stored in the compute dtype (``bnb_4bit_quant_storage``, set by
+:func:`lora_gui.models.quant.bnb_config` under FSDP) as PEFT's and Answer.AI's recipes require
+for FSDP1's flat parameter; FSDP2 shards uint8 storage too, but one dtype per layer keeps the
+GPU path (accelerate's plugin) on the recipe's settings. The quantization state (the absmax
+scales: 4 bytes per 64 weights, about 1 byte per 64 with ``double_quant``) is not a parameter:
+every rank keeps all of it. int8 is refused (its row scales live in the parameter object and
+the layer's matmul state, which a sharded parameter does not carry), and so is parameter
+offload on a CPU (the weights are already in host memory): :func:`lora_gui.models.quant.check_fsdp`.
+
+Loading: every rank loads the whole quantized base (on a CPU, in host memory; on a GPU, onto
+its card) and :func:`shard_frozen` then keeps its shards and frees the rest, so the base must fit
+one process while it loads. Loading it on the main process alone and sending the others their
+shards (meta-device model, then a scatter) is not done yet.
 """
 
 from __future__ import annotations

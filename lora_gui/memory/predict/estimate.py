@@ -344,7 +344,8 @@ def estimate_text_step(config: Any, *, batch_size: int, seq_len: int, lora_rank:
                          allocator_cache=cache_allowance(traced + CUBLAS_WORKSPACE_BYTES))
     info = {"source": "predicted (closed form)", "exact_family": family, "model_type": cfg.model_type,
             "batch_size": batch_size, "seq_len": seq_len, "attn_implementation": attn_implementation,
-            "host_bytes": host_bytes, "kernel": kernel, "attention_workspace_bytes": workspace}
+            "host_bytes": host_bytes, "kernel": kernel, "attention_workspace_bytes": workspace,
+            "quantization": quantization}
     return TraceResult(traced + sum(overheads.values()), traced, breakdown, overheads, device, 0.0, info)
 
 

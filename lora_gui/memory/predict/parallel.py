@@ -8,15 +8,25 @@ Data parallel across N processes (``accelerate launch --num_processes N``), as t
   gradients are all-reduced once a step in buckets of at most 25 MB (DDP's default
   ``bucket_cap_mb``): ``allreduce_bucket_bytes`` in ``info``, allocated after backward when the
   activations are gone, so it is noted, not added to the peak.
-- **FSDP** (frozen weights sharded, LoRA replicated): each GPU stores 1/N of every frozen weight
-  (``frozen_weights`` = total / N, rounded up per rank as FSDP pads dim 0), plus
-  ``fsdp_gathered``: what is unsharded at the peak (start of backward): the output head + final
-  norm (kept gathered from forward into backward) and two decoder layers (the one running and the
-  one prefetched), less the rank's own shard of them.
+- **FSDP** (frozen weights sharded, LoRA replicated): each GPU stores 1/N of every frozen
+  parameter (``frozen_weights``: the total over N, rounded up) plus, under ``quantization: nf4``,
+  the whole quantization state (the 4-bit blocks' scales are module attributes, not parameters:
+  FSDP does not shard them). ``fsdp_gathered`` is what FSDP holds unsharded at the step's peak,
+  in separate storages beside the rank's own shards: the output head + final norm (+ the
+  embedding when tied; kept gathered from forward into backward) and the decoder layers being
+  run: one on a CPU (measured on the bundled model with the tracker, 2 and 3 processes) and two
+  on CUDA (the running one and the one prefetched on another stream; not measured here).
+  A unit's bytes are counted exactly from the config: a layer's Linear weights (nf4: two a byte)
+  and norms, the head and embedding in the weights' dtype.
+- **FSDP with parameter offload** (``offload``, GPUs only): the shards live in host memory and
+  are copied to the GPU for each all-gather, so the GPU holds the quantization state, the
+  gathered units and the copy of the unit being gathered (``fsdp_offload_staging``); the host
+  holds every rank's shards: ``fsdp_offload_host_bytes`` per machine (all N on one machine).
 
 The result is additive on the one-GPU prediction, so it applies to the trace, the closed-form
 estimate and the UNet estimate alike. Not modelled: FSDP's all-gather staging buffers (a copy of
-the rank's shard of the unit being gathered) and communication buffers of the backend.
+the rank's shard of the unit being gathered and the flat output, alive while a unit is gathered,
+not at the step's peak on the bundled model) and communication buffers of the backend.
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ from lora_gui.memory.predict.trace import TraceResult
 
 BUCKET_BYTES = 25 * 2**20  # the engine's all-reduce bucket (DDP's bucket_cap_mb default)
 GPU_COUNTS = (2, 4, 8)  # columns of the "what fits where" table
-PREFETCHED_LAYERS = 2  # FSDP2 default: the running layer and the next one gathered ahead
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,13 @@ class Parallel:
 
     world_size: int = 1
     fsdp: bool = False
+    offload: bool = False  # FSDP's parameter offload: the shards in host memory (GPUs)
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size must be a whole number >= 1, got {self.world_size!r}")
+        if self.offload and not self.fsdp:
+            raise ValueError("parameter offload is FSDP's: ask for FSDP too (--fsdp)")
 
     @property
     def sharded(self) -> bool:
@@ -51,54 +63,99 @@ class Parallel:
         if self.world_size == 1:
             return "1 GPU"
         kind = "FSDP (frozen weights sharded)" if self.fsdp else "DDP (replicated)"
+        if self.offload:
+            kind = "FSDP (frozen weights sharded, offloaded to host memory)"
         return f"{self.world_size} GPUs, {kind}"
 
 
-def frozen_units(config: Any, frozen_bytes: int) -> tuple[int, int]:
-    """(bytes of the unit kept gathered: head + final norm, bytes of one decoder layer/block).
+@dataclass(frozen=True)
+class FrozenLayout:
+    """The frozen weights by FSDP unit, in bytes."""
 
-    Text: the output head is vocab x hidden (tied to the embedding or not, it is gathered at the
-    end of forward); the layers share the rest equally. UNet (dict config): no head; the blocks
-    (down, mid, up) share the weights equally (approximate: their sizes differ).
+    layer: int  # one decoder layer's parameters (Linear weights, nf4: packed; its norms)
+    tail: int  # the unit kept gathered: output head + final norm (+ the embedding when tied)
+    embed: int  # the untied input embedding (a unit of its own); 0 when tied
+    quant_state: int  # every layer's 4-bit scales and code books: not parameters, never sharded
+    params: int  # all frozen parameters (what FSDP shards)
+
+
+def frozen_layout(config: Any, frozen_bytes: int, quantization: str = "none") -> FrozenLayout:
+    """Splits a one-GPU prediction's ``frozen_weights`` into FSDP's units (Llama-style decoder).
+
+    The dtype of the unquantized weights is the one that makes the config's parameter counts add
+    up to ``frozen_bytes``; under nf4 the Linear weights take half a byte each and what is left
+    is the quantization state. UNet (dict config): no head; the blocks (down, mid, up) share the
+    weights equally (approximate: their sizes differ).
     """
     if isinstance(config, dict):
         blocks = len(config.get("down_block_types", ())) + len(config.get("up_block_types", ())) + 1
-        return 0, frozen_bytes // max(blocks, 1)
+        return FrozenLayout(frozen_bytes // max(blocks, 1), 0, 0, 0, frozen_bytes)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
     vocab = getattr(config, "vocab_size", 0)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    params = _param_count_guess(config, hidden, vocab, layers)
-    per_param = frozen_bytes / params if params else 0.0  # bytes per frozen parameter (dtype)
-    tied = getattr(config, "tie_word_embeddings", False)
-    head = int((vocab * hidden + hidden) * per_param)
-    embed = 0 if tied else int(vocab * hidden * per_param)
-    return head, max(0, (frozen_bytes - head - embed) // max(layers, 1))
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    linear, norms = _layer_counts(config, hidden)
+    dense = layers * norms + vocab * hidden * (1 if tied else 2) + hidden  # unquantized parameters
+    if quantization == "nf4":
+        packed = layers * (linear // 2)  # two 4-bit weights a byte
+        width = min((4, 2), key=lambda w: abs(frozen_bytes - packed - dense * w - packed / 16))
+        quant_state = max(0, frozen_bytes - packed - dense * width)
+        layer = linear // 2 + norms * width
+    else:
+        per_weight = frozen_bytes / max(layers * linear + dense, 1)
+        width = min((2, 4), key=lambda w: abs(per_weight - w))  # the weights' dtype, bytes
+        quant_state, layer = 0, (linear + norms) * width
+    head = (vocab * hidden + hidden) * width
+    embed = 0 if tied else vocab * hidden * width
+    return FrozenLayout(layer, head, embed, quant_state, frozen_bytes - quant_state)
 
 
-def _param_count_guess(config: Any, hidden: int, vocab: int, layers: int) -> int:
-    """Frozen parameter count of a decoder from its config (Llama-style count; for the dtype)."""
+def _layer_counts(config: Any, hidden: int) -> tuple[int, int]:
+    """(Linear weights, norm weights) of one decoder layer, Llama-style, from its config."""
     inter = getattr(config, "intermediate_size", None) or 4 * hidden
     heads = getattr(config, "num_attention_heads", 1)
     head_dim = getattr(config, "head_dim", None) or hidden // max(heads, 1)
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
-    tied = getattr(config, "tie_word_embeddings", False)
-    return layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+    return 2 * hidden * heads * head_dim + 2 * hidden * kv + 3 * hidden * inter, 2 * hidden
+
+
+def gathered_layers(device: str) -> int:
+    """Decoder layers FSDP holds unsharded at the step's peak: one on a CPU (measured), two on
+    CUDA (FSDP2's backward prefetch gathers the next layer on its own stream)."""
+    return 2 if device == "cuda" else 1
 
 
 def per_gpu(step: TraceResult, config: Any, parallel: Parallel | None) -> TraceResult:
-    """The one-GPU prediction turned into one GPU's share of a data-parallel run."""
+    """The one-GPU prediction turned into one GPU's share of a data-parallel run.
+
+    Raises:
+        ValueError: int8 weights under FSDP, or parameter offload on a CPU (what to do instead).
+    """
     if parallel is None or parallel.world_size == 1:
         return step
     n = parallel.world_size
     breakdown = dict(step.breakdown)
     info = dict(step.info, world_size=n, fsdp=parallel.fsdp,
                 allreduce_bucket_bytes=min(BUCKET_BYTES, step.breakdown.get("lora_params", 0)))
+    quantization = step.info.get("quantization", "none")
+    if parallel.sharded and quantization == "int8":
+        raise ValueError("quantization: int8 cannot be sharded by FSDP (its row scales live outside "
+                         "the parameters); use quantization: nf4, or several processes without FSDP")
+    if parallel.offload and step.device != "cuda":
+        raise ValueError("parameter offload moves FSDP's shards from the GPU to host memory: plan it "
+                         "for a GPU (--device cuda or --card NAME); on a CPU the weights are in host "
+                         "memory already")
     if parallel.sharded:
-        frozen = breakdown["frozen_weights"]
-        head, layer = frozen_units(config, frozen)
-        breakdown["frozen_weights"] = math.ceil(frozen / n)
-        breakdown["fsdp_gathered"] = int((head + PREFETCHED_LAYERS * layer) * (n - 1) / n)
+        units = frozen_layout(config, breakdown["frozen_weights"], quantization)
+        shard = math.ceil(units.params / n)
+        breakdown["frozen_weights"] = units.quant_state + (0 if parallel.offload else shard)
+        breakdown["fsdp_gathered"] = units.tail + gathered_layers(step.device) * units.layer
+        info["fsdp_units"] = {"layer": units.layer, "tail": units.tail, "embed": units.embed,
+                              "quant_state": units.quant_state, "shard": shard}
+        if parallel.offload:  # the unit being gathered: its shard copied to the GPU first
+            breakdown["fsdp_offload_staging"] = math.ceil(max(units.layer, units.tail) / n)
+            info["fsdp_offload_host_bytes"] = shard * n  # every rank's shards on one machine
+            info["host_bytes"] = int(info.get("host_bytes", 0) or 0) + shard * n
     traced = sum(breakdown.values())
     overheads = dict(step.cuda_overheads)
     if step.device == "cuda":  # NCCL's own buffers, cudaMalloc'd beside the allocator (cuda_kernels)

@@ -139,7 +139,7 @@ def run_device() -> str:
 
 
 def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None = None, *,
-            processes: int = 1, fsdp: bool = False) -> Prediction:
+            processes: int = 1, fsdp: bool = False, offload: bool = False) -> Prediction:
     """The plan the run will make when it starts (same function, same inputs; no weights loaded).
 
     Args:
@@ -148,7 +148,7 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
             or 0 there: no budget, no caps).
         device: 'cuda' or 'cpu' (default: where a run started here trains).
         processes: data-parallel processes (the prediction is per GPU); fsdp: shard the frozen
-            weights over them (text).
+            weights over them (text); offload: FSDP's shards in host memory (GPUs).
 
     Raises:
         UserError: the model or data cannot be read (the message names it).
@@ -163,7 +163,7 @@ def predict(cfg: RunConfig, budget_bytes: int | None = None, device: str | None 
         return _predict_video(cfg, budget_bytes, device, processes)
     from lora_gui.models.text import resolve_model_source
 
-    parallel = Parallel(processes, fsdp) if processes > 1 or fsdp else None
+    parallel = Parallel(processes, fsdp, offload) if processes > 1 or fsdp else None
     source = _text_source(cfg, resolve_model_source)
     caps, step, plan, figures = text_memory_plan(cfg, source, budget_bytes, device, parallel)
     if plan is None and budget_bytes:  # fixed or packed batches: the buckets are shown, not applied

@@ -6,8 +6,13 @@ storage dies. This works on real CPU tensors, CUDA tensors and fake tensors alik
 lets the planner trace a training step of an 8B model on a laptop.
 
 Differences from ``torch.cuda.max_memory_allocated``, by design: no 512-byte rounding (the trace
-adds it as a named overhead), no allocator caching or fragmentation, and ``UntypedStorage.resize_``
-is not seen (no op in a LoRA training step uses it).
+adds it as a named overhead), no allocator caching or fragmentation.
+
+``UntypedStorage.resize_`` is not an op, so no dispatch mode sees it; FSDP2 frees a gathered
+layer's weights by resizing their storages to 0 bytes and gathers them again into the same
+storages. While a tracker is active, :func:`_tracked_resize` wraps the method and moves a seen
+storage's bytes by the change (without it an FSDP run's tracked peak would hold every layer
+ever gathered).
 
 Host memory: storages created inside :func:`on_host` (the long-context switches' host copies:
 offloaded checkpoints, a host-side embedding table and its looked-up rows) and tensors marked
@@ -35,6 +40,16 @@ MEMORY_SOURCE = "tracker"
 _DEVICE = torch.ops.prim.device.default  # tensor.device asked by C++ code of a fake tensor
 _HOST_SCOPE = threading.local()  # depth of nested on_host() blocks, per thread
 _HOST_TENSORS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> True (mark_host)
+_ACTIVE: list[StorageTracker] = []  # trackers inside their ``with`` block (resize_ reports to them)
+_RESIZE = torch._C.StorageBase.resize_  # the storage method itself (C++)
+
+
+def _tracked_resize(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+    """``UntypedStorage.resize_`` that tells every active tracker the new size (bytes)."""
+    out = _RESIZE(storage, size)
+    for tracker in _ACTIVE:
+        tracker._resized(storage._cdata, int(size))
+    return out
 
 
 @contextlib.contextmanager
@@ -79,11 +94,37 @@ class StorageTracker(TorchDispatchMode):
         # weak-keyed one; the weakref's callback removes the entry when the storage dies, before
         # its address can be reused
         self._seen: dict[int, tuple[int, weakref.ref]] = {}
+        self._host_keys: set[int] = set()  # keys of the host storages in _seen
+
+    def __enter__(self) -> StorageTracker:
+        _ACTIVE.append(self)
+        torch.UntypedStorage.resize_ = _tracked_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if not _ACTIVE:
+            torch.UntypedStorage.resize_ = _RESIZE
+        super().__exit__(*exc)
 
     # -- counting ---------------------------------------------------------------------------
     def _free(self, key: int, nbytes: int) -> None:
-        self._seen.pop(key, None)
-        self.live_bytes -= nbytes
+        entry = self._seen.pop(key, None)
+        self.live_bytes -= entry[0] if entry else nbytes
+
+    def _resized(self, key: int, nbytes: int) -> None:
+        """A seen storage resized in place to ``nbytes`` (FSDP's free and re-gather)."""
+        entry = self._seen.get(key)
+        if entry is None or entry[0] == nbytes:
+            return
+        self._seen[key] = (nbytes, entry[1])
+        if key in self._host_keys:
+            self.host_live_bytes += nbytes - entry[0]
+            self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
+            return
+        self.live_bytes += nbytes - entry[0]
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def _new_storages(self, tensors: Iterable[object]) -> list[tuple[torch.UntypedStorage, int]]:
         found: dict[int, tuple[torch.UntypedStorage, int]] = {}
@@ -107,14 +148,16 @@ class StorageTracker(TorchDispatchMode):
             self.peak_bytes = self.live_bytes
 
     def _free_host(self, key: int, nbytes: int) -> None:
-        self._seen.pop(key, None)
-        self.host_live_bytes -= nbytes
+        entry = self._seen.pop(key, None)
+        self._host_keys.discard(key)
+        self.host_live_bytes -= entry[0] if entry else nbytes
 
     def _count_host(self, storages: list[tuple[torch.UntypedStorage, int]]) -> None:
         for storage, nbytes in storages:
             key = storage._cdata
             ref = weakref.ref(storage, lambda _r, k=key, n=nbytes: self._free_host(k, n))
             self._seen[key] = (nbytes, ref)
+            self._host_keys.add(key)
             self.host_live_bytes += nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
 
