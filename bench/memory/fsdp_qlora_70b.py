@@ -84,7 +84,8 @@ def write_table(results: dict) -> None:
                      gb(r["host_bytes_per_machine"]), gb((published.get("host_gb") or 0) * 1e9)])
     answer = results["published"]["answer.ai-70b"]["offload"]
     rows.append(["70B (Answer.AI)", "", "yes", "", "", "", "", gb(answer["host_gb"] * 1e9)])
-    meta = {**results["meta"], "made_by": "bench/memory/fsdp_qlora_70b.py from bench/results/fsdp_qlora_70b.json",
+    meta = {**results["meta"],
+            "made_by": "bench/memory/fsdp_qlora_70b.py from bench/results/fsdp_qlora_70b.json",
             "command": "OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python -m bench.memory.fsdp_qlora_70b"}
     TABLE.write_text(json.dumps({
         "meta": meta, "title": "70B on 2 GPUs with FSDP and an nf4 base: planned per GPU beside PEFT's and "
