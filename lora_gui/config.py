@@ -142,6 +142,14 @@ class RunConfig(PreferenceSettings):
     budget_gb: float = option(0.0, "VRAM budget in GB (0 = none). Without a GPU it is a simulated "
                               "budget enforced by the tracker.", "memory", low=0.0, high=4096.0,
                               label="VRAM budget (GB)")
+    # -- throughput-aware plan (lora_gui.memory.predict.step_time) -----------------------------
+    batch_choice: str = option("fastest", "Bucketed batches under a VRAM budget: which micro-batch "
+                               "each length bucket trains with, among those that fit. fastest: the "
+                               "highest predicted tokens/s (step time measured on this device; of "
+                               "equally fast ones the smallest); headroom: the smallest that keeps 90% "
+                               "of the fastest tokens/s (more memory left free); largest: the largest "
+                               "that fits.", "memory", choices=("fastest", "headroom", "largest"),
+                               tasks=TEXT, label="Micro-batch choice")
     monitor_hz: float = option(2.0, "Memory samples per second written to memory.jsonl (0 = off).",
                                "memory", low=0.0, high=20.0)
     measure_every_step: bool = option(False, "CPU runs: measure every step's peak memory with the "

@@ -75,6 +75,7 @@ from lora_gui.engine.text.preference import (
 )
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.run_predict import padding_mask_kept
+from lora_gui.memory.predict.run_speed import speed_report
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
@@ -545,7 +546,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
         "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
-        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)})
+        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size),
+        **speed_report(run.prediction, run.metrics.snapshot())})
     if run.data.preference:
         summary.update(preference_summary(run))
     if run.init_peak_bytes is not None:  # the decomposing lora_init, measured before step 1
