@@ -27,3 +27,6 @@ def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s(tmp_path, sm
     assert set(prediction["tokens_per_s_by_bucket"]) == {"64", "128"}
     model = prediction["step_time_model"]
     assert model["overhead_s"] > 0 and len(model["points"]) == 3
+    kernels = {k["name"]: k for k in saved["fast_kernels"]}  # a CPU run: neither, each with why
+    assert not kernels["liger_kernels"]["used"] and "CUDA" in kernels["liger_kernels"]["reason"]
+    assert not kernels["compile_blocks"]["used"] and kernels["compile_blocks"]["reason"]

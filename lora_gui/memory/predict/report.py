@@ -134,7 +134,8 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> tuple[
     if step.device != "cuda" or cfg.task != "text":
         return [], None
     from lora_gui.memory.predict import run_plan
-    from lora_gui.memory.predict.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
+    from lora_gui.memory.predict.cuda_kernels import fast_kernel_rows, fixed_shortfall, nccl_rows, step_rows
+    from lora_gui.models.fast_kernels import compile_choice, liger_choice
 
     short = None if budget is None else fixed_shortfall(
         budget.bytes, step.cuda_overheads.get("cuda_context", 0), step.breakdown["frozen_weights"])
@@ -142,7 +143,10 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> tuple[
     info = {**step.info, **{k: figures[k] for k in ("batch_size", "seq_len", "mask") if k in figures}}
     rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
                      lora_param_bytes=step.breakdown["lora_params"])
-    return rows + nccl_rows(int(step.info.get("world_size", 1))), short
+    model_type = getattr(run_plan.model_config_for(cfg), "model_type", None)
+    fast = fast_kernel_rows(liger_choice(cfg.liger_kernels, "cuda", model_type).used,
+                            compile_choice(cfg.compile_blocks, "cuda").used)
+    return rows + nccl_rows(int(step.info.get("world_size", 1))) + fast, short
 
 
 def plan_json(pred: Prediction, kernels: list[Any] | None = None, short: str | None = None,
