@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,13 +27,14 @@ log = logging.getLogger(__name__)
 def _step_settings(cfg: RunConfig, kw: dict[str, Any]) -> dict[str, Any]:
     """What changes a step's time and so keys its calibration (``kw``: the plan's step settings)."""
     keep = ("lora_rank", "attn_implementation", "gradient_checkpointing", "checkpoint_layers",
-            "loss_chunk", "dtype", "target_modules", "lean_backward")
+            "loss_chunk", "dtype", "target_modules", "lean_backward", "quantization")
     return {**{k: kw[k] for k in keep}, "adapter": cfg.adapter, "lora_fused": cfg.lora_fused}
 
 
 def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
     """The run's architecture with random weights and its adapter on ``device``; None (logged)
-    when it is above the size a plan times (:data:`step_time.MAX_CALIBRATION_PARAMS`)."""
+    for a quantized base or a model above the size a plan times
+    (:data:`step_time.MAX_CALIBRATION_PARAMS`)."""
     from transformers import AutoModelForCausalLM
 
     from lora_gui.models.checkpointing import enable_checkpointing
@@ -40,6 +42,10 @@ def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
     from lora_gui.models.precision import planned_weights_dtype
     from lora_gui.models.text import attach_lora
 
+    if cfg.quantization != "none":  # a 4 / 8-bit base is not built here: its step is not timed
+        log.info("step time: a %s base is not timed for a plan; the plan takes the largest micro-batch "
+                 "that fits", cfg.quantization)
+        return None
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     limit = step_time.largest_calibrated_params(device)
@@ -58,7 +64,8 @@ def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
             pass  # the run keeps the full loss for this model too (models.text.load_model_for)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model, cfg.checkpoint_layers)
-    return attach_lora(model, cfg).to(device).train()
+    # the adapter's shapes are what the time depends on: no initialisation pass (EVA, PiSSA...)
+    return attach_lora(model, replace(cfg, lora_init="default")).to(device).train()
 
 
 def step_time_model(cfg: RunConfig, config: Any, device: str,
