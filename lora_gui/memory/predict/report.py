@@ -259,10 +259,16 @@ def _budget_lines(pred: Prediction, budget: Budget | None, bucket_title: str, wi
     plan = pred.plan
     if plan is None or budget is None:
         return [_no_plan_verdict(pred, budget, "", per, short)]
+    speed = any(getattr(b, "tokens_per_s", None) for b in plan.buckets)  # text plans with a step-time model
     lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
-             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak MiB"]
+             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak MiB"
+             + ("  predicted tokens/s" if speed else "")]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
-              f"{b.peak_bytes / MIB:>18,.0f}" for b in plan.buckets]
+              f"{b.peak_bytes / MIB:>18,.0f}" + (f"  {b.tokens_per_s or 0:>19,.0f}" if speed else "")
+              for b in plan.buckets]
+    source = (pred.figures or {}).get("speed_source")
+    if speed and source:
+        lines.append(f"  tokens/s: padded tokens of forward and backward, from the step-time model {source}")
     lines += [f"  try {s.switch}: {s.peak_bytes / MIB:,.0f} MiB (saves "
               f"{s.saving_bytes / MIB:,.0f} MiB){' -> fits' if s.fits else ''}" for s in plan.suggestions]
     return lines
