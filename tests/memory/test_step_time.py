@@ -165,3 +165,15 @@ def test_no_step_time_model_where_it_cannot_be_timed(tmp_path, monkeypatch):
     if not torch.cuda.is_available():
         assert _run_model(RunConfig(), "cuda") is None  # a plan for a GPU made without one
     assert not (tmp_path / "step_time.json").exists()
+
+
+def test_checkpointing_adds_the_recompute_to_one_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_time.CACHE_ENV, str(tmp_path))
+    cfg = apply_overrides(RunConfig(), {"max_seq_len": 128})
+    plain = _run_model(cfg)
+    every = _run_model(apply_overrides(cfg, {"gradient_checkpointing": True}))
+    half = _run_model(apply_overrides(cfg, {"gradient_checkpointing": True, "checkpoint_layers": 1}))
+    assert every.source.startswith("cached") and half.source.startswith("cached")  # no new calibration
+    assert every.per_token_s == pytest.approx(plain.per_token_s * (1 + 1 / 3))  # tiny_llama: 2 layers
+    assert half.per_token_s == pytest.approx(plain.per_token_s * (1 + 1 / 6))
+    assert every.overhead_s == plain.overhead_s and "recomputing 100%" in every.source

@@ -2,8 +2,9 @@
 predicts, beside the peak (:mod:`lora_gui.memory.predict.step_time` holds the model itself).
 
 The calibration builds the run's architecture with random weights (its time does not depend on
-their values), attaches the run's adapter, turns on its checkpointing and chunked loss, and times
-forward and backward passes; it is cached per machine and step settings, so the plan a front end
+their values), attaches the run's adapter, turns on its chunked loss, and times forward and
+backward passes (without checkpointing: a checkpointing run's recompute is added to the per-token
+costs, :func:`with_recompute`); it is cached per machine and step settings, so the plan a front end
 shows and the plan the run makes use the same coefficients.
 """
 
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 
 def _step_settings(cfg: RunConfig, kw: dict[str, Any]) -> dict[str, Any]:
     """What changes a step's time and so keys its calibration (``kw``: the plan's step settings)."""
-    keep = ("lora_rank", "attn_implementation", "gradient_checkpointing", "checkpoint_layers",
-            "loss_chunk", "dtype", "target_modules", "lean_backward", "quantization")
+    keep = ("lora_rank", "attn_implementation", "loss_chunk", "dtype", "target_modules", "lean_backward",
+            "quantization")  # checkpointing: scaled from the same calibration (with_recompute)
     return {**{k: kw[k] for k in keep}, "adapter": cfg.adapter, "lora_fused": cfg.lora_fused}
 
 
@@ -37,7 +38,6 @@ def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
     (:data:`step_time.MAX_CALIBRATION_PARAMS`)."""
     from transformers import AutoModelForCausalLM
 
-    from lora_gui.models.checkpointing import enable_checkpointing
     from lora_gui.models.chunked_loss import enable_chunked_loss
     from lora_gui.models.precision import planned_weights_dtype
     from lora_gui.models.text import attach_lora
@@ -62,8 +62,6 @@ def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
             enable_chunked_loss(model, cfg.resolved_loss_chunk())
         except ValueError:
             pass  # the run keeps the full loss for this model too (models.text.load_model_for)
-    if cfg.gradient_checkpointing:
-        enable_checkpointing(model, cfg.checkpoint_layers)
     # the adapter's shapes are what the time depends on: no initialisation pass (EVA, PiSSA...)
     return attach_lora(model, replace(cfg, lora_init="default")).to(device).train()
 
@@ -100,11 +98,31 @@ def step_time_model(cfg: RunConfig, config: Any, device: str,
         return step_time.calibrate(step, cfg.max_seq_len, device)
 
     try:
-        return step_time.cached(key, measure)
+        timed = step_time.cached(key, measure)
+        return with_recompute(timed, cfg, config) if timed is not None else None
     finally:
         if built and device == "cuda":
             built.clear()
             torch.cuda.empty_cache()
+
+
+FORWARD_SHARE = 1 / 3  # a forward is about a third of a forward and backward (2 of 6 FLOPs a weight)
+
+
+def with_recompute(model: StepTimeModel, cfg: RunConfig, config: Any) -> StepTimeModel:
+    """The model for a run that checkpoints: its per-token costs grow by the forward of the
+    checkpointed layers run again in the backward (:data:`FORWARD_SHARE` of a step per layer
+    share); the calibration itself runs without checkpointing, so one calibration serves every
+    ``checkpoint_layers``."""
+    if not cfg.gradient_checkpointing:
+        return model
+    layers = getattr(config.get_text_config(), "num_hidden_layers", 0) or 1
+    share = min(cfg.checkpoint_layers or layers, layers) / layers
+    factor = 1 + FORWARD_SHARE * share
+    return replace(model, per_token_s=model.per_token_s * factor,
+                   per_token_pair_s=model.per_token_pair_s * factor,
+                   source=f"{model.source}, x{factor:.2f} per token for recomputing "
+                          f"{share:.0%} of the layers' forward")
 
 
 def predicted_speed(model: StepTimeModel | None, plan: Any, samples: int,
