@@ -79,6 +79,25 @@ class MemorySettings:
     budget_gb: float = option(0.0, "VRAM budget in GB (0 = none). Without a GPU it is a simulated "
                               "budget enforced by the tracker.", "memory", low=0.0, high=4096.0,
                               label="VRAM budget (GB)")
+    # -- throughput-aware plan (lora_gui.memory.predict.step_time) -----------------------------
+    batch_choice: str = option("fastest", "Bucketed batches under a VRAM budget: which micro-batch "
+                               "each length bucket trains with, among those that fit. fastest: the "
+                               "highest predicted tokens/s (step time measured on this device; of "
+                               "equally fast ones the smallest); headroom: the smallest that keeps 90% "
+                               "of the fastest tokens/s (more memory left free); largest: the largest "
+                               "that fits.", "memory", choices=("fastest", "headroom", "largest"),
+                               tasks=TEXT, label="Micro-batch choice")
+    # -- fast kernels from libraries on CUDA (lora_gui.models.fast_kernels) ---------------------
+    liger_kernels: str = option("auto", "CUDA: Liger-Kernel's fused RMSNorm, RoPE, SwiGLU and (without "
+                                "loss_chunk) fused linear cross-entropy, from the optional liger-kernel "
+                                "package. auto / on: used on a CUDA GPU with the package installed, "
+                                "otherwise the run goes on without them and logs why; off: never.",
+                                "memory", choices=("auto", "on", "off"), tasks=TEXT)
+    compile_blocks: str = option("auto", "CUDA: compile each decoder block with torch.compile (one "
+                                 "graph for every layer and length; the first steps take longer). "
+                                 "auto / on: on a CUDA GPU, not on CPUs (their memory measurement runs "
+                                 "compiled code eagerly); off: never.", "memory",
+                                 choices=("auto", "on", "off"), tasks=TEXT)
     monitor_hz: float = option(2.0, "Memory samples per second written to memory.jsonl (0 = off).",
                                "memory", low=0.0, high=20.0)
     measure_every_step: bool = option(False, "CPU runs: measure every step's peak memory with the "

@@ -78,3 +78,55 @@ def test_the_h200_report_pairs_each_row_with_its_plan():
     assert len(table_rows) == measured_rows
     oom = [line for line in table_rows if line.endswith("| out of memory |")]
     assert oom and all("| no | out of memory |" in line for line in oom)
+
+
+def test_the_tuned_peers_name_why_a_peer_cannot_run(tmp_path, monkeypatch):
+    from bench.gpu import peers_tuned as tuned
+
+    assert tuned.why_not("unsloth", cuda=False) == "Unsloth needs a CUDA GPU"
+    monkeypatch.delenv(tuned.UNSLOTH_SITE_ENV, raising=False)
+    assert tuned.UNSLOTH_SITE_ENV in tuned.why_not("unsloth", cuda=True)
+    (tmp_path / "unsloth").mkdir()
+    monkeypatch.setenv(tuned.UNSLOTH_SITE_ENV, str(tmp_path))
+    assert tuned.why_not("unsloth", cuda=True) is None
+    monkeypatch.setattr(tuned.importlib.util, "find_spec", lambda name: None)
+    assert "trl is not installed" in tuned.why_not("trl-tuned", cuda=True)
+    assert tuned.why_not("lora_gui", cuda=False) is None
+
+
+def test_the_tuned_peers_documents_have_the_issue_lengths():
+    from bench.gpu.peers_tuned import documents
+
+    fixed = documents(2048, 4096, total=8192)
+    assert [len(d) for d in fixed] == [2048] * 4 and all(3 <= t < 4096 for d in fixed for t in d)
+    mixed = [len(d) for d in documents("mixed", 4096, total=20_000)]
+    assert sum(mixed) >= 20_000 and min(mixed) >= 64 and max(mixed) <= 2048 and len(set(mixed)) > 10
+
+
+def test_the_tuned_peers_table_shows_measured_and_skipped_rows():
+    from bench.gpu.peers_tuned import markdown
+
+    rows = [{"model": "llama-1b", "length": 2048, "trainer": "trl-tuned", "real_tokens_per_s": 12345.6,
+             "peak_allocated_bytes": 3 * 2**30, "peak_reserved_bytes": 4 * 2**30, "train_loss": 8.25},
+            {"model": "llama-1b", "length": 2048, "trainer": "unsloth",
+             "skipped": "Unsloth needs a CUDA GPU"},
+            {"model": "llama-1b", "length": 2048, "trainer": "lora_gui", "error": "Traceback\nValueError: x"}]
+    table = "\n".join(markdown(rows))
+    assert "| llama-1b | 2048 | trl-tuned | 12,346 | 3,072 | 4,096 | 8.250 |  |" in table
+    assert "| Unsloth needs a CUDA GPU |" in table and "failed: ValueError: x" in table
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_peers_smoke_runs_tuned_trl_and_says_why_unsloth_cannot(tmp_path):
+    pytest.importorskip("trl")  # a bench-only package (bench/requirements.txt)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--smoke", "--out", str(tmp_path),
+                          "--sections", "peers"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [r for r in json.loads((tmp_path / "gpu_check.json").read_text())["peers"] if "length" in r]
+    by = {(r["length"], r["trainer"]): r for r in rows}
+    assert {t for _, t in by} == {"lora_gui", "trl-tuned", "unsloth"}
+    assert all(by[(n, "unsloth")]["skipped"] == "Unsloth needs a CUDA GPU" for n in (128, "mixed"))
+    assert all(by[(n, t)]["real_tokens_per_s"] > 0 for n in (128, "mixed") for t in ("lora_gui", "trl-tuned"))

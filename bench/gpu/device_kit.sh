@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Prepares what the GPU check needs on a lent GPU machine that has torch but not this project's
 # versions of transformers / peft / diffusers / bitsandbytes (nothing can be installed there from
-# a registry). Writes .devsite/ (ignored by git; about 25 MB): the three wheels and TRL's (for
-# the peers section) at the versions in .venv, and bitsandbytes with only its CUDA 13.0 and CPU
-# libraries. Then, on the machine, with .devsite carried:
+# a registry). Writes .devsite/ (ignored by git; about 25 MB, and the Unsloth site's wheels): the
+# three wheels and TRL's and Liger-Kernel's (for the peers section) at the versions in .venv and
+# bench/requirements.txt, Unsloth's at bench/requirements-unsloth.txt's, and bitsandbytes with
+# only its CUDA 13.0 and CPU libraries. Then, on the machine, with .devsite carried:
 #
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .devsite/*.whl \
-#     && cp -r .devsite/pkgs/* /tmp/site/ && export PYTHONPATH=/tmp/site:$PWD \
+#     && python3 -m pip install -q --no-index --no-deps --target /tmp/site-unsloth .devsite/unsloth/*.whl \
+#     && cp -r .devsite/pkgs/* /tmp/site/ && export PYTHONPATH=/tmp/site:$PWD UNSLOTH_SITE=/tmp/site-unsloth \
 #     && python3 -m bench.gpu.check --out "$OUT" --plans bench/results/gpu_plans.json
 #
 # The plans file comes from `python -m bench.gpu.check --plan-only --plans bench/results/gpu_plans.json
@@ -20,7 +22,14 @@ rm -rf .devsite && mkdir -p .devsite/pkgs
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .devsite \
   "transformers==$(version transformers)" "peft==$(version peft)" "diffusers==$(version diffusers)" \
-  "trl==$(version trl)"  # the peers section's baseline (bench-only, bench/requirements.txt)
+  "trl==$(version trl)" \
+  "$(grep -m1 '^liger-kernel==' bench/requirements.txt)"  # the peers section's baselines (bench-only)
+# the Unsloth peer: its own site (it pins older transformers / trl / datasets), run in a process
+# of its own with .devsite/unsloth first on PYTHONPATH (bench/gpu/peers_tuned.py)
+mkdir -p .devsite/unsloth
+grep -v '^#' bench/requirements-unsloth.txt | grep . | xargs $PY -m pip download -q --no-deps \
+  --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 -d .devsite/unsloth
 BNB=$(version bitsandbytes)
 cp -r "$SP/bitsandbytes" "$SP/bitsandbytes-$BNB.dist-info" .devsite/pkgs/
 find .devsite/pkgs -name '*.so' ! -name libbitsandbytes_cuda130.so ! -name libbitsandbytes_cpu.so -delete

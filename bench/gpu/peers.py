@@ -88,12 +88,15 @@ def check_peers(smoke: bool = False, docs: int = 192, rounds: int = 3,
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = Path(tempfile.mkdtemp(prefix="gpu-peers-"))
     try:
+        from bench.gpu.peers_tuned import tuned_rows  # Unsloth and TRL tuned at the shapes
+
         if smoke:
             tiny = model_folder(TINY, folder / "tiny", device)
-            return peer_rows("tiny", tiny, 8, 2, ["trl-mb1x8"], folder)
+            return peer_rows("tiny", tiny, 8, 2, ["trl-mb1x8"], folder) + tuned_rows(folder, smoke=True)
         rows = peer_rows("demo-4m", Path(BUILTIN_MODEL_DIR), docs, rounds, list(configs), folder)
         big = model_folder(LLAMA_1B_SMALL_VOCAB, folder / "llama-1b", device)
-        return rows + peer_rows("llama-1b-shaped", big, docs, rounds, list(configs), folder)
+        return (rows + peer_rows("llama-1b-shaped", big, docs, rounds, list(configs), folder)
+                + tuned_rows(folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -104,8 +107,11 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
     import io
 
     from bench.common import markdown_table
+    from bench.gpu.peers_tuned import markdown as tuned_markdown
     from bench.peers import trl_sft as pt
 
+    tuned = [r for r in rows if "length" in r]  # bench/gpu/peers_tuned.py's rows
+    rows = [r for r in rows if "length" not in r]
     precisions = ", ".join(sorted({r["precision"] for r in rows}))
     out = [f"## TRL's SFTTrainer vs lora_gui on this device ({precisions}; peaks: "
            f"{rows[0]['memory_source']}; speeds from rounds 2+, round 1 warms up)", ""]
@@ -121,4 +127,4 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
                                  f"{r['predicted_vs_measured']:+.2%}"] for r in plans if r.get("peak_bytes")])
         out += ["### lora_gui runs: plan against measured peak (never below 0)", "", *table.splitlines()]
         out.append("")
-    return out
+    return out + tuned_markdown(tuned)

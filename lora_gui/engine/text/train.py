@@ -77,6 +77,7 @@ from lora_gui.engine.text.steps import (
 )
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.run_predict import padding_mask_kept
+from lora_gui.memory.predict.run_speed import speed_report
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
@@ -84,6 +85,7 @@ from lora_gui.memory.runtime.meter import GB, PeakMeter, StepShape
 from lora_gui.models import adapters
 from lora_gui.models import text as text_models
 from lora_gui.models.checkpointing import enable_checkpointing
+from lora_gui.models.fast_kernels import apply_liger, compile_blocks
 from lora_gui.models.flops import text_flops
 from lora_gui.models.long_context import apply_long_context
 from lora_gui.models.precision import cast_frozen, choose_precision, weights_dtype
@@ -142,6 +144,7 @@ class TextSession(RunSession):
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
     flop_costs: Any = None  # lora_gui.models.flops.TextFlops of the model as attached
     init_peak_bytes: int | None = None  # measured peak of a lora_init pass before step 1
+    fast_kernels: list[dict[str, Any]] = field(default_factory=list)  # models.fast_kernels choices
 
 
 def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, device: torch.device,
@@ -216,6 +219,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type, text=True), device)
+    kernels = [apply_liger(base, cfg.liger_kernels, device.type, bool(cfg.resolved_loss_chunk()))]
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
     model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source)
@@ -239,6 +243,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
                        embeddings_on_host=cfg.embeddings_on_host,
                        attention_head_groups=cfg.attention_head_groups)  # after checkpointing, before .to()
+    kernels.append(compile_blocks(model, cfg.compile_blocks, device.type))
     per_epoch = steps_per_epoch(cfg, len(data.train))
     total = cfg.max_steps or per_epoch * cfg.epochs
     optimizer, optimizer_name = make_optimizer(cfg, adapters.param_groups(model, cfg),
@@ -280,6 +285,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         else cfg.sample_token_budget(),
         frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
         prediction=prediction, flop_costs=text_flops(unwrapped), init_peak_bytes=init_peak,
+        fast_kernels=[k.to_json() for k in kernels],
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped, headroom(predicted, meter)),
         trackers=attach_trackers(cfg, out, state, resume, dist, metrics, meter.source))
     if dist.is_main:
@@ -437,8 +443,9 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "eval_samples": len(run.data.held_out),
         "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
-        "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
-        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)})
+        "frozen_bytes_by_rank": run.frozen_bytes_by_rank, "fast_kernels": run.fast_kernels,
+        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size),
+        **speed_report(run.prediction, run.metrics.snapshot())})
     if run.data.preference:
         summary.update(preference_summary(run))
     if run.init_peak_bytes is not None:  # the decomposing lora_init, measured before step 1

@@ -238,10 +238,34 @@ def nccl_rows(world_size: int) -> list[KernelRow]:
                       "nccl src/init.cc DEFAULT_BUFFSIZE (NCCL_BUFFSIZE)")]
 
 
+NOT_COUNTED = "not counted"  # a row's lifetime when the plan leaves the kernel's effect out
+
+
+def fast_kernel_rows(liger: bool, compiled: bool) -> list[KernelRow]:
+    """Rows for the fast kernels a CUDA run uses (:mod:`lora_gui.models.fast_kernels`), none of
+    them counted: the trace runs transformers' own modules, which keep more for the backward
+    than Liger's (its RMSNorm saves its input, weight and one float32 rstd per row; its SwiGLU
+    saves the gate and up projections and recomputes SiLU), so the plan stays above such a run;
+    Inductor's compiled blocks choose what to save and recompute themselves."""
+    rows = []
+    if liger:
+        rows.append(KernelRow("liger_kernels", "RMSNorm, RoPE, SwiGLU, fused linear cross-entropy", "step",
+                              0, f"{NOT_COUNTED}: they keep less than the traced modules", False,
+                              "liger_kernel/ops/rms_norm.py, swiglu.py (save_for_backward)"))
+    if compiled:
+        rows.append(KernelRow("torch_compile", "compiled decoder blocks", "step", 0,
+                              f"{NOT_COUNTED}: Inductor picks what the backward keeps", False,
+                              "torch/_inductor (min-cut partitioner)"))
+    return rows
+
+
 def describe_rows(rows: list[KernelRow]) -> list[str]:
     """The rows in words, one line each (for the CLI)."""
     out = []
     for r in rows:
+        if r.lifetime.startswith(NOT_COUNTED):
+            out.append(f"  {r.kernel:<22} {r.name:<48} {NOT_COUNTED:>12}  {r.lifetime} ({r.source})")
+            continue
         where = "counted by the trace" if r.in_trace else "added by the plan"
         size = gb(r.nbytes) if r.nbytes else "see trace"
         out.append(f"  {r.kernel:<22} {r.name:<48} {size:>12}  {r.phase}, {r.lifetime}; {where} ({r.source})")

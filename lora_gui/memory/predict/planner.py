@@ -2,7 +2,9 @@
 
 Text: a binary search on the closed-form estimate (instant) finds the largest micro-batch per
 bucket, then the fake-tensor trace confirms it and steps down while the trace says it does not
-fit (``confirm=True``; a trace of an 8B step takes seconds). Images: the trace-calibrated UNet
+fit (``confirm=True``; a trace of an 8B step takes seconds); with the device's step-time model
+(:mod:`lora_gui.memory.predict.step_time`) the run's ``batch_choice`` then picks among the
+micro-batches that fit (fastest, most headroom or largest). Images: the trace-calibrated UNet
 estimate. Gradient accumulation keeps ``effective_batch`` = micro-batch x accumulation (rounded
 up, so the effective batch is at least the one asked for).
 """
@@ -18,6 +20,7 @@ from lora_gui.config import choices_of
 from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
 from lora_gui.memory.predict.model_configs import load_model_config, max_positions
 from lora_gui.memory.predict.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
+from lora_gui.memory.predict.step_time import StepTimeModel, choose_micro_batch
 from lora_gui.memory.predict.trace import TraceResult, trace_text_step
 from lora_gui.units import GB
 
@@ -34,6 +37,8 @@ class BucketPlan:
     grad_accum: int
     peak_bytes: int  # predicted peak at micro_batch (at batch 1 when it does not fit)
     confirmed_by_trace: bool = False
+    largest_fitting: int | None = None  # the largest micro-batch under the budget (None: not asked)
+    tokens_per_s: float | None = None  # predicted padded tokens/s of a step (step-time model)
 
 
 @dataclass
@@ -97,6 +102,10 @@ def _needs(nbytes: int) -> str:
     return f"does not fit even at batch 1: needs {nbytes / GB:.2f} GB"
 
 
+def _speed(p: BucketPlan) -> str:
+    return f" (~{p.tokens_per_s:,.0f} tokens/s)" if p.tokens_per_s else ""
+
+
 def _finish(budget: int, plans: list[BucketPlan], needed: int, frozen: int,
             suggestions: list[Suggestion]) -> Plan:
     fits = all(p.micro_batch > 0 for p in plans)
@@ -105,7 +114,8 @@ def _finish(budget: int, plans: list[BucketPlan], needed: int, frozen: int,
     elif not fits:
         msg = _needs(needed) + "; see the suggestions"
     else:
-        msg = "fits: " + ", ".join(f"{p.bucket}: batch {p.micro_batch} x {p.grad_accum}" for p in plans)
+        msg = "fits: " + ", ".join(f"{p.bucket}: batch {p.micro_batch} x {p.grad_accum}" + _speed(p)
+                                   for p in plans)
     return Plan(budget, plans, fits, needed, msg, suggestions if not fits else [])
 
 
@@ -120,8 +130,10 @@ def _shifted(budget: int, plans: list[BucketPlan], base: TraceResult, saving: in
 
 def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effective_batch: int = 8,
               max_batch: int = 256, confirm: bool = True, parallel: Parallel | None = None,
+              step_time: StepTimeModel | None = None, batch_choice: str = "largest",
               **step: Any) -> Plan:
-    """Largest micro-batch per sequence-length bucket under ``budget_bytes``.
+    """Micro-batch per sequence-length bucket under ``budget_bytes``: the largest that fits, or
+    with ``step_time`` the one ``batch_choice`` picks among those that fit.
 
     Args:
         config: model config (see :func:`load_model_config`).
@@ -131,6 +143,9 @@ def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effec
         max_batch: upper end of the search.
         confirm: check each chosen batch with the fake-tensor trace and step down if needed.
         parallel: data-parallel processes and FSDP: peaks and the budget are per GPU.
+        step_time: the device's step-time model; with it each bucket's predicted tokens/s.
+        batch_choice: 'largest', 'fastest' or 'headroom' (:func:`step_time.choose_micro_batch`;
+            without ``step_time``, the largest).
         **step: lora_rank, target_modules, attn_implementation, gradient_checkpointing, dtype,
             device (passed to the estimate and the trace).
 
@@ -157,8 +172,15 @@ def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effec
             if traced <= limit:
                 break
             mb -= 1
+        largest = mb
+        if step_time is not None and mb > 1:
+            mb = choose_micro_batch(step_time, effective_batch, seq, largest, batch_choice)
+            if mb != largest:  # fewer rows: a lower peak, traced again when the largest was
+                peak = (trace_text_step(cfg, batch_size=mb, seq_len=seq, **step).peak_bytes if confirmed
+                        else est(mb))
         accum = math.ceil(effective_batch / mb) if mb else 0
-        plans.append(BucketPlan(seq, mb, accum, peak, confirmed))
+        speed = step_time.tokens_per_s(effective_batch, mb, seq) if step_time is not None and mb else None
+        plans.append(BucketPlan(seq, mb, accum, peak, confirmed, largest, speed))
     fits_all = all(p.micro_batch for p in plans)
     sugg = [] if fits_all else _text_suggestions(cfg, limit, longest, base, step)
     return _shifted(budget, plans, base, saving, sugg, cfg, parallel)

@@ -132,7 +132,8 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> tuple[
     if step.device != "cuda" or cfg.task != "text":
         return [], None
     from lora_gui.memory.predict import run_plan
-    from lora_gui.memory.predict.cuda_kernels import fixed_shortfall, nccl_rows, step_rows
+    from lora_gui.memory.predict.cuda_kernels import fast_kernel_rows, fixed_shortfall, nccl_rows, step_rows
+    from lora_gui.models.fast_kernels import compile_choice, liger_choice
 
     short = None if budget is None else fixed_shortfall(
         budget.bytes, step.cuda_overheads.get("cuda_context", 0), step.breakdown["frozen_weights"])
@@ -140,7 +141,10 @@ def cuda_rows(cfg: RunConfig, pred: Prediction, budget: Budget | None) -> tuple[
     info = {**step.info, **{k: figures[k] for k in ("batch_size", "seq_len", "mask") if k in figures}}
     rows = step_rows(run_plan.model_config_for(cfg), info, dtype=run_plan.step_kwargs(cfg, "cuda")["dtype"],
                      lora_param_bytes=step.breakdown["lora_params"])
-    return rows + nccl_rows(int(step.info.get("world_size", 1))), short
+    model_type = getattr(run_plan.model_config_for(cfg), "model_type", None)
+    fast = fast_kernel_rows(liger_choice(cfg.liger_kernels, "cuda", model_type).used,
+                            compile_choice(cfg.compile_blocks, "cuda").used)
+    return rows + nccl_rows(int(step.info.get("world_size", 1))) + fast, short
 
 
 def plan_json(pred: Prediction, kernels: list[Any] | None = None, short: str | None = None,
@@ -253,10 +257,16 @@ def _budget_lines(pred: Prediction, budget: Budget | None, bucket_title: str, wi
     plan = pred.plan
     if plan is None or budget is None:
         return [_no_plan_verdict(pred, budget, "", per, short)]
+    speed = any(getattr(b, "tokens_per_s", None) for b in plan.buckets)  # text plans with a step-time model
     lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
-             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak GB"]
+             f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak GB"
+             + ("  predicted tokens/s" if speed else "")]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
-              f"{gb(b.peak_bytes, unit=False):>17}" for b in plan.buckets]
+              f"{gb(b.peak_bytes, unit=False):>17}" + (f"  {b.tokens_per_s or 0:>19,.0f}" if speed else "")
+              for b in plan.buckets]
+    source = (pred.figures or {}).get("speed_source")
+    if speed and source:
+        lines.append(f"  tokens/s: padded tokens of forward and backward, from the step-time model {source}")
     lines += [f"  try {s.switch}: {gb(s.peak_bytes)} (saves "
               f"{gb(s.saving_bytes)}){' -> fits' if s.fits else ''}" for s in plan.suggestions]
     return lines

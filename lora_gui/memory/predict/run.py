@@ -86,7 +86,15 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         caps.caps = {int(b.bucket): max(1, b.micro_batch) for b in plan.buckets}
     pred = run_predict.predict_text_run(cfg, device, source, lengths=lengths, parallel=parallel,
                                         caps=caps, added_tokens=added_tokens)
-    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, pred.to_json(),
+    figures = pred.to_json()
+    if plan is not None:  # the speed the plan predicts, beside its peak
+        from lora_gui.memory.predict.run_speed import predicted_speed, step_time_model
+
+        per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
+        timing = step_time_model(cfg, run_plan.model_config_for(cfg, source), device,
+                                 run_plan.step_kwargs(cfg, device))  # cached by plan_run
+        figures |= predicted_speed(timing, plan, per_rank, lengths, cfg.pad_multiple)
+    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, figures,
                                                       pred.step.breakdown, samples, added_tokens)
 
 

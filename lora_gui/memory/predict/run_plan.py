@@ -77,13 +77,19 @@ def cpu_mixed_precision(cfg: RunConfig, device: str) -> dict[str, str]:
 
 def plan_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
              confirm: bool = True, parallel: Parallel | None = None) -> planner.Plan:
-    """Largest micro-batch per length bucket for this run under the budget (source: predicted);
-    with ``parallel``, per GPU (each of N processes takes batch_size / N samples a step)."""
+    """Micro-batch per length bucket for this run under the budget (source: predicted): the one
+    ``cfg.batch_choice`` picks with the device's step-time model (the largest that fits without
+    one); with ``parallel``, per GPU (each of N processes takes batch_size / N samples a step)."""
+    from lora_gui.memory.predict.run_speed import step_time_model
+
     n = parallel.world_size if parallel else 1
     per_rank = max(1, -(-cfg.batch_size // n))
-    return planner.plan_text(model_config_for(cfg, source), budget_bytes, text_buckets(cfg),
+    config, step = model_config_for(cfg, source), step_kwargs(cfg, device)
+    timing = step_time_model(cfg, config, device, step) if cfg.task == "text" else None
+    return planner.plan_text(config, budget_bytes, text_buckets(cfg),
                              effective_batch=per_rank, max_batch=per_rank, confirm=confirm,
-                             parallel=parallel, **step_kwargs(cfg, device))
+                             parallel=parallel, step_time=timing, batch_choice=cfg.batch_choice,
+                             **step)
 
 
 def predicted_step(cfg: RunConfig, device: str = "cuda", source: str | None = None,

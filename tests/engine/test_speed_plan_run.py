@@ -1,0 +1,32 @@
+"""A budgeted text run plans its micro-batches by predicted speed and records the speed it
+predicted beside the speed it measured (run.json's ``speed_report``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lora_gui.config import apply_overrides
+from lora_gui.engine import train
+from lora_gui.presets import load_config
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s(tmp_path, small_corpus):
+    cfg = apply_overrides(load_config("text-demo"), {
+        "data": str(small_corpus), "max_seq_len": 128, "batch_size": 4, "max_steps": 2,
+        "budget_gb": 0.2, "monitor_hz": 0.0, "eval_fraction": 0.1})
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed", summary.get("message")
+    saved = json.loads((tmp_path / "run" / "run.json").read_text())
+    report = saved["speed_report"]
+    assert report["predicted_tokens_per_s"] > 0 and report["measured_tokens_per_s"] > 0
+    assert report["predicted_source"].startswith(("calibrated on", "cached calibrated on"))
+    prediction = saved["prediction"]
+    assert set(prediction["tokens_per_s_by_bucket"]) == {"64", "128"}
+    model = prediction["step_time_model"]
+    assert model["overhead_s"] > 0 and len(model["points"]) == 3
+    kernels = {k["name"]: k for k in saved["fast_kernels"]}  # a CPU run: neither, each with why
+    assert not kernels["liger_kernels"]["used"] and "CUDA" in kernels["liger_kernels"]["reason"]
+    assert not kernels["compile_blocks"]["used"] and kernels["compile_blocks"]["reason"]
