@@ -24,6 +24,7 @@ from torch import nn
 from bench.peer_diffusers.peak_contents import folded
 from lora_gui.memory.predict import trace as trace_module
 from lora_gui.memory.predict import trace_result
+from lora_gui.memory.predict import trace_step as step_module  # where a traced step makes its tracker
 from lora_gui.memory.predict.dit_trace import trace_dit_step
 from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
 
@@ -78,8 +79,8 @@ def contents(model: str, resolution: int, batch: int, targets: list[str] | None)
     made: dict[int, tuple[str, str]] = {}
     found: list[Any] = []
     _Where.modules, _Where.names = [], {}  # a model of this call only (ids are reused)
-    shipped = trace_module._PhaseTracker
-    trace_module._PhaseTracker = _recording_tracker(made, found)
+    shipped = step_module._PhaseTracker
+    step_module._PhaseTracker = _recording_tracker(made, found)
     hooks = (nn.modules.module.register_module_forward_pre_hook(_pre),
              nn.modules.module.register_module_forward_hook(_post, always_call=True))
     try:
@@ -90,7 +91,7 @@ def contents(model: str, resolution: int, batch: int, targets: list[str] | None)
         trace = trace_module.trace_unet_step if is_unet_config(load_model_config(model)) else trace_dit_step
         result = trace(model, **kwargs)
     finally:
-        trace_module._PhaseTracker = shipped
+        step_module._PhaseTracker = shipped
         for hook in hooks:
             hook.remove()
     tracker = found[-1]  # the measured step's (a trace builds one)

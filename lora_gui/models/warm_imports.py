@@ -20,7 +20,8 @@ CLASSES = ("AutoencoderKL", "UNet2DConditionModel", "SD3Transformer2DModel", "Fl
            "DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler",
            "StableDiffusionPipeline",
            "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline",
-           "AutoencoderKLWan", "WanTransformer3DModel", "WanPipeline")
+           "AutoencoderKLWan", "WanTransformer3DModel", "WanPipeline",
+           "AutoencoderKLLTXVideo", "LTXVideoTransformer3DModel", "LTXPipeline")
 SUBMODULES = ("diffusers.models.activations", "diffusers.models.attention_dispatch",
               "diffusers.models.attention_processor", "diffusers.models.embeddings",
               "diffusers.models.transformers.transformer_flux", "diffusers.training_utils",

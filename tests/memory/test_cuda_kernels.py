@@ -99,7 +99,7 @@ def test_workspace_adds_to_the_peak_only_where_it_is_alive(monkeypatch):
 def test_a_budget_below_context_and_weights_says_which_and_by_how_much():
     assert ck.fixed_shortfall(8 * 10**9, 500 * 2**20, 5 * 10**9) is None
     msg = ck.fixed_shortfall(400 * 2**20, 500 * 2**20, 10**9)
-    assert "CUDA context alone" in msg and "0.10 GB" in msg
+    assert "CUDA context alone" in msg and "0.105 GB short" in msg
     msg = ck.fixed_shortfall(2 * 10**9, 500 * 2**20, 16 * 10**9)
     assert "frozen weights" in msg and "14.52 GB" in msg
 
