@@ -39,6 +39,22 @@ def parallel_from_form(gpus: Any, sharing: Any, field: str = "GPUs") -> Parallel
     return Parallel(n, fsdp, fsdp and choice == FSDP_OFFLOAD)
 
 
+def check_for_run(parallel: Parallel, task: str, quantization: str) -> None:
+    """Refuses a sharing the run cannot use, before anything is planned or started.
+
+    Raises:
+        ConfigError: FSDP for a picture run, or over an int8 base (what to pick instead).
+    """
+    if not parallel.fsdp:
+        return
+    if task != "text":
+        raise ConfigError(f"sharing over GPUs: FSDP shards text runs; a {task} run on "
+                          f"{parallel.world_size} GPUs runs replicated (pick {REPLICATED})")
+    if quantization == "int8":
+        raise ConfigError("sharing over GPUs: FSDP cannot shard an int8 base (its row scales live "
+                          f"outside the weights); use quantization nf4, or pick {REPLICATED}")
+
+
 def predict_kwargs(parallel: Parallel) -> dict[str, Any]:
     """The keyword arguments of ``memory.predict.predict`` for ``parallel`` (as the CLI passes)."""
     return {"processes": parallel.world_size, "fsdp": parallel.fsdp, "offload": parallel.offload}

@@ -101,10 +101,7 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
                                    "quantization": quantization, "optimizer": optimizer})
         question = report.resolve_question(cfg, budget_gb=budget_gb or None, device=device,
                                            budget_from="VRAM budget")
-        if parallel.fsdp and cfg.task != "text":
-            raise ConfigError(f"sharing over GPUs: FSDP is planned for text runs; a {cfg.task} run on "
-                              f"{parallel.world_size} GPUs is planned replicated "
-                              f"(pick {gpu_share.REPLICATED})")
+        gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
         pred = predict(question.cfg, None, question.device, **gpu_share.predict_kwargs(parallel))
         budget = question.budget.bytes
         rows = [] if cfg.task == "image" else planner.what_fits_where(
