@@ -26,9 +26,10 @@ def parallel_from_form(gpus: Any, sharing: Any, field: str = "GPUs") -> Parallel
     Raises:
         ConfigError: a count that is not a whole number >= 1, or a choice not in CHOICES (named).
     """
+    count = 1 if gpus is None or gpus == "" else gpus  # an empty field: one GPU
     try:
-        n = int(gpus or 1)
-        if n != float(gpus or 1) or n < 1:
+        n = int(count)
+        if n != float(count) or n < 1:
             raise ValueError
     except (TypeError, ValueError):
         raise ConfigError(f"{field}: {gpus!r} is not a whole number of GPUs (1 or more)") from None
