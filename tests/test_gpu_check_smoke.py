@@ -116,6 +116,25 @@ def test_the_tuned_peers_table_shows_measured_and_skipped_rows():
     assert "| Unsloth needs a CUDA GPU |" in table and "failed: ValueError: x" in table
 
 
+def _check(tmp_path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "bench.gpu.check", "--out", str(tmp_path), *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+
+
+def test_the_2_gpu_check_says_it_skipped_without_two_gpus(tmp_path):
+    """On a machine without two GPUs the section writes one row saying so, and the report too."""
+    import torch
+
+    out = _check(tmp_path, "--sections", "multi_gpu")
+    assert out["errors"] == {}
+    assert out["multi_gpu"] == [{"row": "2 GPUs, FSDP, nf4 base",
+                                 "skipped": f"skipped: {torch.cuda.device_count()} GPUs"}]
+    assert "2 GPUs, FSDP, nf4 base: skipped: " in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_peers_smoke_runs_tuned_trl_and_says_why_unsloth_cannot(tmp_path):
@@ -130,3 +149,19 @@ def test_peers_smoke_runs_tuned_trl_and_says_why_unsloth_cannot(tmp_path):
     assert {t for _, t in by} == {"lora_gui", "trl-tuned", "unsloth"}
     assert all(by[(n, "unsloth")]["skipped"] == "Unsloth needs a CUDA GPU" for n in (128, "mixed"))
     assert all(by[(n, t)]["real_tokens_per_s"] > 0 for n in (128, "mixed") for t in ("lora_gui", "trl-tuned"))
+
+
+def test_the_2_gpu_checks_smoke_mode_reads_each_ranks_peak_beside_the_per_rank_plan(tmp_path):
+    """Smoke mode: the same launch (accelerate, the FSDP config, 2 gloo processes) on the bundled
+    model; each rank's measured peak (the tracker) beside the per-rank plan, which is the figure
+    the run logged as its own plan."""
+    out = _check(tmp_path, "--smoke", "--sections", "multi_gpu")
+    assert out["errors"] == {}
+    rows = out["multi_gpu"]
+    assert [r["rank"] for r in rows] == [0, 1]
+    for row in rows:
+        assert row["fsdp"] is True and row["world_size"] == 2 and row["measured_source"] == "tracker"
+        assert row["predicted_bytes"] == row["run_predicted_bytes"] > 0
+        assert row["measured_bytes"] > row["frozen_bytes"] > 0
+        assert row["error"] == (row["predicted_bytes"] - row["measured_bytes"]) / row["measured_bytes"]
+    assert "| bundled demo model | 1 | 64 x 4 |" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")

@@ -6,8 +6,13 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+import pytest
+
+from lora_gui.config import ConfigError
 from lora_gui.memory.predict.longest_text import Longest, describe
+from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.planner import CardFit
+from lora_gui.ui import gpu_share
 from lora_gui.ui.tabs import plan_handlers
 
 MIB, GB = 2**20, 10**9
@@ -112,3 +117,72 @@ def test_a_stale_answer_is_marked_and_an_empty_one_stays_empty():
     marked = plan_handlers.mark_stale("**Fits** — ...", "")
     assert marked[0].startswith(plan_handlers.STALE) and marked[1] == ""
     assert plan_handlers.mark_stale(*marked) == marked  # marked once
+
+
+def _cli(capsys, *args: str) -> str:
+    from lora_gui.cli import main
+
+    capsys.readouterr()
+    assert main(["plan", "--preset", "text-demo", "--set", "quantization=nf4", "--device", "cuda",
+                 "--budget-gb", "24", *args]) == 0
+    return capsys.readouterr().out
+
+
+def _spied_plan(monkeypatch, gpus: int, sharing: str):
+    """The Plan tab's answer for text-demo on an nf4 base, and the prediction it showed."""
+    import lora_gui.memory.predict as predict_module
+
+    real, seen = predict_module.predict, []
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(predict_module, "predict", spy)
+    _, text, _, _ = plan_handlers.plan("text-demo", "builtin", 0, 0, 24, "cuda", False, "nf4",
+                                       gpus=gpus, sharing=sharing)
+    assert len(seen) == 1 and not text.startswith("Error"), text
+    return text, seen[0]
+
+
+@pytest.mark.slow
+def test_the_plan_tabs_figure_for_2_gpus_with_fsdp_is_the_clis(monkeypatch, capsys):
+    """2 GPUs, FSDP over an nf4 base: the figure the tab shows is `plan --world-size 2 --fsdp
+    --json`'s peak_bytes, per GPU, with the frozen weights split (the whole peak of this small
+    model is not lower: NCCL's buffers on each GPU outweigh half its weights)."""
+    import json
+
+    from lora_gui.units import gb
+
+    cli = json.loads(_cli(capsys, "--world-size", "2", "--fsdp", "--json"))
+    text, pred = _spied_plan(monkeypatch, 2, gpu_share.FSDP)
+    assert pred.peak_bytes == cli["peak_bytes"]
+    assert gb(cli["peak_bytes"]) in text and "Per GPU: 2 GPUs, FSDP" in text
+    _, one = _spied_plan(monkeypatch, 1, gpu_share.FSDP)
+    assert one.step.breakdown["frozen_weights"] > pred.step.breakdown["frozen_weights"]
+
+
+@pytest.mark.slow
+def test_the_plan_tab_names_the_offloaded_shards_host_memory_as_the_cli(monkeypatch, capsys):
+    from lora_gui.units import gb
+
+    cli = _cli(capsys, "--world-size", "2", "--fsdp", "--offload")
+    text, pred = _spied_plan(monkeypatch, 2, gpu_share.FSDP_OFFLOAD)
+    host = pred.step.info["fsdp_offload_host_bytes"]
+    assert host > 0 and f"host memory for the offloaded shards: {gb(host)} per machine" in cli
+    assert f"Host memory for the offloaded shards: **{gb(host)}** per machine" in text
+    assert f"({gb(pred.peak_bytes)}" in cli or gb(pred.peak_bytes) in cli  # the same per-GPU peak
+
+
+def test_the_gpu_fields_are_read_as_the_cli_reads_its_flags():
+    assert gpu_share.parallel_from_form(2, gpu_share.FSDP_OFFLOAD) == Parallel(2, True, True)
+    assert gpu_share.parallel_from_form(4, gpu_share.REPLICATED) == Parallel(4, False, False)
+    assert gpu_share.parallel_from_form(1, gpu_share.FSDP) == Parallel(1, False, False)  # nothing to shard
+    assert gpu_share.parallel_from_form(None, None) == Parallel(1, False, False)
+    for bad in (0, 1.5, "two"):
+        with pytest.raises(ConfigError, match=f"GPUs: {bad!r}"):
+            gpu_share.parallel_from_form(bad, gpu_share.FSDP)
+    with pytest.raises(ConfigError, match="'ZeRO'"):
+        gpu_share.parallel_from_form(2, "ZeRO")
+    _, text, _, _ = plan_handlers.plan("text-demo", "builtin", 0, 0, 24, "cuda", False, gpus=0)
+    assert text == "Error: GPUs: 0 is not a whole number of GPUs (1 or more)"

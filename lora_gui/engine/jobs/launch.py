@@ -37,14 +37,22 @@ POLL_S = 0.5  # seconds between reads of the run folder
 REPO = Path(__file__).resolve().parents[3]  # where `python -m lora_gui` is importable from
 
 
-def launch_command(preset_file: Path, out: Path, processes: int, resume: bool) -> list[str]:
+FSDP_CONFIG = REPO / "presets" / "accelerate" / "fsdp.yaml"  # FSDP2, one unit per decoder layer
+
+
+def launch_command(preset_file: Path, out: Path, processes: int, resume: bool, *, fsdp: bool = False,
+                   offload: bool = False) -> list[str]:
     """The command line of a run: the CLI itself for one process, accelerate launch for
-    ``processes`` local processes."""
+    ``processes`` local processes: replicated (DDP), or with ``fsdp`` the frozen weights sharded
+    by presets/accelerate/fsdp.yaml (``offload``: the shards in host memory), as the plan for
+    ``--world-size N --fsdp [--offload]`` assumes."""
     run = ["--resume", str(out)] if resume else [
         "--preset", str(preset_file), "--out", str(out), "--overwrite"]
     if processes <= 1:
         return [sys.executable, "-m", "lora_gui", "train", *run, "--quiet"]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+    how = (["--config_file", str(FSDP_CONFIG), "--fsdp_offload_params", "true" if offload else "false"]
+           if fsdp else ["--multi_gpu"])
+    return [sys.executable, "-m", "accelerate.commands.launch", *how, "--num_processes",
             str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "-m", "lora_gui", "train", *run, "--quiet"]
 
@@ -71,9 +79,11 @@ class _Tail:
         return [json.loads(line) for line in chunk[:end].decode().splitlines() if line.strip()], restarted
 
 
-def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path) -> None:
+def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir: Path, *,
+                 fsdp: bool = False, offload: bool = False) -> None:
     """Runs the job as a process of its own and mirrors its run folder into ``job`` (a
-    :class:`lora_gui.engine.jobs.manager.Job`) until it exits; sets the job's status and summary."""
+    :class:`lora_gui.engine.jobs.manager.Job`) until it exits; sets the job's status and summary.
+    ``fsdp`` / ``offload``: how several processes share the model (:func:`launch_command`)."""
     # bad input is refused before an older run is replaced: nothing lost
     check_before_replacing(job.cfg, job.out, check_inputs, resume=resume, overwrite=overwrite)
     prepare_run_dir(job.out, resume=resume, overwrite=overwrite)  # folder errors show in the UI at once
@@ -89,7 +99,8 @@ def run_launched(job, processes: int, resume: bool, overwrite: bool, launch_dir:
         env = {**os.environ, "PYTHONPATH": path}
         use_expandable_segments(env)  # the run's CUDA allocator, as its plan models it
         # a session of its own: the run outlives the dashboard and its terminal's Ctrl-C
-        proc = subprocess.Popen(launch_command(preset, job.out, processes, resume), stdout=log,
+        command = launch_command(preset, job.out, processes, resume, fsdp=fsdp, offload=offload)
+        proc = subprocess.Popen(command, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         job.pid = proc.pid

@@ -138,9 +138,10 @@ class JobManager:
         return self.queue_runner
 
     def start(self, cfg: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
-              processes: int = 1) -> Job:
+              processes: int = 1, fsdp: bool = False, offload: bool = False) -> Job:
         """Starts a training run as a process of its own (``python -m lora_gui train``, or
-        ``accelerate launch`` on ``processes`` local GPUs), followed through its run folder."""
+        ``accelerate launch`` on ``processes`` local GPUs, with ``fsdp`` sharding the frozen
+        weights, ``offload`` keeping the shards in host memory), followed through its run folder."""
         if self.gate is not None:
             self.gate(cfg)  # paths outside the dashboard's folders: refused before anything starts
         with start_lock(out.parent), self._lock:  # one run on the card across dashboards
@@ -154,7 +155,8 @@ class JobManager:
         job.control.on_event = job.on_engine_event
         job.control.on_sample = job.add_sample
         job.add_event(f"{'resuming' if resume else 'starting'} {job.name}")
-        thread = threading.Thread(target=self._run_launched, args=(job, processes, resume, overwrite),
+        thread = threading.Thread(target=self._run_launched,
+                                  args=(job, processes, resume, overwrite, fsdp, offload),
                                   daemon=True, name=f"train-{job.name}")
         thread.start()
         return job
@@ -190,12 +192,14 @@ class JobManager:
         threading.Thread(target=run, daemon=True, name=f"{kind}-{name}").start()
         return job
 
-    def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool) -> None:
+    def _run_launched(self, job: Job, processes: int, resume: bool, overwrite: bool, fsdp: bool = False,
+                      offload: bool = False) -> None:
         from lora_gui.engine.jobs.launch import run_launched
 
         launch_dir = job.out.parent / ".launch"
         try:
-            self._guarded(job, lambda: run_launched(job, processes, resume, overwrite, launch_dir))
+            self._guarded(job, lambda: run_launched(job, processes, resume, overwrite, launch_dir,
+                                                    fsdp=fsdp, offload=offload))
         finally:
             release_card(job.out.parent, job.out)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gradio as gr
 
 from lora_gui.config import choices_of
-from lora_gui.ui import common, forms
+from lora_gui.ui import common, forms, gpu_share
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import plan_handlers as handlers
 
@@ -38,6 +38,11 @@ def build() -> dict[str, gr.components.Component]:
         lora_rank, batch_size, checkpointing, quantization, optimizer = (
             forms.widget_for(fields[name], defaults[name], elem_prefix="plan")
             for name in ("lora_rank", "batch_size", "gradient_checkpointing", "quantization", "optimizer"))
+    with gr.Row():  # several GPUs: the figures are one GPU's (plan --world-size N --fsdp [--offload])
+        gpus = gr.Number(value=1, precision=0, minimum=1, label="GPUs", elem_id="plan-gpus",
+                         info="Processes of one run, one per GPU; figures per GPU.")
+        sharing = gr.Radio(list(gpu_share.CHOICES), value=gpu_share.FSDP, label="Several GPUs",
+                           info=gpu_share.HELP, elem_id="plan-sharing", scale=2)
     with gr.Row():
         button = gr.Button("Plan", variant="primary", elem_id="plan-button")
         longest = gr.Button("Longest that fits", elem_id="plan-longest")
@@ -55,10 +60,11 @@ def build() -> dict[str, gr.components.Component]:
     budget.input(lambda: common.CUSTOM_CARD, None, card)
     settings = [max_seq_len, resolution, budget, device, checkpointing, quantization, optimizer,
                 lora_rank, batch_size]
-    inputs = [preset, model, *settings]
+    inputs = [preset, model, *settings, gpus, sharing]
     preset.input(handlers.preset_settings, preset,
                  [max_seq_len, resolution, checkpointing, quantization, optimizer, lora_rank, batch_size])
-    for widget in [preset, model, card, host_gb, *settings]:  # an answer for other settings is stale
+    # an answer for other settings is stale
+    for widget in [preset, model, card, host_gb, gpus, sharing, *settings]:
         widget.change(handlers.mark_stale, [message, longest_message], [message, longest_message])
     button.click(lambda: "", None, longest_message).then(  # the earlier longest answer goes with it
         handlers.plan, inputs, [chart, message, buckets, cards])
@@ -67,4 +73,4 @@ def build() -> dict[str, gr.components.Component]:
                    batch_size], longest_message)
     return {"card": card, "button": button, "chart": chart, "message": message, "preset": preset,
             "longest": longest, "longest_message": longest_message, "host_gb": host_gb,
-            "lora_rank": lora_rank, "batch_size": batch_size}
+            "lora_rank": lora_rank, "batch_size": batch_size, "gpus": gpus, "sharing": sharing}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lora_gui.config import ConfigError, RunConfig
-from lora_gui.ui import charts, common, paths
+from lora_gui.ui import charts, common, gpu_share, paths
 
 IMAGE_PLAN_RESOLUTIONS = (512, 768, 1024, 1280, 1536)
 # The RunConfig settings the tab shows (in its order) and their values on a fresh page.
@@ -70,10 +70,13 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
 def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_gb: float, device: str,
          checkpointing: bool, quantization: str = "none", optimizer: str = "auto",
          lora_rank: float | None = None, batch_size: float | None = None,
+         gpus: float | None = 1, sharing: str = gpu_share.REPLICATED,
          ) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
     """Breakdown figure, verdict, bucket table and card table (source: predicted): the run's own
     plan (the same call and the same budget rule as ``python -m lora_gui plan`` and the Train
-    tab), or for a bundled UNet config (shapes only) the trace at one resolution."""
+    tab), or for a bundled UNet config (shapes only) the trace at one resolution. With ``gpus``
+    above 1 the figures are one GPU's, shared as ``sharing`` says (``plan --world-size N
+    [--fsdp [--offload]]``)."""
     from lora_gui.memory.predict import planner, predict, report, run_plan
     from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
 
@@ -81,7 +84,11 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
     try:
         if not budget_gb:
             raise ConfigError("budget_gb: pick a card or type a VRAM budget in GB to plan against")
+        parallel = gpu_share.parallel_from_form(gpus, sharing)
         if model in bundled_model_names() and is_unet_config(load_model_config(model)):
+            if parallel.world_size > 1:
+                raise ConfigError(f"GPUs: {parallel.world_size}; a bundled UNet config is planned for one "
+                                  "GPU (pick a preset with its pipeline to plan several)")
             budget = report.resolve_budget(RunConfig(), budget_gb or None, budget_from="VRAM budget").bytes
             result, step, rows = _plan_image(model, int(resolution or 0), budget, device, bool(checkpointing))
             return _outputs(result, step, rows, budget, device, "batch 1 at this resolution", image=True)
@@ -94,17 +101,19 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
                                    "quantization": quantization, "optimizer": optimizer})
         question = report.resolve_question(cfg, budget_gb=budget_gb or None, device=device,
                                            budget_from="VRAM budget")
-        pred = predict(question.cfg, None, question.device)
+        gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
+        pred = predict(question.cfg, None, question.device, **gpu_share.predict_kwargs(parallel))
         budget = question.budget.bytes
-        if cfg.task == "image":
-            return _outputs(pred.plan, pred.step, [], budget, device, "the run's largest micro-batch",
-                            pred.peak_bytes, image=True)
-        rows = planner.what_fits_where(run_plan.model_config_for(cfg), chosen=cfg.max_seq_len,
-                                       cards_gb=cards_with(budget), **run_plan.step_kwargs(cfg, "cuda"))
+        rows = [] if cfg.task == "image" else planner.what_fits_where(
+            run_plan.model_config_for(cfg), chosen=cfg.max_seq_len, cards_gb=cards_with(budget),
+            **run_plan.step_kwargs(cfg, "cuda"))
     except (ValueError, *common.USER_ERRORS) as err:
         return charts.breakdown_figure({}, {}), f"Error: {err}", empty, empty
-    return _outputs(pred.plan, pred.step, rows, budget, device, "the run's largest micro-batch",
-                    pred.peak_bytes)
+    figure, text, buckets, cards = _outputs(pred.plan, pred.step, rows, budget, device,
+                                            "the run's largest micro-batch", pred.peak_bytes,
+                                            image=cfg.task == "image")
+    note = gpu_share.parallel_note(parallel, pred.step)
+    return figure, f"{text}\n\n{note}" if note else text, buckets, cards
 
 
 def cards_with(budget: int) -> tuple[float, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from lora_gui.ui import charts, common, forms, live, live_charts, live_panel, run_status
+from lora_gui.ui import charts, common, forms, gpu_share, live, live_charts, live_panel, run_status
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
@@ -95,9 +95,11 @@ def _top_bar(default: str, names: list[str], values: dict[str, Any]) -> dict[str
         processes = gr.Number(value=max(1, common.gpu_count()), precision=0, elem_id="processes",
                               label="Processes (one per GPU; started with accelerate launch)",
                               visible=common.gpu_count() > 1)
+        sharing = gr.Radio(list(gpu_share.CHOICES), value=gpu_share.REPLICATED, label="Several GPUs",
+                           info=gpu_share.HELP, elem_id="sharing", visible=common.gpu_count() > 1)
     gr.Markdown(common.budget_note(), elem_id="budget-note")
     return {"preset": preset, "run_name": run_name, "card": card, "processes": processes,
-            "budget": budget}
+            "sharing": sharing, "budget": budget}
 
 
 def _buttons() -> dict[str, Any]:
@@ -134,7 +136,7 @@ def _lower_section(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, run_name: gr.Textbox,
-                      processes: gr.Number, status: gr.Markdown) -> None:
+                      processes: gr.Number, sharing: gr.Radio, status: gr.Markdown) -> None:
     """Start / Overwrite / Resume (each refused with the field marked when a setting is bad),
     Cancel and Stop; each updates the run's status line at once (not at the next tick), so
     "Started" never stands beside "No training yet"."""
@@ -142,7 +144,8 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
 
     def start_as(how: str):
         def go(data: dict) -> dict:
-            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how)
+            text, errors, ask = handle.start(data[run_name], data[processes], form.named(data), how,
+                                             data[sharing])
             return {message: text, confirm: gr.update(visible=ask), status: handle.status_text(),
                     **forms.error_updates(form, errors)}
         return go
@@ -155,6 +158,9 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
     buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
 
     def enqueue(data: dict) -> dict:  # the same form -> settings path and messages as Start
+        if int(data[processes] or 1) > 1 and data[sharing] != gpu_share.REPLICATED:
+            return {message: f"Not queued: the queue starts runs on several GPUs replicated only; pick "
+                             f"{gpu_share.REPLICATED}, or start this run with Start."}
         text, errors = queued.add_from_form(data[run_name], data[processes], form.named(data))
         return {message: text, confirm: gr.update(visible=False), **forms.error_updates(form, errors)}
 
@@ -214,14 +220,15 @@ def build() -> dict[str, Any]:
     message = buttons["message"]
     panel = {"text": predicted, **details}
 
-    inputs = {processes, *form.components}
+    sharing = top["sharing"]
+    inputs = {processes, sharing, *form.components}
     panel_out = [panel["text"], panel["chart"], panel["table"]]
 
     def estimate(data: dict, request: gr.Request) -> dict:
         cfg_values = form.named(data)
-        handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, data[processes])
+        handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, [data[processes], data[sharing]])
         _, errors = handle.config_from_form(cfg_values)
-        text, fig, rows = handle.prediction_view(cfg_values, data[processes], exact=False)
+        text, fig, rows = handle.prediction_view(cfg_values, data[processes], False, data[sharing])
         ready = gr.update(interactive=not errors)  # Start waits while a field is marked
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
                 panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
@@ -230,8 +237,9 @@ def build() -> dict[str, Any]:
 
     def plan(data: dict, request: gr.Request) -> Iterator[tuple]:
         values = form.named(data)
-        for view in handle.prediction_views(values, data[processes]):  # the plan, then its hint
-            if not handle.SHOWN_FORMS.is_current(request.session_hash, values, data[processes]):
+        shown = [data[processes], data[sharing]]
+        for view in handle.prediction_views(values, *shown):  # the plan, then its hint
+            if not handle.SHOWN_FORMS.is_current(request.session_hash, values, shown):
                 yield (gr.update(),) * len(view)  # the page's settings changed while this planned
                 return
             yield view
@@ -281,11 +289,11 @@ def build() -> dict[str, Any]:
     # typed values come as input events; a value set at once (pasted, autofilled, a test's fill)
     # raises no input event in a textbox, so a textbox's change counts too
     typed = [w.change for w in form.components if isinstance(w, gr.Textbox)]
-    gr.on([*(w.input for w in [*form.components, processes]), *typed], estimate, estimate_in,
+    gr.on([*(w.input for w in [*form.components, processes, sharing]), *typed], estimate, estimate_in,
           estimate_out, trigger_mode="always_last").then(plan, inputs, panel_out, concurrency_limit=1,
                                            concurrency_id="plan", trigger_mode="always_last")
 
-    _wire_run_buttons(buttons, form, inputs, run_name, processes, plots["status"])
+    _wire_run_buttons(buttons, form, inputs, run_name, processes, sharing, plots["status"])
 
     filled = [form.widgets[k] for k in longest_handlers.FILLED if k in form.widgets]
 

@@ -13,7 +13,7 @@ from typing import Any
 from lora_gui.config import ConfigError, RunConfig, diff_from_defaults
 from lora_gui.engine.core.rundir import RUN_FILES, load_run_config
 from lora_gui.errors import clip
-from lora_gui.ui import charts, common, forms, live
+from lora_gui.ui import charts, common, forms, gpu_share, live
 from lora_gui.ui.input_checks import one_line
 from lora_gui.ui.run_status import status_line  # the status the timer shows (read here by tests)
 from lora_gui.units import GB, gb
@@ -102,8 +102,9 @@ def holds_run(out: Path) -> bool:
 
 
 def start(run_name: str, processes: Any, values: dict[str, Any], how: str = START_NEW,
-          ) -> tuple[str, dict[str, str], bool]:
+          sharing: str = gpu_share.REPLICATED) -> tuple[str, dict[str, str], bool]:
     """Start / Overwrite / Resume. Returns (message, {setting: message}, ask to confirm).
+    ``sharing``: how several processes share the model (:mod:`lora_gui.ui.gpu_share`).
 
     A folder that holds another run is refused until the user picks overwrite or resume (as
     the CLI's --overwrite / --resume)."""
@@ -112,19 +113,25 @@ def start(run_name: str, processes: Any, values: dict[str, Any], how: str = STAR
         if how == START_RESUME:
             cfg = load_run_config(out)
             n = check_processes(processes, cfg.task)
-            job = common.MANAGER.start(cfg, out, resume=True, processes=n)
+            parallel = gpu_share.parallel_from_form(n, sharing, "processes")
+            gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
+            job = common.MANAGER.start(cfg, out, resume=True, processes=n, fsdp=parallel.fsdp,
+                                       offload=parallel.offload)
             return f"Resuming **{job.name}** → `{job.out}`", {}, False
         cfg, errors = config_from_form(values)
         if cfg is None:
             return "Error: not started; fix the setting marked ⚠ (nothing was written).", errors, False
         n = check_processes(processes, cfg.task)
+        parallel = gpu_share.parallel_from_form(n, sharing, "processes")
+        gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
         if how == START_NEW and holds_run(out):
             return (f"`{out}` holds another run. Overwrite it, resume it, or pick another run "
                     "name.", {}, True)
-        job = common.MANAGER.start(cfg, out, overwrite=how == START_OVERWRITE, processes=n)
+        job = common.MANAGER.start(cfg, out, overwrite=how == START_OVERWRITE, processes=n,
+                                   fsdp=parallel.fsdp, offload=parallel.offload)
     except common.USER_ERRORS as err:
         return f"Error: {err}", {}, False
-    on = f" on {n} GPUs (accelerate launch)" if n > 1 else ""
+    on = f" on {parallel.label()} (accelerate launch)" if n > 1 else ""
     return f"Started **{job.name}** ({cfg.task}){on} → `{job.out}`", {}, False
 
 
@@ -187,25 +194,27 @@ def _inputs_stamp(values: dict[str, Any]) -> tuple:
     return tuple(stamp)
 
 
-def prediction_view(values: dict[str, Any], processes: Any, exact: bool) -> tuple[str, Any, list]:
+def prediction_view(values: dict[str, Any], processes: Any, exact: bool,
+                    sharing: str = gpu_share.REPLICATED) -> tuple[str, Any, list]:
     """(text, breakdown figure, [bucket, micro-batch] rows) for the form as it stands.
 
     exact=False: the instant closed-form estimate; exact=True: the plan the run itself makes
     when it starts (same function, same inputs), with the faster-within-the-budget line when
     there is one (:func:`prediction_views` shows the plan before that line is found)."""
     if exact:
-        *_, view = prediction_views(values, processes)
+        *_, view = prediction_views(values, processes, sharing)
         return view
-    return _prediction_view(values, processes, exact)[0]
+    return _prediction_view(values, processes, exact, sharing)[0]
 
 
-def prediction_views(values: dict[str, Any], processes: Any) -> Iterator[tuple[str, Any, list]]:
+def prediction_views(values: dict[str, Any], processes: Any,
+                     sharing: str = gpu_share.REPLICATED) -> Iterator[tuple[str, Any, list]]:
     """The run's own plan for the form, then, when a checkpointing run has room in its budget, the
     same with the fewest layers it could checkpoint: that search makes a few more plans (about
     log2(layers)), so the plan is on screen while it runs. Pages that ask with the same settings
     (and the same data and model files) share one of each."""
-    key = (json.dumps([values, processes], sort_keys=True, default=str), _inputs_stamp(values))
-    view, hint_args = PLANS.get(key, lambda: _prediction_view(values, processes, True))
+    key = (json.dumps([values, processes, sharing], sort_keys=True, default=str), _inputs_stamp(values))
+    view, hint_args = PLANS.get(key, lambda: _prediction_view(values, processes, True, sharing))
     yield view
     if hint_args is not None:
         hint = PLANS.get((key, "faster"), lambda: _faster_hint(*hint_args))
@@ -213,8 +222,8 @@ def prediction_views(values: dict[str, Any], processes: Any) -> Iterator[tuple[s
             yield (view[0] + hint, *view[1:])
 
 
-def _prediction_view(values: dict[str, Any], processes: Any,
-                     exact: bool) -> tuple[tuple[str, Any, list], tuple | None]:
+def _prediction_view(values: dict[str, Any], processes: Any, exact: bool,
+                     sharing: str = gpu_share.REPLICATED) -> tuple[tuple[str, Any, list], tuple | None]:
     """(the view, the faster-within-the-budget search's arguments or None)."""
     from lora_gui.memory.predict import estimate, predict
 
@@ -225,14 +234,18 @@ def _prediction_view(values: dict[str, Any], processes: Any,
     budget = int(cfg.budget_gb * GB) or None
     try:
         n = check_processes(processes, cfg.task)
-        pred = predict(cfg, processes=n) if exact else estimate(cfg)
+        parallel = gpu_share.parallel_from_form(n, sharing, "processes")
+        gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
+        # the quick estimate is one GPU's; the run's own plan is per GPU, as `plan --world-size N`
+        pred = predict(cfg, **gpu_share.predict_kwargs(parallel)) if exact else estimate(cfg)
     except (ValueError, NotImplementedError, RuntimeError, *common.USER_ERRORS) as err:
         return (f"No prediction for these settings: {err}", None, []), None
     if not exact and cfg.task == "image":  # the closed form misses pictures' activations by far
         return ("Planning the run on its pictures… (the run's own plan follows in a few seconds; "
                 "no quick estimate is shown for pictures: it is too rough to say whether a run fits)",
                 None, []), None
-    how = ("the run's own plan" if exact else "quick estimate; the run's own plan follows in a moment")
+    how = ("the run's own plan" if exact else "quick estimate for one GPU; the run's own plan follows "
+           "in a moment")
     text = (f"Predicted peak: **{gb(pred.peak_bytes)}** (source: predicted, {how}, "
             f"{pred.device}) — {_verdict(pred.peak_bytes, budget, pred.plan)}")
     if budget:
@@ -244,8 +257,11 @@ def _prediction_view(values: dict[str, Any], processes: Any,
     hint_args = None
     if budget and pred.peak_bytes > budget:
         text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
-    elif budget and exact and cfg.gradient_checkpointing:
+    elif budget and exact and cfg.gradient_checkpointing and not parallel.fsdp:  # the search is DDP's
         hint_args = (cfg, budget, n, pred)
+    note = gpu_share.parallel_note(parallel, pred.step) if exact and pred.step else ""
+    if note:
+        text += "\n\n" + note
     step = pred.step
     figure = charts.breakdown_figure(step.breakdown, step.cuda_overheads, budget) if step else None
     rows = [[f"{bucket} tokens" if cfg.task == "text" else f"{bucket} px", batch]
