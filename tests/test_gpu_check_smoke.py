@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,3 +146,30 @@ def test_image_peers_verdict_is_against_the_fastest_script_configuration_that_ra
     assert none["met"] is None and "no script configuration ran" in none["why"]
     text = "\n".join(markdown({"rows": [*scripts, row("lora_gui", 1.4, 50)], "verdicts": [met, none]}))
     assert "| 1.40x | 1.00x |" in text and "| met |" in text and "out of memory" in text
+
+
+def test_image_peer_step_meter_stamps_real_steps_only_and_stops_a_script_after_its_last():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.gpu.image_peer_run import StepMeter, StepsDone
+    from bench.gpu.image_peers import Contest, speed
+
+    meter = StepMeter(warmup=1, stop_after=2)
+    handle = meter.install()
+    try:
+        with FakeTensorMode():  # a planner's traced step: fake parameters, not a training step
+            fake = torch.nn.Parameter(torch.ones(3))
+            torch.optim.SGD([fake], lr=0.1).step()
+        real = torch.nn.Parameter(torch.ones(5))
+        opt = torch.optim.SGD([real], lr=0.1)
+        opt.step()
+        with pytest.raises(StepsDone):
+            opt.step()
+    finally:
+        handle.remove()
+    result = meter.result()
+    assert len(result["stamps"]) == 2 and result["trainable_params"] == 5
+    contest = Contest("flux", batch=2, steps=4, warmup=1)
+    timed = speed({"stamps": [0.0, 1.0, 1.5, 2.5]}, contest)  # gaps after the warm-up step: 1, 0.5, 1
+    assert timed == {"images_per_s": 2.0, "median_step_s": 1.0, "timed_steps": 3}
+    assert speed({"stamps": [0.0, 1.0], "out_of_memory": True}, contest)["images_per_s"] is None

@@ -50,10 +50,11 @@ class StepMeter:
         self.cuda = torch.cuda.is_available()
         self._reset = torch.cuda.reset_peak_memory_stats
 
-    def install(self) -> None:
+    def install(self) -> Any:
+        """Hooks every optimizer's steps (and, on CUDA, the peak resets); returns the hook's handle."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(self._on_step)
+        handle = register_optimizer_step_post_hook(self._on_step)
         if self.cuda:
             def folded_reset(*args: Any, **kwargs: Any) -> None:
                 self.fold()
@@ -61,6 +62,7 @@ class StepMeter:
 
             torch.cuda.reset_peak_memory_stats = folded_reset
             torch.cuda.memory.reset_peak_memory_stats = folded_reset
+        return handle
 
     def fold(self) -> None:
         """The peaks since the last reset, into the whole run's and (once started) the steady ones."""
@@ -154,7 +156,9 @@ def main() -> None:
         else:
             rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
             row |= run_script(args.script, rest, meter)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not isinstance(err, torch.OutOfMemoryError) and "out of memory" not in str(err):
+            raise  # a failure, not the device's memory: the row gets the traceback from the parent
         row |= {"out_of_memory": True, "error": traceback.format_exc(limit=2)[-2000:]}
     finally:
         if tracker is not None:

@@ -42,6 +42,7 @@ machine it is in .devsite, bench/gpu/device_kit.sh); without it the script rows 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -247,8 +248,11 @@ def contest_rows(contest: Contest, folder: Path, device: str, timeout_s: float =
 
     model = build_pipeline(contest, folder / f"{contest.pipeline}-model", device)
     images, captioned = image_folders(folder / f"{contest.pipeline}-data", contest.images, contest.resolution)
+    gc.collect()  # the built models, held in reference cycles until collected
+    held = 0
     if device == "cuda":
         torch.cuda.empty_cache()  # the builder's blocks: this process holds nothing during the runs
+        held = torch.cuda.memory_reserved()  # bytes; 0 expected, a row field so a reader can check
     common = ["--warmup", str(contest.warmup), "--steps", str(contest.steps)]
     rows = []
     precision = "bf16" if contest.full else "fp32"
@@ -276,7 +280,8 @@ def contest_rows(contest: Contest, folder: Path, device: str, timeout_s: float =
     per_image = statistics.median(counted) if counted else None
     for row in rows:
         row |= {"pipeline": contest.pipeline, "resolution": contest.resolution, "batch": contest.batch,
-                "steps": contest.steps, "rank": contest.rank, **speed(row, contest)}
+                "steps": contest.steps, "rank": contest.rank, "check_process_reserved_bytes": held,
+                **speed(row, contest)}
         same_lora = row.get("trainable_params") == lora.get("trainable_params")
         useful = per_image if same_lora else None
         rate = row["images_per_s"]  # MFU: one second's useful FLOPs over the card's peak
