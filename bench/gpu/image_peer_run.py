@@ -18,12 +18,15 @@ measured the same way (bench/gpu/image_peers.py starts it and reads its result f
 A script stops right after its last optimizer step is measured (its saving and its final
 pipeline reload spend device time, not training); a lora_gui run ends as it always does.
 A script that runs out of device memory returns ``out_of_memory: true`` rather than failing.
+Allocator settings: a lora_gui run gets expandable segments as its CLI gives them; a script runs
+with PyTorch's default unless the user set ``PYTORCH_CUDA_ALLOC_CONF`` (the row says which).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -142,7 +145,11 @@ def main() -> None:
     args = parser.parse_args()
     meter = StepMeter(args.warmup, args.steps if args.script else None)
     meter.install()
-    row: dict[str, Any] = {"out_of_memory": False}
+    if args.lora:  # as lora_gui's CLI starts a run: expandable segments unless the user set the allocator
+        from lora_gui.memory.runtime.alloc_conf import use_expandable_segments
+
+        use_expandable_segments()
+    row: dict[str, Any] = {"out_of_memory": False, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     tracker = None
     if not torch.cuda.is_available():  # smoke on a CPU: the tracker's whole-run peak
         from bench.peer_diffusers.launch import RealTracker

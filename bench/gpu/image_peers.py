@@ -215,9 +215,13 @@ def run_side(cmd: list[str], result: Path, timeout_s: float, script: bool) -> di
     """One side in a process of its own (ended if it outlives ``timeout_s``).
     A script's process alone has the bench's torchvision on its path: its CUDA build may not load
     its C++ ops, which bench/peer_diffusers/launch.py makes harmless for the scripts only."""
+    from lora_gui.memory.runtime.alloc_conf import ENV, EXPANDABLE
+
     deps = str(PEER_DEPS) if script and PEER_DEPS.is_dir() else ""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), deps, os.environ.get("PYTHONPATH", "")) if p)}
+    if script and env.get(ENV) == EXPANDABLE:  # lora_gui's own setting (the check sets it): a script
+        env.pop(ENV)  # runs with PyTorch's default allocator, as its users run it
     # in this process's group, so whoever ends the check (a test, a timeout) ends it too
     proc = subprocess.Popen([sys.executable, "-m", "bench.gpu.image_peer_run", "--result", str(result), *cmd],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -352,6 +356,11 @@ def markdown(result: dict[str, Any]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         note = "out of memory" if r.get("out_of_memory") else (r.get("error") or "")[-120:].replace("\n", " ")
+        switches = (r.get("engine") or {}).get("switches") or {}
+        if switches and not note:  # what lora_gui's own plan and defaults chose
+            note = (f"checkpointing {'on' if switches.get('gradient_checkpointing') else 'off'}, latents "
+                    f"cached: {switches.get('cache_latents')}, micro-batches a step: "
+                    f"{r.get('micro_batches_per_step')}")
         out.append(f"| {r['pipeline']} | {r['side']} | {r['config']} | {r['resolution']} | {r['batch']} | "
                    f"{num(r.get('images_per_s'), '.3f')} | {num(r.get('median_step_s'), '.3f')} | "
                    f"{num(r.get('mfu'), '.1%')} | {mib_of(r, 'peak_allocated_bytes')} | "
