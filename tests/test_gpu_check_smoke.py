@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,3 +166,97 @@ def test_the_2_gpu_checks_smoke_mode_reads_each_ranks_peak_beside_the_per_rank_p
         assert row["measured_bytes"] > row["frozen_bytes"] > 0
         assert row["error"] == (row["predicted_bytes"] - row["measured_bytes"]) / row["measured_bytes"]
     assert "| bundled demo model | 1 | 64 x 4 |" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_image_peers_smoke_runs_both_sides_and_judges_them(tmp_path):
+    """The image_peers section on a CPU (tiny SDXL and Flux, 64 px): lora_gui's run and each script
+    configuration in processes of their own, with images/s, MFU and peaks per row. The scripts
+    need the bench's torchvision (bench/.peer_deps); where it is missing their rows say so and the
+    verdict says it was not measured."""
+    from bench.gpu.image_peers import PEER_DEPS
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu.check", "--smoke", "--out", str(tmp_path),
+                             "--sections", "image_peers"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:  # a timeout or an interrupt ends the check and the runs it started (one process group)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    out = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    assert out["errors"] == {}
+    section = out["image_peers"]
+    rows, verdicts = section["rows"], section["verdicts"]
+    assert [v["pipeline"] for v in verdicts] == ["sdxl", "flux"]
+    for pipeline in ("sdxl", "flux"):
+        mine = [r for r in rows if r["pipeline"] == pipeline]
+        assert [r["side"] for r in mine] == ["diffusers script", "diffusers script", "lora_gui"]
+        assert [r.get("gradient_checkpointing") for r in mine[:2]] == [False, True]
+        lora = mine[2]
+        assert lora["images_per_s"] > 0 and lora["timed_steps"] == 2  # 4 steps, 2 of warm-up
+        assert lora["useful_flops_per_image"] > 0 and 0 < lora["mfu"] < 1.5
+        assert lora["peak_allocated_bytes"] > 0 and lora["memory_source"] == "tracker"
+        if (PEER_DEPS / "torchvision").is_dir():
+            for script in mine[:2]:  # the same LoRA on both sides: the same FLOPs per image
+                assert script["images_per_s"] > 0 and script["trainable_params"] == lora["trainable_params"]
+                assert script["useful_flops_per_image"] == lora["useful_flops_per_image"]
+            verdict = verdicts[[v["pipeline"] for v in verdicts].index(pipeline)]
+            assert verdict["met"] in (True, False) and verdict["speed_ratio"] > 0 and verdict["same_lora"]
+        else:
+            assert all("torchvision" in script["error"] for script in mine[:2])
+            assert all(v["met"] is None and "no script configuration ran" in v["why"] for v in verdicts)
+    assert "## Images: diffusers' LoRA scripts vs lora_gui" in (tmp_path / "gpu_check.md").read_text(
+        encoding="utf-8")
+
+
+def test_image_peers_verdict_is_against_the_fastest_script_configuration_that_ran():
+    from bench.gpu.image_peers import markdown, verdict
+
+    def row(side, rate, peak, gc=False, oom=False, params=100):
+        return {"pipeline": "flux", "side": side, "config": f"{side} gc={gc}", "images_per_s": rate,
+                "peak_allocated_bytes": peak, "peak_reserved_bytes": peak + 10, "out_of_memory": oom,
+                "trainable_params": params, "memory_source": "cuda_allocator", "resolution": 1024, "batch": 1}
+
+    scripts = [row("diffusers script", None, 90, oom=True), row("diffusers script", 1.0, 50, gc=True)]
+    met = verdict([*scripts, row("lora_gui", 1.4, 50)])
+    assert met["fastest_script_config"] == "diffusers script gc=True"  # the one without checkpointing ran out
+    assert met["met"] and abs(met["speed_ratio"] - 1.4) < 1e-9 and met["peak_allocated_ratio"] == 1.0
+    assert not verdict([*scripts, row("lora_gui", 1.2, 40)])["met"]  # too slow
+    assert not verdict([*scripts, row("lora_gui", 2.0, 51)])["met"]  # faster, but more peak memory
+    assert not verdict([*scripts, row("lora_gui", 2.0, 40, params=99)])["same_lora"]
+    none = verdict([scripts[0], row("lora_gui", 2.0, 40)])
+    assert none["met"] is None and "no script configuration ran" in none["why"]
+    text = "\n".join(markdown({"rows": [*scripts, row("lora_gui", 1.4, 50)], "verdicts": [met, none]}))
+    assert "| 1.40x | 1.00x |" in text and "| met |" in text and "out of memory" in text
+
+
+def test_image_peer_step_meter_stamps_real_steps_only_and_stops_a_script_after_its_last():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.gpu.image_peer_run import StepMeter, StepsDone
+    from bench.gpu.image_peers import Contest, speed
+
+    meter = StepMeter(warmup=1, stop_after=2)
+    handle = meter.install()
+    try:
+        with FakeTensorMode():  # a planner's traced step: fake parameters, not a training step
+            fake = torch.nn.Parameter(torch.ones(3))
+            torch.optim.SGD([fake], lr=0.1).step()
+        real = torch.nn.Parameter(torch.ones(5))
+        opt = torch.optim.SGD([real], lr=0.1)
+        opt.step()
+        with pytest.raises(StepsDone):
+            opt.step()
+    finally:
+        handle.remove()
+    result = meter.result()
+    assert len(result["stamps"]) == 2 and result["trainable_params"] == 5
+    contest = Contest("flux", batch=2, steps=4, warmup=1)
+    timed = speed({"stamps": [0.0, 1.0, 1.5, 2.5]}, contest)  # gaps after the warm-up step: 1, 0.5, 1
+    assert timed == {"images_per_s": 2.0, "median_step_s": 1.0, "timed_steps": 3}
+    assert speed({"stamps": [0.0, 1.0], "out_of_memory": True}, contest)["images_per_s"] is None

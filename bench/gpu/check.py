@@ -7,7 +7,9 @@
     python -m bench.gpu.check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
 Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex by
-default; ``peers``, TRL against lora_gui on the card, only when named: bench/gpu/peers.py);
+default; ``peers``, TRL against lora_gui on the card, and ``image_peers``, diffusers' LoRA
+scripts against lora_gui on SDXL and Flux at 1,024 px, only when named: bench/gpu/peers.py,
+bench/gpu/image_peers.py);
 both output files are rewritten after each, and a section that fails leaves its traceback
 under ``errors`` without losing the others. After each section on a GPU,
 ``context_bytes`` records what NVML shows beyond the allocator's reserve and
@@ -67,6 +69,7 @@ import torch
 
 from bench.docs.meta import stamp
 from bench.gpu import context as gpu_context
+from bench.gpu import image_peers as gpu_image_peers
 from bench.gpu import multi_gpu as gpu_multi
 from bench.gpu import peers as gpu_peers
 from bench.gpu import plans as gpu_plans
@@ -673,6 +676,8 @@ def _markdown(result: dict[str, Any]) -> str:
         out += ["", *gpu_peers.markdown(result["peers"])]
     if result.get("multi_gpu"):
         out += ["", *gpu_multi.markdown(result["multi_gpu"])]
+    if result.get("image_peers"):
+        out += ["", *gpu_image_peers.markdown(result["image_peers"])]
     out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
             "| model | card | seq | longest? | head groups | planned to fit | kernel | workspace MiB | "
             "measured alloc / reserved MiB | planned alloc / reserved MiB | reserved error |",
@@ -695,7 +700,8 @@ def _markdown(result: dict[str, Any]) -> str:
 # the order a lent card runs them in
 SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "multi_gpu")
 # asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu/peers.py)
-OPTIONAL_SECTIONS = ("peers",)
+# image_peers: diffusers' scripts need torchvision, bench-only (bench/gpu/image_peers.py)
+OPTIONAL_SECTIONS = ("peers", "image_peers")
 
 
 def _sections(smoke: bool, device: str) -> dict[str, Any]:
@@ -713,7 +719,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
                 "flex": lambda: check_flex([512], device, repeats=2),
                 "peers": lambda: gpu_peers.check_peers(smoke=True),
-                "multi_gpu": lambda: gpu_multi.check_multi_gpu(smoke=True)}
+                "multi_gpu": lambda: gpu_multi.check_multi_gpu(smoke=True),
+                "image_peers": lambda: gpu_image_peers.check_image_peers(smoke=True)}
     # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
     # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
     return {"context": gpu_context.check_context,
@@ -727,7 +734,8 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
             "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
             "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
-            "peers": gpu_peers.check_peers, "multi_gpu": gpu_multi.check_multi_gpu}
+            "peers": gpu_peers.check_peers, "multi_gpu": gpu_multi.check_multi_gpu,
+            "image_peers": gpu_image_peers.check_image_peers}
 
 
 def _context_bytes() -> int | None:
