@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "results" / "tables" / "plan_vs_run.json"
 PRESETS = ("text-demo", "chat-demo", "preference-demo")
 STEPS = 3
-MIB = 2**20
+GB = 1e9  # every figure in decimal GB, the unit the form shows
 
 
 def _cli(*args: str) -> str:
@@ -34,7 +34,7 @@ def _cli(*args: str) -> str:
     return res.stdout
 
 
-def row(preset: str, budget_gb: float | None, form_mib: str | None) -> list[str]:
+def row(preset: str, budget_gb: float | None, form_gb: str | None) -> list[str]:
     """[demo, budget, plan, form, run's own, tracked, plan / tracked - 1] for one demo."""
     sets = ["--set", f"max_steps={STEPS}"] + (["--set", f"budget_gb={budget_gb}"] if budget_gb else [])
     plan = json.loads(_cli("plan", "--preset", preset, "--json", *sets))
@@ -43,7 +43,7 @@ def row(preset: str, budget_gb: float | None, form_mib: str | None) -> list[str]
         report = json.loads(Path(folder, "run", "run.json").read_text(encoding="utf-8"))["memory_report"]
     tracked, own = report["peak_bytes"], report["predicted_peak_bytes"]
     return [preset, f"{budget_gb:g} GB (the form's)" if budget_gb else "none (as `train` without budget_gb)",
-            f"{plan['peak_bytes'] / MIB:,.1f}", form_mib or "-", f"{own / MIB:,.1f}", f"{tracked / MIB:,.1f}",
+            f"{plan['peak_bytes'] / GB:.4f}", form_gb or "-", f"{own / GB:.4f}", f"{tracked / GB:.4f}",
             f"{plan['peak_bytes'] / tracked - 1:+.2%}"]
 
 
@@ -55,16 +55,16 @@ def main() -> None:
         values = train_handlers.form_values(preset)  # as the dashboard fills the form, its budget too
         values["max_steps"] = STEPS
         shown, *_ = train_handlers.prediction_view(values, 1, True)
-        form_mib = shown.split("Predicted peak: **", 1)[1].split(" MiB", 1)[0]
-        rows.append(row(preset, values["budget_gb"], form_mib))
+        form_gb = shown.split("Predicted peak: **", 1)[1].split(" GB", 1)[0]  # as the form rounds it
+        rows.append(row(preset, values["budget_gb"], form_gb))
         rows.append(row(preset, None, None))
         print(rows[-2], rows[-1], flush=True)
     OUT.write_text(json.dumps({
         "meta": {**stamp(), "command": "python -m bench.memory.plan_vs_run",
                  "made_by": "bench/memory/plan_vs_run.py on this project's 2-core CPU machine (no GPU)"},
         "title": "The plan, the Train form and the run: one answer (text demos, 3 steps, CPU)",
-        "columns": ["demo", "budget", "plan --json MiB", "Train form MiB", "run's own plan MiB",
-                    "tracked peak MiB", "plan / tracked"],
+        "columns": ["demo", "budget", "plan --json GB", "Train form GB", "run's own plan GB",
+                    "tracked peak GB", "plan / tracked"],
         "rows": rows}, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUT}")
 
