@@ -6,8 +6,9 @@
                                                     # then on the GPU machine (~8 min on an H200)
     python -m bench.gpu.check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
-Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex by
-default; ``peers``, TRL against lora_gui on the card, only when named: bench/gpu/peers.py);
+Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex, video
+by default, video in bench/gpu/video.py; ``peers``, TRL against lora_gui on the card, only when
+named: bench/gpu/peers.py);
 both output files are rewritten after each, and a section that fails leaves its traceback
 under ``errors`` without losing the others. After each section on a GPU,
 ``context_bytes`` records what NVML shows beyond the allocator's reserve and
@@ -69,6 +70,7 @@ from bench.docs.meta import stamp
 from bench.gpu import context as gpu_context
 from bench.gpu import peers as gpu_peers
 from bench.gpu import plans as gpu_plans
+from bench.gpu import video as gpu_video
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -670,6 +672,8 @@ def _markdown(result: dict[str, Any]) -> str:
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
     if result.get("peers"):
         out += ["", *gpu_peers.markdown(result["peers"])]
+    if result.get("video"):
+        out += ["", *gpu_video.markdown(result["video"])]
     out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
             "| model | card | seq | longest? | head groups | planned to fit | kernel | workspace MiB | "
             "measured alloc / reserved MiB | planned alloc / reserved MiB | reserved error |",
@@ -690,7 +694,7 @@ def _markdown(result: dict[str, Any]) -> str:
 
 
 # the order a lent card runs them in
-SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex")
+SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "video")
 # asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu/peers.py)
 OPTIONAL_SECTIONS = ("peers",)
 
@@ -709,6 +713,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                     TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16),
                 "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
                 "flex": lambda: check_flex([512], device, repeats=2),
+                "video": lambda: gpu_video.check_video(device, smoke=True, plan_only=PLAN_ONLY[0]),
                 "peers": lambda: gpu_peers.check_peers(smoke=True)}
     # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
     # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
@@ -723,6 +728,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
             "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
             "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
+            "video": lambda: gpu_video.check_video(device, plan_only=PLAN_ONLY[0]),
             "peers": gpu_peers.check_peers}
 
 
