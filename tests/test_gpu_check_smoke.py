@@ -260,3 +260,37 @@ def test_image_peer_step_meter_stamps_real_steps_only_and_stops_a_script_after_i
     timed = speed({"stamps": [0.0, 1.0, 1.5, 2.5]}, contest)  # gaps after the warm-up step: 1, 0.5, 1
     assert timed == {"images_per_s": 2.0, "median_step_s": 1.0, "timed_steps": 3}
     assert speed({"stamps": [0.0, 1.0], "out_of_memory": True}, contest)["images_per_s"] is None
+
+
+@pytest.mark.integration
+def test_gpu_check_video_rows_plan_first_then_read_the_plans_back(tmp_path):
+    """The video section's smoke mode: tiny Wan- and LTX-shaped configs, planned alone first (as
+    on a CPU before a card is lent), then measured with those plans read back, not traced again."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    plans = tmp_path / "plans.json"
+    base = [sys.executable, "-m", "bench.gpu.check", "--smoke", "--out", str(tmp_path), "--sections", "video",
+            "--plans", str(plans)]
+    res = subprocess.run([*base, "--plan-only"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    written = json.loads(plans.read_text(encoding="utf-8"))
+    stored = written["plans"]
+    keys = [k for k in stored if k.startswith("video:")]
+    assert len(keys) == 3 and any("LTX" in k for k in keys) and any("checkpointing=True" in k for k in keys)
+    assert not (tmp_path / "gpu_check.json").exists()  # nothing measured
+    stored[keys[0]]["trace"]["peak_bytes"] += 4096  # a mark only the stored plan carries
+    plans.write_text(json.dumps(written), encoding="utf-8")
+    res = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    assert out["errors"] == {}
+    rows = out["video"]
+    assert [(r["clip"], r["gradient_checkpointing"], r["card"]) for r in rows] == [
+        ("64x32x9", False, None), ("64x32x9", True, "8gb"), ("64x64x17", False, None)]
+    for row, key in zip(rows, keys, strict=True):
+        trace = stored[key]["trace"]  # read back: the stored plan's figures, not a new trace
+        assert row["predicted_nvidia_smi_bytes"] == trace["peak_bytes"]
+        assert row["predicted_bytes"] <= row["predicted_reserved_bytes"] < row["predicted_nvidia_smi_bytes"]
+        assert row["video_tokens"] > 0 and row["planned_to_fit"] and row["agrees"]
+        assert row["out_of_memory"] is False
+    assert "## Video" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")

@@ -46,6 +46,8 @@ def table(slug: str, level: str = "###") -> str:
     parts = [f"{level} {data['title']}", ""]
     if command:
         parts += ["```", command, "```", ""]
+    if data.get("note"):
+        parts += [data["note"], ""]
     parts += [grid(data["columns"], data["rows"]), "", provenance(path, data["meta"])]
     return "\n".join(parts)
 
@@ -118,6 +120,8 @@ def figures() -> str:
     ticks = [float(row[3]) for row in busy]
     peers = load(TABLES / "image_peer_targets.json")["rows"]
     speed = ", ".join(f"{row[0]} {row[2].split()[0]}" for row in peers)
+    video = load(TABLES / "video_plans.json")
+    wan14 = next(r for r in video["rows"] if r[:2] == ["wan2.1-t2v-14b", "832x480x81"])
     rows = [
         ["Memory on a card: plan vs an H200's allocator",
          f"{low:+.1f}%...{high:+.1f}% on {len(_column('h200_allocated', 'error'))} rows",
@@ -131,6 +135,8 @@ def figures() -> str:
          "[peers and speed](docs/results/peers-and-speed.md)"],
         ["Images: images/s against diffusers' own LoRA scripts' fastest", speed,
          "[images](docs/results/images.md)"],
+        ["Video: Wan 2.1 14B at 832x480x81 with gradient checkpointing, planned peak and the "
+         "smallest card", f"{wan14[5]} GB, {wan14[6]}", "[video](docs/results/video.md)"],
         ["The dashboard: 20 pages on one live run, a tick's median", f"{min(ticks):.0f}-{max(ticks):.0f} ms",
          "[the dashboard](docs/results/dashboard.md)"],
     ]

@@ -6,9 +6,10 @@
                                                     # then on the GPU machine (~8 min on an H200)
     python -m bench.gpu.check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
-Sections run in the order of ``--sections`` (context, text, card, nf4, dit, unet, flex by
-default; ``peers``, TRL against lora_gui on the card, and ``image_peers``, diffusers' LoRA
-scripts against lora_gui on SDXL and Flux at 1,024 px, only when named: bench/gpu/peers.py,
+Sections run in the order of ``--sections`` (context, text, card, grads, nf4, dit, unet, flex,
+video, multi_gpu by default, video in bench/gpu/video.py, multi_gpu in bench/gpu/multi_gpu.py;
+``peers``, TRL against lora_gui on the card, and ``image_peers``, diffusers' LoRA scripts against
+lora_gui on SDXL and Flux at 1,024 px, only when named: bench/gpu/peers.py,
 bench/gpu/image_peers.py);
 both output files are rewritten after each, and a section that fails leaves its traceback
 under ``errors`` without losing the others. After each section on a GPU,
@@ -73,6 +74,7 @@ from bench.gpu import image_peers as gpu_image_peers
 from bench.gpu import multi_gpu as gpu_multi
 from bench.gpu import peers as gpu_peers
 from bench.gpu import plans as gpu_plans
+from bench.gpu import video as gpu_video
 from lora_gui.memory.predict import trace as tr
 from lora_gui.memory.predict.model_configs import load_model_config
 from lora_gui.models import flops
@@ -674,6 +676,8 @@ def _markdown(result: dict[str, Any]) -> str:
         out.append(f"| {r['seq_len']} | {r['impl']} | {r['median_s'] * 1e3:.2f} | {peak} |")
     if result.get("peers"):
         out += ["", *gpu_peers.markdown(result["peers"])]
+    if result.get("video"):
+        out += ["", *gpu_video.markdown(result["video"])]
     if result.get("multi_gpu"):
         out += ["", *gpu_multi.markdown(result["multi_gpu"])]
     if result.get("image_peers"):
@@ -698,7 +702,7 @@ def _markdown(result: dict[str, Any]) -> str:
 
 
 # the order a lent card runs them in
-SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "multi_gpu")
+SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "video", "multi_gpu")
 # asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu/peers.py)
 # image_peers: diffusers' scripts need torchvision, bench-only (bench/gpu/image_peers.py)
 OPTIONAL_SECTIONS = ("peers", "image_peers")
@@ -718,6 +722,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                     TINY_FLUX, [512], device, gradient_checkpointing=True, text_tokens=16),
                 "nf4": lambda: check_text_nf4(TINY_LLAMA, [64, 128], device),
                 "flex": lambda: check_flex([512], device, repeats=2),
+                "video": lambda: gpu_video.check_video(device, smoke=True, plan_only=PLAN_ONLY[0]),
                 "peers": lambda: gpu_peers.check_peers(smoke=True),
                 "multi_gpu": lambda: gpu_multi.check_multi_gpu(smoke=True),
                 "image_peers": lambda: gpu_image_peers.check_image_peers(smoke=True)}
@@ -734,6 +739,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "flux.1-dev", [512, 1024], device, gradient_checkpointing=True),
             "nf4": lambda: check_text_nf4(LLAMA_1B, [512, 1024, 2048], device),
             "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
+            "video": lambda: gpu_video.check_video(device, plan_only=PLAN_ONLY[0]),
             "peers": gpu_peers.check_peers, "multi_gpu": gpu_multi.check_multi_gpu,
             "image_peers": gpu_image_peers.check_image_peers}
 

@@ -14,6 +14,9 @@
 #     && cp -r .devsite/pkgs/* /tmp/site/ && export PYTHONPATH=/tmp/site:$PWD UNSLOTH_SITE=/tmp/site-unsloth \
 #     && python3 -m bench.gpu.check --out "$OUT" --plans bench/results/gpu_plans.json
 #
+# The video rows (bench/gpu/video.py) need nothing beyond these: clips are random latents, not
+# files PyAV would decode.
+#
 # The plans file comes from `python -m bench.gpu.check --plan-only --plans bench/results/gpu_plans.json
 # --out /tmp/x` on this machine (about 5 minutes), so the card spends its minutes measuring.
 set -euo pipefail
