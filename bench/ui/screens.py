@@ -139,6 +139,10 @@ def pick(page, elem_id: str, value: str) -> None:
 
 
 def shoot(page, path: Path) -> None:
+    try:  # gradio dims a component while its update is pending: shoot once none is
+        page.wait_for_function("() => !document.querySelector('.pending, .generating')", timeout=30_000)
+    except Exception:  # a page that stays busy (a timer) is shot as it is
+        print(f"{path.name}: the page still had a pending update after 30 s")
     page.wait_for_timeout(1500)  # the charts' last redraw (Plotly draws on the next frames)
     page.screenshot(path=str(path))
     print(f"wrote {path}")
