@@ -37,3 +37,10 @@ def test_rows_put_each_steps_mismatches_on_its_last_action():
             "mismatches": {"1": ["a field is named otherwise"], "2": [], "3": []}}
     assert tour.rows_of(body) == [["1", "open", "1.2", "—"], ["2", "plan", "no answer", "—"],
                                   ["1", "try", "3.0", "a field is named otherwise"]]
+
+
+@pytest.mark.parametrize(("message", "final"), [
+    ("", False), ("0.2s", False), ("1.3/9.0s", False), ("Base model generating… (plain text prompt)", False),
+    ("Done: seed 0, temperature 0.7, plain text prompt.", True), ("Error: runs/x: no adapter", True)])
+def test_the_try_message_counts_as_answered_only_once_generation_ended(message, final):
+    assert tour.answered(message) is final

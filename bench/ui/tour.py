@@ -124,6 +124,14 @@ def chart_notes(page: Any, chart_id: str) -> str:
         return notes.map(a => a.text || '').join(' | '); }""", chart_id)
 
 
+def answered(message: str) -> bool:
+    """Whether the Try tab's message is its answer: not empty, not a model still generating, and
+    not gradio's own timer of a pending event ("0.2s", "1.3/9.0s")."""
+    message = message.strip()
+    timer = re.fullmatch(r"[\d.]+(/[\d.]+)?\s*s", message)
+    return bool(message) and "generating" not in message and not timer
+
+
 def visible(page: Any, selector: str) -> bool:
     return page.locator(selector).first.is_visible()
 
@@ -272,7 +280,7 @@ def try_tab(tour: Tour) -> None:
         return [page.locator(f"#{i} textarea").first.input_value() for i in ("try-base", "try-adapter")]
 
     tour.until(1, f"Try: Generate for '{PROMPT}' (base and adapter side by side)",
-               lambda: tour.text("try-message").strip() and "generating" not in tour.text("try-message"),
+               lambda: answered(tour.text("try-message")),
                5 * 60, t0=t0, shown=lambda: " || ".join([*answers(), tour.text("try-message")]))
     tour.check(1, tour.has("try-message", "Done") and all(a.strip() for a in answers()),
                f"Try did not answer with both models: {tour.text('try-message')[:200]}")
