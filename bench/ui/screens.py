@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MINUTE = 60_000  # ms
 VIEW = {"width": 1400, "height": 1000}
-SHOTS = ("train-text", "runs-failed", "compare", "plan", "train-image")  # docs/screens/NAME.png
+SHOTS = ("train-text", "train-image", "runs-failed", "compare", "plan")  # docs/screens/NAME.png, in order
 
 
 def _free_port() -> int:
@@ -51,6 +52,51 @@ def start_dashboard(cwd: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
     proc.kill()
     raise SystemExit("the dashboard did not start listening within 300 s")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux's /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def end_dashboard(proc: subprocess.Popen) -> None:
+    """Ends the dashboard and every run it launched. A run is a process in a session of its own
+    (it outlives the dashboard by design), so its group is signalled apart; a second SIGTERM ends
+    a run at once instead of after its checkpoint (lora_gui.cli.signals)."""
+    groups = {proc.pid}
+    for pid in _descendants(proc.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    alive = set(groups)
+    for _ in range(2):
+        for group in list(alive):
+            try:
+                os.killpg(group, signal.SIGTERM)
+            except ProcessLookupError:
+                alive.discard(group)
+        time.sleep(1)
+    proc.wait(timeout=30)
+    deadline = time.time() + 30  # s: a run's process ends within this once signalled twice
+    while alive and time.time() < deadline:
+        for group in list(alive):
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                alive.discard(group)
+        time.sleep(0.5)
+    for group in alive:
+        os.killpg(group, signal.SIGKILL)
 
 
 def wait_text(page, elem_id: str, words: str, minutes: float = 5) -> None:
@@ -93,6 +139,10 @@ def pick(page, elem_id: str, value: str) -> None:
 
 
 def shoot(page, path: Path) -> None:
+    try:  # gradio dims a component while its update is pending: shoot once none is
+        page.wait_for_function("() => !document.querySelector('.pending, .generating')", timeout=30_000)
+    except Exception:  # a page that stays busy (a timer) is shot as it is
+        print(f"{path.name}: the page still had a pending update after 30 s")
     page.wait_for_timeout(1500)  # the charts' last redraw (Plotly draws on the next frames)
     page.screenshot(path=str(path))
     print(f"wrote {path}")
@@ -118,6 +168,8 @@ def take(url: str, cwd: Path, out: Path, extra: Path | None, only: tuple[str, ..
         settled(page)
         if "train-text" in only:
             shoot(page, out / "train-text.png")
+        if "train-image" in only:  # before any job: the status line would name it
+            _train_image(page, out)
         if "runs-failed" in only:
             _failed_run(page, cwd, out)
         if extra is not None:
@@ -130,13 +182,21 @@ def take(url: str, cwd: Path, out: Path, extra: Path | None, only: tuple[str, ..
             wait_text(page, "plan-message", "fits", minutes=5)
             settled(page, "plan-message", quiet_s=3)
             shoot(page, out / "plan.png")
-        if "train-image" in only:
-            tab(page, "Train")
-            pick(page, "preset", "image-768")
-            wait_text(page, "predicted", "the run's own plan,", minutes=8)
-            settled(page)
-            shoot(page, out / "train-image.png")
         browser.close()
+
+
+def _train_image(page, out: Path) -> None:
+    """The Train tab on an image preset (no job yet), then back on text-demo for the other shots."""
+    pick(page, "preset", "image-768")
+    wait_text(page, "predicted", "the run's own plan,", minutes=8)
+    settled(page)
+    shoot(page, out / "train-image.png")
+    pick(page, "preset", "text-demo")
+    # the run name changes with the panel's "Predicting…" (one update): the plan after it is text-demo's
+    page.wait_for_function("() => document.querySelector('#run-name input, #run-name textarea').value"
+                           " === 'text-demo'", timeout=MINUTE)
+    wait_text(page, "predicted", "the run's own plan,", minutes=5)
+    settled(page)
 
 
 def _failed_run(page, cwd: Path, out: Path) -> None:
@@ -199,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             take(url, cwd, args.out, args.extra, tuple(args.only))
         finally:
-            os.killpg(proc.pid, 15)  # the dashboard and any run it started (its own session)
-            proc.wait(timeout=30)
+            end_dashboard(proc)
     return 0
 
 
