@@ -82,12 +82,12 @@ def longest_table() -> str:
                else "closed-form estimate, no trace")
         usable = min(v["seq_len"], v["context_len"])
         kept = v.get("margin_bytes", 0) + v.get("reserve_margin_bytes", 0)
-        rows.append([f"{card} ({v['budget_bytes'] / GIB:.2f} GiB)", f"{v['seq_len']:,}", f"{usable:,}",
-                     f"{v['peak_bytes'] / GIB:.2f}", f"{v['host_bytes'] / 1e9:.1f}",
-                     str(v["micro_batch"]), how, v.get("bound", "-"), f"{kept / 2**20:,.0f}",
+        rows.append([f"{card} ({v['budget_bytes'] / 1e9:.2f} GB)", f"{v['seq_len']:,}", f"{usable:,}",
+                     f"{v['peak_bytes'] / 1e9:.2f}", f"{v['host_bytes'] / 1e9:.1f}",
+                     str(v["micro_batch"]), how, v.get("bound", "-"), f"{kept / 1e9:.3f}",
                      switches, f"{base:,}" if base else "-", ratio])
-    columns = ["card (memory)", "longest", "usable (capped at context)", "peak GiB", "host GB",
-               "micro-batch", "confirmed by", "stopped by", "margin kept MiB", "switches",
+    columns = ["card (memory)", "longest", "usable (capped at context)", "peak GB", "host GB",
+               "micro-batch", "confirmed by", "stopped by", "margin kept GB", "switches",
                "Unsloth (published)", "vs Unsloth"]
     meta = load(PLANS)["meta"]
     return "\n".join([grid(columns, rows), "", provenance(PLANS, meta),
