@@ -215,7 +215,7 @@ def test_runs_table_shows_a_failed_run_and_the_next_run_each_on_its_own_row(serv
     for _ in range(2):
         good = shown_row(page, "runs-table", "table-good")
         failed = shown_row(page, "runs-table", "table-failed")
-        assert good[1:2] + good[4:] == ["completed", "85", "tracker", "4.9385", "94", ""], good
+        assert good[1:2] + good[4:] == ["completed", "0.0891", "tracker", "4.9385", "94", ""], good
         reason = "notes.jsonl:2: malformed JSON"  # the file by its name, without its folders
         assert failed[1] == "failed" and failed[4:] == ["", "", "", "", reason], failed
         names = [row[0] for row in page.evaluate(SHOWN_ROWS, "runs-table")]
@@ -273,8 +273,9 @@ def test_each_task_shows_only_its_own_fields_panes_and_estimates(server):
                   .observe(document.getElementById('predicted'), {subtree: true, childList: true,
                                                                    characterData: true}); }""")
             pick(page, "preset", "image-768")
-            page.wait_for_function("() => document.querySelector('#field-resolution input').value === '768'",
-                                   timeout=2 * MINUTE)
+            page.wait_for_function(  # the image fields are drawn once the preset's update lands
+                "() => { const el = document.querySelector('#field-resolution input');"
+                " return el !== null && el.value === '768'; }", timeout=2 * MINUTE)
             wait_text(page, "predicted", "the run's own plan,", minutes=8)
             shown = page.evaluate("window.shown")
             verdicts = [t for t in shown if "fits" in t and "the run's own plan," not in t

@@ -163,7 +163,7 @@ def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
     assert "**fits**" in plan_text and "checkpoint_layers" not in plan_text
     assert hinted == text and hinted.startswith(plan_text)
     # a budget that needs every layer checkpointed: the plan alone, no second view
-    tight = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.06)
+    tight = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.055)
     (only,) = handle.prediction_views(tight, 1)
     assert "**fits**" in only[0] and "checkpoint_layers" not in only[0]
     text, _, _ = handle.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint
