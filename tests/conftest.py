@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download; an HF id must fail fast
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the planner's step-time calibrations go to a folder of this test process (and the processes its
+# tests start), never the user's ~/.cache: a plan must not depend on what an earlier run measured
+_CACHE = tempfile.mkdtemp(prefix="lora-gui-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, True)
+os.environ.setdefault("LORA_GUI_CACHE_DIR", _CACHE)
 
 
 def _share_cores_between_test_processes() -> None:
