@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 BUILTIN_DIFFUSION_DIR = ASSETS / "diffusion-model"
 BUILTIN_DRAWING_DIR = ASSETS / "drawing-model"  # model=builtin:drawing (lora_gui.models.build_drawing)
 BUILTIN_VIDEO_DIR = ASSETS / "video-model"  # model=builtin:video (lora_gui.models.build_video)
+BUILTIN_LTX_DIR = ASSETS / "ltx-model"  # model=builtin:ltx (lora_gui.models.build_ltx)
 # pipeline class -> kind; other architectures (Kandinsky, PixArt...) are refused by name
 SUPPORTED_PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl",
                        **dit.DIT_PIPELINES, **video.VIDEO_PIPELINES}
@@ -110,6 +111,11 @@ def resolve_pipeline_source(name: str) -> str:
             raise ModelError(f"model: the built-in video model is missing in {BUILTIN_VIDEO_DIR}; "
                              "build it with `python -m lora_gui.models.build_video`")
         return str(BUILTIN_VIDEO_DIR)
+    if name == "builtin:ltx":
+        if not (BUILTIN_LTX_DIR / "model_index.json").is_file():
+            raise ModelError(f"model: the built-in LTX-Video model is missing in {BUILTIN_LTX_DIR}; "
+                             "build it with `python -m lora_gui.models.build_ltx`")
+        return str(BUILTIN_LTX_DIR)
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "model_index.json").is_file():
@@ -399,7 +405,8 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
     """Writes out/adapter/ atomically: LoRA / DoRA in diffusers' format
     (pytorch_lora_weights.safetensors), LoHa / LoKr as a peft folder (``peft/``: diffusers cannot
     load them), kohya_lora.safetensors (kohya / LyCORIS keys; for SD3 / Flux.1 the layout their
-    readers map; for Wan ComfyUI's Wan names, :mod:`lora_gui.models.wan_comfy`) when asked, and
+    readers map; for Wan ComfyUI's Wan names, :mod:`lora_gui.models.wan_comfy`; for LTX-Video
+    ComfyUI's LTX-Video names, :mod:`lora_gui.models.ltx_comfy`) when asked, and
     adapter_info.json naming which tools read which file (:mod:`lora_gui.models.image_adapter`)."""
     from diffusers.utils import convert_state_dict_to_diffusers
 
@@ -438,6 +445,13 @@ def save_adapter(model: ImageModel, out: Path, export_kohya: bool = False) -> Pa
             scale_alpha = alpha * rank ** 0.5 if getattr(config, "use_rslora", False) else alpha
             tensors, readers = wan_comfy.comfy_wan_state_dict(peft_sd, scale_alpha), wan_comfy.READERS
             meta = image_adapter.kohya_metadata(kind, rank, alpha)
+        elif model.kind == "ltx":  # ComfyUI's LTX-Video names, scale folded in (lora_gui.models.ltx_comfy)
+            from lora_gui.models import ltx_comfy
+
+            scale = ltx_comfy.lora_scale(config)
+            tensors, readers = ltx_comfy.comfy_ltx_state_dict(peft_sd, scale), ltx_comfy.READERS
+            meta = {"format": "ComfyUI LTX-Video LoRA", "lora_rank": str(rank), "lora_alpha": str(alpha),
+                    "scale_folded_into_lora_B": str(scale)}
         elif is_dit:  # the layout SD3 / Flux.1 readers map (lora_gui.models.dit_kohya)
             tensors, meta, readers = image_adapter.dit_kohya_file(model.kind, kind, peft_sd, rank, alpha,
                                                                   model.unet)
