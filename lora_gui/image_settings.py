@@ -52,7 +52,7 @@ class ImageSettings:
                                      "bucket are skipped.", "image")
     export_kohya: bool = option(False, "Image: also write adapter/kohya_lora.safetensors (kohya / "
                                 "A1111 / ComfyUI keys; SD3 / Flux.1: a layout ComfyUI reads, Forge "
-                                "too for Flux.1 LoRA; Wan video: ComfyUI's Wan layer names).", "image")
+                                "too for Flux.1 LoRA; Wan and LTX-Video: ComfyUI's layer names).", "image")
     sample_images: int = option(2, "Image: sample pictures generated from validation prompts at "
                                 "the end (samples/*.png; 0 = none).", "image", low=0, high=16)
     sample_steps: int = option(8, "Image: denoising steps per sample picture.", "image",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from diffusers import LTXPipeline
 
-from lora_gui.config import ConfigError, RunConfig, apply_overrides
+from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.data.videos import VideoDataError
 from lora_gui.engine import train
 from lora_gui.memory.predict import predict
@@ -74,6 +74,11 @@ def test_ltx_frames_must_be_8k_plus_1(ltx_folder, clips_folder, tmp_path):
         train(ltx_cfg(ltx_folder, clips_folder, video_frames=13), tmp_path / "run", progress=False)
 
 
-def test_ltx_export_kohya_is_refused_before_the_run(ltx_folder, clips_folder):
-    with pytest.raises(ConfigError, match="export_kohya: ComfyUI's key names are written for Wan runs"):
-        predict(ltx_cfg(ltx_folder, clips_folder, export_kohya=True), None, "cpu")
+def test_ltx_export_kohya_of_an_adapter_comfy_cannot_hold_is_refused_before_the_run(ltx_folder, clips_folder):
+    from lora_gui.models.ltx_comfy import LtxExportError
+
+    with pytest.raises(LtxExportError, match="ComfyUI's LTX-Video layout is written for plain LoRA"):
+        predict(ltx_cfg(ltx_folder, clips_folder, export_kohya=True, adapter="loha"), None, "cpu")
+    with pytest.raises(LtxExportError, match="proj_out has no name in ComfyUI's LTX-Video layout"):
+        predict(ltx_cfg(ltx_folder, clips_folder, export_kohya=True, lora_targets="to_q,proj_out"), None,
+                "cpu")

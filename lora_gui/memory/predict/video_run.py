@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lora_gui.config import ConfigError, RunConfig
+from lora_gui.config import RunConfig
 from lora_gui.data.video_batches import VideoData, VideoGeometry, clip_tokens
 from lora_gui.memory.predict.encode_trace import (
     CACHE_BYTES_PER_VALUE,
@@ -227,20 +227,17 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     micro-batch whose traced step fits) and its predicted peak, per process.
 
     Raises:
-        ConfigError: export_kohya on an LTX-Video run (ComfyUI's names are written for Wan).
-        WanExportError: export_kohya with an adapter ComfyUI's Wan layout cannot hold.
+        WanExportError, LtxExportError: export_kohya with an adapter ComfyUI's Wan / LTX-Video layout
+            cannot hold.
     """
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.video import lora_targets
 
-    if cfg.export_kohya and model.kind != "wan":
-        raise ConfigError("export_kohya: ComfyUI's key names are written for Wan runs; an LTX-Video run "
-                          "writes diffusers' format (pytorch_lora_weights.safetensors, which "
-                          "LTXPipeline.load_lora_weights reads)")
-    if cfg.export_kohya:
-        from lora_gui.models.wan_comfy import check_exportable
+    if cfg.export_kohya:  # ComfyUI's names for the kind (Wan's or LTX-Video's), checked before the run
+        from lora_gui.models import ltx_comfy, wan_comfy
 
-        check_exportable(model.unet, adapter_spec(cfg).kind)
+        layout = wan_comfy if model.kind == "wan" else ltx_comfy
+        layout.check_exportable(model.unet, adapter_spec(cfg).kind)
     from lora_gui.models import ltx
     from lora_gui.models.video import VIDEO_TRANSFORMERS
 
