@@ -9,6 +9,7 @@ from lora_gui.errors import clip
 from lora_gui.options import ConfigError, option
 
 IMAGE_GRID = 64  # image sides are multiples of 64 px
+CLIPS = ("image", "video")  # option(tasks=CLIPS): an image setting a video run reads too
 DIT, UNET = ("sd3", "flux"), ("sd", "sdxl")  # option(kinds=...): image pipelines a setting is for
 
 
@@ -21,14 +22,14 @@ class ImageSettings:
     # -- image runs (task=image); each memory switch's 'auto' follows mode ----------------------
     resolution: int = option(512, "Image: training resolution in px (64-1536, steps of 64; the "
                              "built-in drawing model draws at 64); buckets hold about resolution^2 "
-                             "pixels.", "image", low=64, high=1536)
+                             "pixels.", "image", low=64, high=1536, tasks=CLIPS)
     cache_latents: str = option("auto", "Image: encode latents and text embeddings once and keep "
                                 "them in RAM or on disk, freeing the VAE and text encoder from the "
                                 "device; auto picks off (traditional) or ram (optimized).", "image",
-                                choices=("auto", "off", "ram", "disk"))
+                                choices=("auto", "off", "ram", "disk"), tasks=CLIPS)
     aspect_buckets: str = option("auto", "Image: on = aspect-ratio buckets of about equal area; off "
                                  "= square resize + centre crop; auto: off (traditional), on "
-                                 "(optimized).", "image", choices=("auto", "off", "on"))
+                                 "(optimized).", "image", choices=("auto", "off", "on"), tasks=CLIPS)
     image_batch: str = option("auto", "Image: fixed = batch_size images a micro-batch; adaptive = "
                               "micro-batch per bucket from batch_table (or the planner under "
                               "budget_gb), gradient accumulation keeps batch_size; auto: fixed "
@@ -47,16 +48,17 @@ class ImageSettings:
                               "micro-batch per resolution (a 24 GB card); a bucket uses the entry "
                               "of the smallest resolution whose area covers it.", "image")
     bucket_max_ratio: float = option(2.0, "Image: largest long/short side ratio of a bucket.",
-                                     "image", low=1.0, high=4.0)
+                                     "image", low=1.0, high=4.0, tasks=CLIPS)
     bucket_no_upscale: bool = option(False, "Image: never upscale; images smaller than every "
                                      "bucket are skipped.", "image")
     export_kohya: bool = option(False, "Image: also write adapter/kohya_lora.safetensors (kohya / "
                                 "A1111 / ComfyUI keys; SD3 / Flux.1: a layout ComfyUI reads, Forge "
-                                "too for Flux.1 LoRA; Wan and LTX-Video: ComfyUI's layer names).", "image")
+                                "too for Flux.1 LoRA; Wan and LTX-Video: ComfyUI's layer names).", "image",
+                                tasks=CLIPS)
     sample_images: int = option(2, "Image: sample pictures generated from validation prompts at "
-                                "the end (samples/*.png; 0 = none).", "image", low=0, high=16)
+                                "the end (samples/*.png; 0 = none).", "image", low=0, high=16, tasks=CLIPS)
     sample_steps: int = option(8, "Image: denoising steps per sample picture.", "image",
-                               low=1, high=200)
+                               low=1, high=200, tasks=CLIPS)
 
     def resolved_cache_latents(self) -> str:
         """Image: 'off', 'ram' or 'disk' once 'auto' is resolved by the mode."""
@@ -119,17 +121,17 @@ class DiTSettings:
     weighting_scheme: str = option("auto", "DiT: timestep density and loss weighting; auto = the "
                                    "diffusers script's default (SD3: logit_normal, Flux: none).", "image",
                                    choices=("auto", "none", "sigma_sqrt", "logit_normal", "mode", "cosmap"),
-                                   kinds=DIT)
+                                   kinds=DIT, tasks=CLIPS)
     logit_mean: float = option(0.0, "DiT: mean of the logit_normal timestep density.", "image",
-                               low=-10.0, high=10.0, kinds=DIT)
+                               low=-10.0, high=10.0, kinds=DIT, tasks=CLIPS)
     logit_std: float = option(1.0, "DiT: standard deviation of the logit_normal density.", "image",
-                              low=0.01, high=10.0, kinds=DIT)
+                              low=0.01, high=10.0, kinds=DIT, tasks=CLIPS)
     mode_scale: float = option(1.29, "DiT: scale of the 'mode' timestep density.", "image",
-                               low=0.0, high=10.0, kinds=DIT)
+                               low=0.0, high=10.0, kinds=DIT, tasks=CLIPS)
     guidance_scale: float = option(3.5, "Flux.1-dev: the guidance value fed to its guidance "
                                    "embedding while training.", "image", low=0.0, high=30.0, kinds=("flux",))
     text_max_length: int = option(0, "DiT: T5 tokens per caption; 0 = the script's default (SD3: "
-                                  "77, Flux: 512).", "image", low=0, high=512, kinds=DIT)
+                                  "77, Flux: 512).", "image", low=0, high=512, kinds=DIT, tasks=CLIPS)
     image_window: int = option(0, "DiT: windowed attention over image tokens; each image token "
                                "attends to the image tokens at most this many rows and columns away "
                                "and to every text token; 0 = full attention. Faster at high "

@@ -237,7 +237,14 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
     Nothing is moved to a device here (the run decides when each part joins it)."""
     from lora_gui.models import text_encoder_lora
 
-    model = load_image_model(resolve_pipeline_source(cfg.model), weights_dtype, cfg, weights=weights)
+    source = resolve_pipeline_source(cfg.model)
+    kind = pipeline_kind(source)
+    if (cfg.task == "video") != video.is_video_kind(kind):  # before any weights are read
+        raise ModelError(f"model: {cfg.model} is a {PIPELINE_CLASSES[kind]}; "
+                         + ("a video run trains a WanPipeline or LTXPipeline (builtin:video, builtin:ltx, "
+                            "or a folder or Hugging Face id of one)" if cfg.task == "video"
+                            else f"set task to video to train it (task is {cfg.task})"))
+    model = load_image_model(source, weights_dtype, cfg, weights=weights)
     if weights:
         torch.manual_seed(cfg.seed)  # LoRA init (the plan's meta weights have no values)
     attach_unet_lora(model.unet, cfg)

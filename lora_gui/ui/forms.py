@@ -35,23 +35,37 @@ FIELD_MIN_WIDTH = 170  # px
 # task's things (tokens, documents, q_proj) or of both
 TASK_HELP = {
     "eval_fraction": {"text": "Share of documents held out for eval_loss.",
-                      "image": "Share of pictures held out for eval_loss."},
+                      "image": "Share of pictures held out for eval_loss.",
+                      "video": "Share of clips held out for eval_loss."},
     "mode": {"text": "traditional: pad to max_seq_len, eager attention, fixed batch. optimized: "
                      "dynamic sizing, SDPA, token budget.",
              "image": "traditional: one fixed batch, eager attention. optimized: the batch of each "
                       "resolution bucket planned under the budget, SDPA, the image memory switches on."},
     "lora_targets": {"text": "Modules that get LoRA: 'all-linear' or a comma list such as q_proj,v_proj.",
                      "image": "Modules that get LoRA: 'all-linear' or a comma list such as "
-                              "to_q,to_k,to_v,to_out.0."},
+                              "to_q,to_k,to_v,to_out.0.",
+                     "video": "Modules that get LoRA: 'all-linear' (the attention projections of every "
+                              "block) or a comma list such as to_q,to_k,to_v,to_out.0."},
     "model": {"text": "Base model: 'builtin' (the bundled 4M-parameter Llama), a Hugging Face id "
                       "(needs network) or a local folder saved with save_pretrained.",
               "image": "Base model: 'builtin' (the bundled small SD-style pipeline), 'builtin:drawing' "
                        "(an SD3-style pipeline that draws shapes at 64 px), a Hugging Face id (needs "
-                       "network) or a local pipeline folder (SD 1.x, SDXL, SD3 / SD3.5 or Flux.1)."},
+                       "network) or a local pipeline folder (SD 1.x, SDXL, SD3 / SD3.5 or Flux.1).",
+              "video": "Base model: 'builtin:video' (a bundled tiny Wan-shaped pipeline), 'builtin:ltx' "
+                       "(a bundled tiny LTX-Video pipeline), a Hugging Face id (needs network) or a local "
+                       "pipeline folder (Wan 2.1 / 2.2 or LTX-Video)."},
+    "resolution": {"video": "Video: clips of about resolution x resolution px, unless video_size gives "
+                            "WxH (multiples of the model's grid: 16 px for Wan 2.1, 32 px for LTX-Video)."},
+    "sample_images": {"video": "Video: sample clips generated from validation prompts at the end "
+                               "(samples/*.mp4; 0 = none)."},
+    "text_max_length": {"video": "Video: T5 tokens per caption; 0 = the pipeline's default (Wan: 512, "
+                                 "LTX-Video: 128)."},
     "data": {"text": "Training data: 'builtin' (the bundled fine-tune corpus) or a .txt / .jsonl / "
                      ".csv file.",
              "image": "Training data: 'builtin' (the bundled demo pictures) or a folder of pictures "
-                      "with .txt captions or metadata.jsonl."},
+                      "with .txt captions or metadata.jsonl.",
+             "video": "Training data: 'builtin' (the bundled demo clips) or a folder of clips (.mp4, "
+                      ".webm, .mov, .gif) with .txt captions, or a .jsonl list of path and caption."},
 }
 
 
@@ -300,9 +314,10 @@ def validate(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
         except ValueError as err:
             errors["data"] = str(err)
     if "model" in clean and "model" not in errors:
-        from lora_gui.ui.input_checks import model_problem
+        from lora_gui.ui.input_checks import model_problem, model_task_problem
 
-        problem = model_problem(clean["model"])
+        task = clean.get("task", "text")
+        problem = model_problem(clean["model"]) or model_task_problem(clean["model"], task)
         if problem:
             errors["model"] = problem
     if errors:

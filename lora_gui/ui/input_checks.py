@@ -63,7 +63,10 @@ def data_problem(value: str, task: str) -> str | None:
     path = Path(value).expanduser()
     if not path.exists():
         return f"data: {value} does not exist"
-    if task == "image":
+    if task == "video" and path.is_file():  # a .jsonl list of clips and captions, else a folder
+        if path.suffix.lower() != ".jsonl":
+            return f"data: {value} is a file; a video run reads a folder of clips or a .jsonl list of them"
+    elif task in ("image", "video"):
         if not path.is_dir():
             return f"data: {value} is a file; an image run reads a folder of pictures"
         try:
@@ -114,6 +117,32 @@ def model_problem(value: str) -> str | None:
             return f"model: {value} cannot be read ({err.strerror})"
     elif path.stat().st_size == 0:
         return f"model: {value} is empty"
+    return None
+
+
+# the bundled models and the tasks each trains (lora_gui.models.diffusion, lora_gui.models.text)
+BUNDLED_MODELS = {"builtin": ("text", "image"), "builtin:drawing": ("image",), "builtin:video": ("video",),
+                  "builtin:ltx": ("video",)}
+TASK_MODEL = {"text": "builtin", "image": "builtin", "video": "builtin:video"}  # each task's first
+
+
+def model_task_problem(value: str, task: str) -> str | None:
+    """Why a bundled model cannot train ``task``, naming the bundled ones that can, or None (a
+    folder or Hub id is read at Start)."""
+    value = (value or "").strip()
+    if value not in BUNDLED_MODELS or task in BUNDLED_MODELS[value]:
+        return None
+    fits = [name for name, tasks in BUNDLED_MODELS.items() if task in tasks]
+    what = {"video": "a video run trains a Wan or LTX-Video pipeline"}.get(task, f"a {task} run")
+    return f"model: {value} is not a {task} model; {what}: use {' or '.join(fits)}"
+
+
+def model_for_task(task: str, model: str) -> str | None:
+    """The model field when the task changes to ``task``: a bundled model that cannot train it
+    becomes the task's first bundled one (the video task: the Wan-shaped builtin:video); None
+    leaves any other value as it is."""
+    if model_task_problem(model, task) and task in TASK_MODEL:
+        return TASK_MODEL[task]
     return None
 
 

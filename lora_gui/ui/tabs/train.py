@@ -9,7 +9,17 @@ from typing import Any
 
 import gradio as gr
 
-from lora_gui.ui import charts, common, forms, gpu_share, live, live_charts, live_panel, run_status
+from lora_gui.ui import (
+    charts,
+    common,
+    forms,
+    gpu_share,
+    input_checks,
+    live,
+    live_charts,
+    live_panel,
+    run_status,
+)
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
@@ -266,6 +276,10 @@ def build() -> dict[str, Any]:
         return {**forms.visibility(form, task, kind), upload: gr.update(visible=task == "text"),
                 gallery: gr.update(visible=task in SAMPLED_TASKS)}
 
+    def model_for_task(task: str, model: str) -> Any:
+        new = input_checks.model_for_task(task, model)
+        return gr.update() if new is None else gr.update(value=new)
+
     def on_card(card_name: str) -> Any:
         budget = common.card_budget_gb(card_name)
         return gr.update() if budget is None else budget
@@ -284,6 +298,8 @@ def build() -> dict[str, Any]:
                                                   concurrency_id="plan")
     form.widgets["budget_gb"].input(lambda: common.CUSTOM_CARD, None, card)
     task_model = [form.widgets["task"], form.widgets["model"]]
+    # a bundled model of another task becomes the new task's (builtin -> builtin:video for video)
+    form.widgets["task"].input(model_for_task, task_model, form.widgets["model"])
     gr.on([form.widgets["task"].change, form.widgets["model"].blur], on_task, task_model,  # model: typed
           [*form.components, *form.layout, upload, gallery])
     # typed values come as input events; a value set at once (pasted, autofilled, a test's fill)
