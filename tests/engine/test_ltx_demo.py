@@ -49,3 +49,18 @@ def test_ltx_demo_preset_is_planned_within_band(tmp_path, checkpointing):
     report = summary["memory_report"]
     assert report["predicted_source"] == "predicted"
     assert LOW <= report["predicted_vs_measured"] <= HIGH, report
+
+
+@pytest.mark.parametrize("task, model, words", [
+    ("video", "builtin", "builtin is a StableDiffusionPipeline; a video run trains a WanPipeline"),
+    ("image", "builtin:ltx", "builtin:ltx is a LTXPipeline; set task to video")])
+def test_a_pipeline_of_another_task_is_refused_by_name_before_weights_are_read(task, model, words):
+    import torch
+
+    from lora_gui.config import RunConfig, apply_overrides
+    from lora_gui.models.diffusion import image_model_for_run
+    from lora_gui.models.text import ModelError
+
+    cfg = apply_overrides(RunConfig(), {"task": task, "model": model})
+    with pytest.raises(ModelError, match=words):
+        image_model_for_run(cfg, torch.float32, weights=False)
