@@ -125,7 +125,10 @@ def prepare_with_accelerate(accelerator, model: nn.Module, optimizer):
     plugin = accelerator.state.fsdp_plugin
     layer_classes(model, plugin.transformer_cls_names_to_wrap)
     plugin.ignored_modules = lora_modules(model)
-    return accelerator.prepare(model, optimizer)
+    # a process that built the base on the meta device (fsdp_loading) is not moved to its GPU:
+    # FSDP shards it on meta and its shards are allocated and filled after (nothing to copy)
+    skeleton = any(p.is_meta for p in model.parameters())
+    return accelerator.prepare(model, optimizer, device_placement=[not skeleton, True])
 
 
 def frozen_local_bytes(model: nn.Module) -> int:

@@ -14,6 +14,10 @@ other process its shards plus the largest single tensor in flight (the broadcast
 the whole model. accelerate's ``cpu_ram_efficient_loading`` does the same for plain weights but
 skips a model with 4-bit parameters (accelerate 1.15, ``fsdp2_prepare_model``), hence this.
 
+Checked with 2 gloo processes on a CPU (tests/engine/test_multiprocess_nf4.py). On GPUs the same
+steps run around accelerate's FSDP plugin (the main process loads onto its card; the others are
+not moved to theirs before sharding); that path has not run on several GPUs yet.
+
 Not used with a LoRA initialisation that reads the base weights on every process (EVA, CorDA,
 PiSSA, OLoRA, LoftQ): those need the weights before sharding, so every process loads them.
 """
