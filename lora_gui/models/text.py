@@ -90,14 +90,16 @@ def load_base_model(source: str, attn_backend: str, dtype: torch.dtype = torch.f
 
 
 def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float32,
-                   device: torch.device | None = None):
+                   device: torch.device | None = None, layout: dict[str, Any] | None = None):
     """The base model with the run's attention: its kernel, and the window when asked for;
     with sdpa, packed rows attend each document on its own (lora_gui.attention.documents).
 
     Windowed attention support is checked on the config before any weight is loaded. ``dtype`` is
     the frozen weights' dtype (bf16 on GPUs that train in bf16: half the memory of fp32); with
     ``quantization`` nf4 / int8 the Linear layers are quantized on ``device`` and ``dtype`` is
-    the compute dtype of the rest (lora_gui.models.quant).
+    the compute dtype of the rest (lora_gui.models.quant). ``layout``: build the model with no
+    weights (meta device) after the main process's loaded one (lora_gui.models.skeleton), for
+    the processes of an FSDP run that receive their shards instead of loading.
     """
     if cfg.attention == "windowed":
         from lora_gui.attention import check_windowed_support
@@ -106,7 +108,14 @@ def load_model_for(cfg: RunConfig, source: str, dtype: torch.dtype = torch.float
             check_windowed_support(AutoConfig.from_pretrained(source))
         except ValueError as err:
             raise ModelError(f"attention=windowed: {err}") from None
-    if cfg.quantization != "none":
+    if layout is not None:
+        from lora_gui.models.quant import bnb_config
+        from lora_gui.models.skeleton import meta_skeleton
+
+        qconfig = (bnb_config(cfg.quantization, cfg.double_quant, dtype, fsdp=True)
+                   if layout["layers"] else None)
+        model = meta_skeleton(source, cfg.resolved_attn_backend(), dtype, layout, qconfig)
+    elif cfg.quantization != "none":
         from lora_gui.models.quant import load_quantized
 
         model = load_quantized(source, cfg, cfg.resolved_attn_backend(), dtype, device or torch.device("cpu"))

@@ -123,6 +123,15 @@ def test_two_processes_shard_the_4bit_base_and_match_one(single, two):
         torch.testing.assert_close(left[key], right[key], rtol=1e-3, atol=2e-4)
 
 
+def test_only_the_main_process_loads_the_base(two):
+    """The other rank builds the model on the meta device and receives its shards: while loading
+    it holds no weights (the rotary frequencies only), the main process the whole base."""
+    summary = json.loads((two / "run.json").read_text())
+    loaded, frozen = summary["loaded_bytes_by_rank"], summary["frozen_bytes_by_rank"]
+    assert loaded[0] >= sum(frozen)  # the whole 4-bit base: both ranks' shards
+    assert 0 < loaded[1] < 0.001 * loaded[0], loaded
+
+
 def test_the_adapter_is_saved_once_and_loads_with_peft(two):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

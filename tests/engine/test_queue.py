@@ -25,9 +25,11 @@ class Recorder:
     def __init__(self) -> None:
         self.job = None
         self.started: list[str] = []
+        self.how: list[dict] = []  # the launch arguments of each start (processes, fsdp, offload)
 
-    def start(self, cfg, out, *, processes=1, **_):
+    def start(self, cfg, out, *, processes=1, **kw):
         self.started.append(out.name)
+        self.how.append({"processes": processes, **kw})
         self.job = Job(name=out.name, out=out, cfg=cfg, status="completed")
         return self.job
 
@@ -310,3 +312,29 @@ def test_a_second_dashboard_process_gets_one_line_and_takes_over_when_the_first_
         other.wait()
     assert runner.tick().name == "a" and runner.problem == ""  # the kernel dropped its lock
     runner.close()
+
+
+def test_an_fsdp_entry_is_planned_per_gpu_kept_and_launched_as_start_launches_it(tmp_path, small_corpus,
+                                                                                 monkeypatch):
+    """How several GPUs share a queued run (FSDP, offload) is planned, kept in the queue file and
+    passed to the job manager as Start passes it."""
+    asked: list[dict] = []
+    fake = Prediction(peak_bytes=2**20, device="cuda", how="plan")
+    monkeypatch.setattr(predict_pkg, "predict", lambda cfg, **kw: asked.append(kw) or fake)
+    qr.add(tmp_path, cfg_on(small_corpus), "sharded", 2, fsdp=True, offload=True)
+    qr.add(tmp_path, cfg_on(small_corpus), "alone", 1, fsdp=True)  # one process: nothing to shard
+    assert asked == [{"processes": 2, "fsdp": True, "offload": True},
+                     {"processes": 1, "fsdp": False, "offload": False}]
+    entries = json.loads(Queue(tmp_path).path.read_text())["entries"]
+    assert [(e["fsdp"], e["offload"]) for e in entries] == [(True, True), (False, False)]
+    manager = Recorder()
+    runner = qr.QueueRunner(manager, tmp_path)
+    runner.tick()
+    assert manager.how == [{"processes": 2, "fsdp": True, "offload": True}]
+    assert asked[-1] == {"processes": 2, "fsdp": True, "offload": True}  # checked again at start
+    runner.close()
+    with pytest.raises(ConfigError, match="ask for FSDP too"):
+        qr.add(tmp_path, cfg_on(small_corpus), "offload-only", 2, offload=True)
+    bad = [{"id": "a", "name": "a", "config": {}, "fsdp": "yes"}]
+    with pytest.raises(QueueFileError, match=r"entries\[0\]\.fsdp: expected true or false"):
+        parse_queue(json.dumps({"entries": bad}), "queue.json")

@@ -124,3 +124,24 @@ def test_plan_cli_fsdp_offload_over_nf4():
     refused = subprocess.run(base + ["--device", "cpu"], env=env, cwd=ROOT, capture_output=True, text=True,
                              timeout=300)
     assert refused.returncode != 0 and "on a CPU the weights are in host memory already" in refused.stderr
+
+
+def test_fsdp_loading_is_planned_on_the_main_process_only():
+    """Only the main process loads the base: it holds all of it plus its shard while it sends the
+    shards; every other process its shard, the 4-bit scales and the largest tensor in flight (here
+    the 32,000 x 4,096 bf16 embedding). On a CPU the machine's host memory is their sum."""
+    llama = load_model_config("llama-2-7b")
+    for device in ("cuda", "cpu"):
+        one = estimate_text_step(llama, batch_size=1, seq_len=512, lora_rank=8, quantization="nf4",
+                                 double_quant=False, device=device)
+        units = frozen_layout(llama, one.breakdown["frozen_weights"], "nf4")
+        assert units.largest == 32000 * 4096 * 2
+        three = per_gpu(one, llama, Parallel(3, fsdp=True))
+        shard = math.ceil(units.params / 3)
+        main, other = three.info["fsdp_load_main_bytes"], three.info["fsdp_load_other_bytes"]
+        assert main == units.params + units.quant_state + shard
+        assert other == shard + units.quant_state + units.largest and other < main / 2
+        if device == "cpu":
+            assert three.info["fsdp_load_host_bytes"] == main + 2 * other
+        else:
+            assert "fsdp_load_host_bytes" not in three.info

@@ -80,3 +80,23 @@ def test_the_train_tabs_plan_for_2_processes_with_fsdp_is_the_clis(two_gpus, cap
     nf4 = values(quantization="nf4", budget_gb=2.0)
     text, _, _ = handle.prediction_view(nf4, 2, True, gpu_share.FSDP_OFFLOAD)
     assert text.startswith("No prediction for these settings: parameter offload"), text
+
+
+def test_add_to_queue_keeps_the_sharing_picked(two_gpus, monkeypatch):
+    """Add to queue passes the GPUs' sharing to the queue (which plans and launches with it), and
+    refuses a sharing the run cannot use as Start does."""
+    from lora_gui.config import ConfigError
+    from lora_gui.engine.jobs import queue_runner
+    from lora_gui.ui.tabs import queue_handlers
+
+    seen = []
+
+    def add(root, cfg, name, processes, **kw):
+        seen.append({"processes": processes, "fsdp": kw["fsdp"], "offload": kw["offload"]})
+        raise ConfigError("recorded")  # stop before the queue file: what was asked is the point
+
+    monkeypatch.setattr(queue_runner, "add", add)
+    message, _ = queue_handlers.add_from_form("q", 2, values(quantization="nf4"), gpu_share.FSDP_OFFLOAD)
+    assert message == "Error: recorded" and seen == [{"processes": 2, "fsdp": True, "offload": True}]
+    message, _ = queue_handlers.add_from_form("q", 2, values(quantization="int8"), gpu_share.FSDP)
+    assert "FSDP cannot shard an int8 base" in message and len(seen) == 1

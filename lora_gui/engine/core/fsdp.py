@@ -31,10 +31,10 @@ every rank keeps all of it. int8 is refused (its row scales live in the paramete
 the layer's matmul state, which a sharded parameter does not carry), and so is parameter
 offload on a CPU (the weights are already in host memory): :func:`lora_gui.models.quant.check_fsdp`.
 
-Loading: every rank loads the whole quantized base (on a CPU, in host memory; on a GPU, onto
-its card) and :func:`shard_frozen` then keeps its shards and frees the rest, so the base must fit
-one process while it loads. Loading it on the main process alone and sending the others their
-shards (meta-device model, then a scatter) is not done yet.
+Loading: only the main process loads the quantized base; the others build it on the meta device
+and receive their shards after sharding (:mod:`lora_gui.engine.core.fsdp_loading`), so no process
+but the main one ever holds the whole model. A LoRA initialisation that reads the base weights
+(EVA, CorDA, PiSSA, OLoRA, LoftQ) still loads it on every process.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ def prepare_with_accelerate(accelerator, model: nn.Module, optimizer):
     plugin = accelerator.state.fsdp_plugin
     layer_classes(model, plugin.transformer_cls_names_to_wrap)
     plugin.ignored_modules = lora_modules(model)
-    return accelerator.prepare(model, optimizer)
+    # a process that built the base on the meta device (fsdp_loading) is not moved to its GPU:
+    # FSDP shards it on meta and its shards are allocated and filled after (nothing to copy)
+    skeleton = any(p.is_meta for p in model.parameters())
+    return accelerator.prepare(model, optimizer, device_placement=[not skeleton, True])
 
 
 def frozen_local_bytes(model: nn.Module) -> int:

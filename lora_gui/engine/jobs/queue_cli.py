@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one setting (repeatable)")
         p.add_argument("--processes", type=int, default=1, help="processes (GPUs) of the run")
+        p.add_argument("--fsdp", action="store_true",
+                       help="several processes: shard the frozen weights (FSDP) instead of replicating")
+        p.add_argument("--offload", action="store_true", help="with --fsdp: the shards in host memory")
 
     add = with_runs(cmds.add_parser("add", help="check a run and queue it (its run folder is reserved)"))
     with_settings(add)
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None], stop: threading.Ev
     what = args.queue_command
     if what == "add":
         cfg = load_config(args.preset, parse_set_args(args.set))
-        entry = runner.add(root, cfg, args.name, args.processes)
+        entry = runner.add(root, cfg, args.name, args.processes, fsdp=args.fsdp, offload=args.offload)
         position = [e.id for e in Queue(root).entries()].index(entry.id) + 1
         say(f"queued {entry.label()} at position {position} in {Queue(root).path}")
     elif what == "sweep":
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None], stop: threading.Ev
         if not sep or not key.strip():
             raise ConfigError(f"--sweep {args.sweep!r}: expected KEY=V1,V2,...")
         cfg = load_config(args.preset, parse_set_args(args.set))
-        entries = runner.sweep(root, cfg, key.strip(), values, args.name, args.processes)
+        entries = runner.sweep(root, cfg, key.strip(), values, args.name, args.processes, fsdp=args.fsdp,
+                               offload=args.offload)
         say(f"queued a sweep of {key.strip()} ({entries[0].sweep}): "
             + ", ".join(e.label() for e in entries))
     elif what == "list":

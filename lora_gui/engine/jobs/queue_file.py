@@ -63,6 +63,8 @@ class Entry:
     config: dict[str, Any]  # every RunConfig setting, as config.json holds them
     state: str = "queued"
     processes: int = 1
+    fsdp: bool = False  # several processes: the frozen weights sharded (FSDP), as Start launches them
+    offload: bool = False  # FSDP's shards in host memory
     out: str | None = None  # the run folder, once started
     message: str = ""  # why it failed, how it ended
     sweep: str | None = None  # the sweep it belongs to (runs queued together, one value each)
@@ -100,6 +102,9 @@ def _entry(raw: Any, where: str, index: int) -> Entry:
     processes = raw.get("processes", 1)
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise QueueFileError(f"{where}: {at}.processes: expected a whole number >= 1, got {processes!r}")
+    for key in ("fsdp", "offload"):
+        if not isinstance(raw.get(key, False), bool):
+            raise QueueFileError(f"{where}: {at}.{key}: expected true or false, got {raw.get(key)!r}")
     return Entry(**raw)
 
 

@@ -49,11 +49,11 @@ Gate = Callable[[RunConfig], None]  # the dashboard's path check; raises a user 
 
 
 def check_run(config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
-              gate: Gate | None = None) -> RunConfig:
+              gate: Gate | None = None, fsdp: bool = False, offload: bool = False) -> RunConfig:
     """The run's settings validated, passed through ``gate`` (the dashboard's path check, before
     any file is looked at), its data and model found and its own plan (the planner's
-    ``predict``, as the Train tab and the run use) within its budget; raises a user error
-    naming the setting, file or figure otherwise."""
+    ``predict``, as the Train tab and the run use; per GPU with ``fsdp`` / ``offload``) within its
+    budget; raises a user error naming the setting, file or figure otherwise."""
     from lora_gui.memory.predict import predict
 
     values = config.to_dict() if isinstance(config, RunConfig) else config
@@ -64,7 +64,7 @@ def check_run(config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
     if not data.exists():
         raise ConfigError(f"queued run {name}: data: {data} not found")
     try:
-        pred = predict(cfg, processes=processes)  # reads the data and the model's config
+        pred = predict(cfg, processes=processes, fsdp=fsdp, offload=offload)  # reads data, model config
     except (ValueError, NotImplementedError, RuntimeError) as err:
         raise QueueError(f"queued run {name}: no plan for these settings ({err})") from None
     budget = int(cfg.budget_gb * GB) or None
@@ -89,13 +89,20 @@ def _reserve(root: Path, name: str, entries: list[Entry]) -> Path:
 
 # -- changing the queue --------------------------------------------------------------------------
 def add(root: Path, config: dict[str, Any] | RunConfig, name: str, processes: int = 1,
-        sweep_id: str | None = None, gate: Gate | None = None) -> Entry:
+        sweep_id: str | None = None, gate: Gate | None = None, fsdp: bool = False,
+        offload: bool = False) -> Entry:
     """Checks the run (``gate``: the dashboard's path check) and appends it to the queue of
-    ``root``; its run folder is reserved."""
+    ``root``; its run folder is reserved. ``fsdp`` / ``offload``: how its ``processes`` share the
+    model, kept with the entry and launched as Start launches it."""
     root = Path(root)
     out = _reserve(root, name, Queue(root).entries())  # quick refusals before the plan's seconds
-    cfg = check_run(config, out.name, processes, gate)
-    entry = Entry(id=new_id(), name=out.name, config=cfg.to_dict(), processes=processes, sweep=sweep_id)
+    if offload and not fsdp:
+        raise ConfigError(f"queued run {name}: offload keeps FSDP's shards in host memory: ask for FSDP too")
+    fsdp = fsdp and processes > 1  # one process: nothing to share (as the dashboard's form reads it)
+    offload = offload and fsdp
+    cfg = check_run(config, out.name, processes, gate, fsdp, offload)
+    entry = Entry(id=new_id(), name=out.name, config=cfg.to_dict(), processes=processes, sweep=sweep_id,
+                  fsdp=fsdp, offload=offload)
     with Queue(root).edit() as entries:
         _reserve(root, name, entries)  # again, under the lock
         out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +125,8 @@ def _value_name(value: Any) -> str:
 
 
 def sweep(root: Path, base: RunConfig, key: str, values_text: str, base_name: str,
-          processes: int = 1, gate: Gate | None = None) -> list[Entry]:
+          processes: int = 1, gate: Gate | None = None, fsdp: bool = False,
+          offload: bool = False) -> list[Entry]:
     """Queues one run per value of ``key`` (named BASE-KEY-VALUE), every one checked first
     (``gate``: the dashboard's path check, on every swept value): nothing is queued when one of
     them is refused."""
@@ -132,9 +140,9 @@ def sweep(root: Path, base: RunConfig, key: str, values_text: str, base_name: st
         for cfg in configs:
             gate(cfg)
     for cfg, name in zip(configs, names):
-        check_run(cfg, name, processes, gate)
+        check_run(cfg, name, processes, gate, fsdp, offload)
     sweep_id = new_id()
-    return [add(root, cfg, name, processes, sweep_id=sweep_id, gate=gate)
+    return [add(root, cfg, name, processes, sweep_id=sweep_id, gate=gate, fsdp=fsdp, offload=offload)
             for cfg, name in zip(configs, names)]
 
 
@@ -312,7 +320,8 @@ class QueueRunner:
                                  "skipped")
             return False
         try:
-            cfg = check_run(entry.config, entry.name, entry.processes, getattr(self.manager, "gate", None))
+            cfg = check_run(entry.config, entry.name, entry.processes, getattr(self.manager, "gate", None),
+                            entry.fsdp, entry.offload)
         except USER_ERRORS as err:
             self._fail(entry.id, str(err))
             return False
@@ -330,7 +339,8 @@ class QueueRunner:
                 now.state, now.out, now.started = "started", str(out), time.time()
             (out / MARKER).unlink(missing_ok=True)
             try:
-                job = self.manager.start(cfg, out, processes=entry.processes)
+                job = self.manager.start(cfg, out, processes=entry.processes, fsdp=entry.fsdp,
+                                         offload=entry.offload)
             except USER_ERRORS as err:
                 self._fail(entry.id, str(err))
                 return False

@@ -26,7 +26,7 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.batching import MicroBatch, Step, collate, round_up
 from lora_gui.data.pairs import PairSample
 from lora_gui.data.shard import split_step, step_targets
-from lora_gui.engine.core import fsdp
+from lora_gui.engine.core import fsdp, fsdp_loading
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.engine.core.control import TrainControl
 from lora_gui.engine.core.distributed import (
@@ -136,12 +136,15 @@ class TextSession(RunSession):
         fsdp: frozen weights sharded over the ranks (FSDP).
         token_budget: padded tokens per micro-batch of each rank's share (as the epoch plan's).
         frozen_bytes_by_rank: frozen weight bytes each rank holds.
+        loaded_bytes_by_rank: weight bytes each rank held when loading ended, before sharding
+            (under FSDP only the main process holds the base; the others a weightless skeleton).
     """
 
     data: TextData
     fsdp: bool = False
     token_budget: int = 2048
     frozen_bytes_by_rank: list[int] = field(default_factory=list)
+    loaded_bytes_by_rank: list[int] = field(default_factory=list)
     flop_costs: Any = None  # lora_gui.models.flops.TextFlops of the model as attached
     init_peak_bytes: int | None = None  # measured peak of a lora_init pass before step 1
     fast_kernels: list[dict[str, Any]] = field(default_factory=list)  # models.fast_kernels choices
@@ -175,22 +178,31 @@ def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, devic
     return model, peak
 
 
-def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer,
-             scheduler) -> tuple[Any, Any, Any, bool]:
+def _prepare(accelerator: Accelerator, dist: Dist, model, optimizer, scheduler,
+             from_main: bool = False) -> tuple[Any, Any, Any, bool]:
     """One process: accelerate as before. Several: LoRA weights replicated (broadcast from the
     main process), frozen weights replicated or sharded by FSDP; the scheduler stays unprepared
-    (accelerate would step it once per process: the global batch is one step)."""
+    (accelerate would step it once per process: the global batch is one step). ``from_main``:
+    only the main process loaded the base; the others get their shards after sharding."""
+    full = fsdp_loading.full_frozen(model, dist) if from_main else None
     if accelerator.distributed_type == DistributedType.FSDP:  # GPUs: accelerate's plugin, LoRA ignored
         model, optimizer = fsdp.prepare_with_accelerate(accelerator, model, optimizer)
+        if from_main:
+            fsdp_loading.fill_from_main(accelerator.unwrap_model(model), full, dist, accelerator.device,
+                                        offload=fsdp_loading.offload_requested())
         enable_autocast(model, accelerator)
         return model, optimizer, scheduler, True
     if not dist.active:
         return (*accelerator.prepare(model, optimizer, scheduler), False)
     use_fsdp = fsdp.fsdp_requested()  # on CPU accelerate keeps MULTI_CPU: shard with fully_shard
-    dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
-    model.to(accelerator.device)
+    if not from_main:
+        dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
+        model.to(accelerator.device)
     if use_fsdp:
         fsdp.shard_frozen(model)
+    if from_main:  # LoRA weights and buffers broadcast there too
+        fsdp_loading.fill_from_main(model, full, dist, accelerator.device)
+    del full
     optimizer = accelerator.prepare(optimizer)
     enable_autocast(model, accelerator)
     return model, optimizer, scheduler, use_fsdp
@@ -218,11 +230,22 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     torch.manual_seed(cfg.seed)  # LoRA init (the same on every rank; broadcast from main anyway)
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
-    base = text_models.load_model_for(cfg, source, weights_dtype(mixed, device.type, text=True), device)
+    dtype = weights_dtype(mixed, device.type, text=True)
+    from lora_gui.memory.predict.init_trace import INIT_PASSES  # these read the weights everywhere
+
+    from_main = fsdp_loading.main_loads_only(dist) and cfg.lora_init not in INIT_PASSES
+    if from_main:  # FSDP: the main process loads, the others build on meta and receive shards
+        base = fsdp_loading.load_on_main(
+            dist, lambda layout: text_models.load_model_for(cfg, source, dtype, device, layout), device)
+    else:
+        base = text_models.load_model_for(cfg, source, dtype, device)
+    loaded_bytes = fsdp_loading.held_bytes(base)
     kernels = [apply_liger(base, cfg.liger_kernels, device.type, bool(cfg.resolved_loss_chunk()))]
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
     model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source)
+    if from_main and not dist.is_main:  # LoRA weights allocated; their values come from main
+        fsdp_loading.materialize_trainable(model, device)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
     if ckpt is not None:  # a quantized base or 8-bit optimizer state cannot change mid-run
         check_resume(ckpt["trainer"], cfg, cfg.resolved_optimizer(device.type), out)
@@ -249,7 +272,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     optimizer, optimizer_name = make_optimizer(cfg, adapters.param_groups(model, cfg),
                                                device)
     scheduler = cosine_scheduler(cfg, optimizer, total)
-    model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler)
+    model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler,
+                                                    from_main)
     fresh = TrainState(precision=mixed, quantization=cfg.quantization, optimizer=optimizer_name)
     state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, fresh, sampler, dist)
     if state.base_eval_loss is None:
@@ -283,7 +307,9 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         meter=meter, caps=caps, predicted=predicted, per_epoch=per_epoch, total=total, data=data,
         fsdp=sharded, token_budget=cfg.batch_size * cfg.max_seq_len if caps.caps
         else cfg.sample_token_budget(),
-        frozen_bytes_by_rank=rank_peaks(dist.gather_floats([fsdp.frozen_local_bytes(unwrapped)]), 0),
+        frozen_bytes_by_rank=rank_peaks(held := dist.gather_floats([fsdp.frozen_local_bytes(unwrapped),
+                                                                    loaded_bytes]), 0),
+        loaded_bytes_by_rank=rank_peaks(held, 1),
         prediction=prediction, flop_costs=text_flops(unwrapped), init_peak_bytes=init_peak,
         fast_kernels=[k.to_json() for k in kernels],
         peak=run_peak(accelerator.device, accelerator.mixed_precision, unwrapped, headroom(predicted, meter)),
@@ -443,7 +469,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "eval_samples": len(run.data.held_out),
         "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
-        "frozen_bytes_by_rank": run.frozen_bytes_by_rank, "fast_kernels": run.fast_kernels,
+        "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
+        "loaded_bytes_by_rank": run.loaded_bytes_by_rank, "fast_kernels": run.fast_kernels,
         **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size),
         **speed_report(run.prediction, run.metrics.snapshot())})
     if run.data.preference:

@@ -22,6 +22,12 @@ Data parallel across N processes (``accelerate launch --num_processes N``), as t
   are copied to the GPU for each all-gather, so the GPU holds the quantization state, the
   gathered units and the copy of the unit being gathered (``fsdp_offload_staging``); the host
   holds every rank's shards: ``fsdp_offload_host_bytes`` per machine (all N on one machine).
+- **Loading under FSDP**: only the main process loads the base (:mod:`lora_gui.engine.core.
+  fsdp_loading`); it holds the whole base plus its shard until every tensor is sent
+  (``fsdp_load_main_bytes``: on a GPU run on its card, on a CPU in host memory), every other
+  process its shard, the quantization state and the one tensor in flight
+  (``fsdp_load_other_bytes``); on a CPU ``fsdp_load_host_bytes`` is the machine's sum. These
+  come before step 1 and are not in the step's peak.
 
 The result is additive on the one-GPU prediction, so it applies to the trace, the closed-form
 estimate and the UNet estimate alike. Not modelled: FSDP's all-gather staging buffers (a copy of
@@ -77,6 +83,7 @@ class FrozenLayout:
     embed: int  # the untied input embedding (a unit of its own); 0 when tied
     quant_state: int  # every layer's 4-bit scales and code books: not parameters, never sharded
     params: int  # all frozen parameters (what FSDP shards)
+    largest: int = 0  # the largest single frozen tensor (what loading broadcasts at once)
 
 
 def frozen_layout(config: Any, frozen_bytes: int, quantization: str = "none") -> FrozenLayout:
@@ -107,7 +114,10 @@ def frozen_layout(config: Any, frozen_bytes: int, quantization: str = "none") ->
         quant_state, layer = 0, (linear + norms) * width
     head = (vocab * hidden + hidden) * width
     embed = 0 if tied else vocab * hidden * width
-    return FrozenLayout(layer, head, embed, quant_state, frozen_bytes - quant_state)
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    mlp = hidden * inter // 2 if quantization == "nf4" else hidden * inter * width  # one MLP matrix
+    largest = max(vocab * hidden * width, mlp)
+    return FrozenLayout(layer, head, embed, quant_state, frozen_bytes - quant_state, largest)
 
 
 def _layer_counts(config: Any, hidden: int) -> tuple[int, int]:
@@ -152,6 +162,14 @@ def per_gpu(step: TraceResult, config: Any, parallel: Parallel | None) -> TraceR
         breakdown["fsdp_gathered"] = units.tail + gathered_layers(step.device) * units.layer
         info["fsdp_units"] = {"layer": units.layer, "tail": units.tail, "embed": units.embed,
                               "quant_state": units.quant_state, "shard": shard}
+        # loading (before step 1): the main process alone loads the whole base and keeps it while
+        # it sends each tensor (engine/core/fsdp_loading.py); each other process holds its shard
+        # and the tensor in flight. On a GPU the main process loads onto its card.
+        main_load = units.params + units.quant_state + shard
+        other_load = shard + units.quant_state + units.largest
+        info["fsdp_load_main_bytes"], info["fsdp_load_other_bytes"] = main_load, other_load
+        if step.device == "cpu":  # every process in host memory: one whole copy, the rest shards
+            info["fsdp_load_host_bytes"] = main_load + (n - 1) * other_load
         if parallel.offload:  # the unit being gathered: its shard copied to the GPU first
             breakdown["fsdp_offload_staging"] = math.ceil(max(units.layer, units.tail) / n)
             info["fsdp_offload_host_bytes"] = shard * n  # every rank's shards on one machine

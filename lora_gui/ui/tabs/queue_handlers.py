@@ -9,7 +9,7 @@ from typing import Any
 from lora_gui.engine.jobs import queue_runner
 from lora_gui.engine.jobs.queue_file import Entry, Queue
 from lora_gui.errors import clip
-from lora_gui.ui import common, paths
+from lora_gui.ui import common, gpu_share, paths
 from lora_gui.ui.tabs import runs_handlers, train_handlers
 
 QUEUE_COLUMNS = ("#", "id", "run", "state", "sweep", "message")
@@ -26,15 +26,20 @@ def _entries() -> tuple[list[Entry], str]:
     return entries, (f"Note: {runner.problem}" if runner is not None and runner.problem else "")
 
 
-def add_from_form(run_name: str, processes: Any, values: dict[str, Any]) -> tuple[str, dict[str, str]]:
+def add_from_form(run_name: str, processes: Any, values: dict[str, Any],
+                  sharing: str = gpu_share.REPLICATED) -> tuple[str, dict[str, str]]:
     """Add to queue: the Train form's settings through the same checks as Start (returns the
-    message and {setting: message} for the fields), then the queue's own checks."""
+    message and {setting: message} for the fields), then the queue's own checks. ``sharing``:
+    how several GPUs share the run, kept with the entry and launched as Start launches it."""
     cfg, errors = train_handlers.config_from_form(values)
     if cfg is None:
         return "Error: fix the settings marked below.", errors
     try:
         n = train_handlers.check_processes(processes, cfg.task)
-        entry = queue_runner.add(common.runs_root(), cfg, run_name, n, gate=paths.check_config)
+        parallel = gpu_share.parallel_from_form(n, sharing, "processes")
+        gpu_share.check_for_run(parallel, cfg.task, cfg.quantization)
+        entry = queue_runner.add(common.runs_root(), cfg, run_name, n, gate=paths.check_config,
+                                 fsdp=parallel.fsdp, offload=parallel.offload)
     except common.USER_ERRORS as err:
         return f"Error: {err}", {}
     position = [e.id for e in Queue(common.runs_root()).entries()].index(entry.id) + 1

@@ -168,10 +168,8 @@ def _wire_run_buttons(buttons: dict[str, Any], form: forms.Form, inputs: set, ru
     buttons["cancel"].click(lambda: ("", gr.update(visible=False)), None, [message, confirm])
 
     def enqueue(data: dict) -> dict:  # the same form -> settings path and messages as Start
-        if int(data[processes] or 1) > 1 and data[sharing] != gpu_share.REPLICATED:
-            return {message: f"Not queued: the queue starts runs on several GPUs replicated only; pick "
-                             f"{gpu_share.REPLICATED}, or start this run with Start."}
-        text, errors = queued.add_from_form(data[run_name], data[processes], form.named(data))
+        text, errors = queued.add_from_form(data[run_name], data[processes], form.named(data),
+                                            data[sharing])
         return {message: text, confirm: gr.update(visible=False), **forms.error_updates(form, errors)}
 
     buttons["enqueue"].click(enqueue, {run_name, *inputs}, start_out)
