@@ -110,6 +110,12 @@ class VideoSettings:
                               "frames spread evenly over it, or every window of consecutive frames "
                               "(a long clip trains as several clips).", "video",
                               choices=("first", "spaced", "windows"), tasks=("video",))
+    blocks_to_swap: int = option(0, "Video: keep the frozen weights of the last N transformer blocks "
+                                 "in the computer's memory (RAM) and copy each block to the GPU only "
+                                 "while it runs; the LoRA weights stay on the GPU. Lowers the GPU's "
+                                 "need by about N blocks' weights, needs as much RAM, and slows each "
+                                 "step by the copies. 0 = off; at most the model's block count (Wan "
+                                 "2.1 14B has 40).", "video", low=0, high=1024, tasks=("video",))
 
 
 @dataclass

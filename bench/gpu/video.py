@@ -6,13 +6,14 @@ run feeds them, the engine's flow-matching loss (``FlowMatching.loss_at``), agai
 ``lora_gui.memory.predict.predict`` calls for a bundled video config).
 
 Rows: Wan 2.1 1.3B at 832x480x33 (without and with gradient checkpointing), Wan 2.1 14B at
-832x480x81 under a 24 GB card's cap with gradient checkpointing (the only switch of those the 14B
-needs that is built: fp8 base weights and block swap are not, so the plan says it does not fit
-and the capped run must run out of memory; the same step then runs uncapped to check the plan's
-bytes), and LTX-Video 2B at 768x512x49. Each: max allocated / reserved of a steady-state step
-(a warm step first, so AdamW state exists) against the plan's allocated (trace + cuBLAS
-workspace) / reserved (the caching-allocator replay). In ``--smoke`` mode, tiny Wan- and
-LTX-shaped configs on the CPU run the same code paths.
+832x480x81 under a 24 GB card's cap with gradient checkpointing and block swap (``blocks_to_swap``
+of its 40 blocks kept in pinned host memory, :mod:`lora_gui.models.block_swap`; the swapped blocks
+are made on the host, the rest on the card; the row records the host bytes planned and held; when
+the plan says it does not fit, the capped run must run out of memory and the same step then runs
+uncapped to check the plan's bytes), and LTX-Video 2B at 768x512x49. Each: max allocated /
+reserved of a steady-state step (a warm step first, so AdamW state exists) against the plan's
+allocated (trace + cuBLAS workspace) / reserved (the caching-allocator replay). In ``--smoke``
+mode, tiny Wan- and LTX-shaped configs on the CPU run the same code paths (block swap included).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class VideoRow:
     gradient_checkpointing: bool = False
     card: str | None = None  # run under this card's memory (context counted); None: uncapped
     note: str = ""
+    blocks_to_swap: int = 0  # the last N blocks' frozen weights in host memory (block swap)
 
     @property
     def name(self) -> str:
@@ -62,16 +64,24 @@ class VideoRow:
         return f"tiny {self.model['_class_name'].removesuffix('Transformer3DModel')}-shaped"
 
 
+# Wan 14B's blocks swapped under the 24 GB cap at 832x480x81 with checkpointing: with bf16 weights
+# the plan does not fit at any N (python -m lora_gui plan ... --set blocks_to_swap=N --card 24gb:
+# 42.5 GB at 20 blocks; the checkpointed activations alone are 25.8 GB), so the row swaps every
+# block and the capped run must run out of memory; fp8 weights (planned apart) change the weights' part
+WAN14B_SWAP = 40
+
 ROWS = (
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33),
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33, gradient_checkpointing=True),
     VideoRow("wan2.1-t2v-14b", "832x480", 81, gradient_checkpointing=True, card="24gb",
-             note="fp8 weights and block swap are not built: checkpointing only, planned not to fit"),
+             blocks_to_swap=WAN14B_SWAP,
+             note=f"bf16 weights, {WAN14B_SWAP} of 40 blocks swapped: planned not to fit (activations)"),
     VideoRow("ltx-video-2b", "768x512", 49),
 )
 SMOKE_ROWS = (
     VideoRow(TINY_WAN, "64x32", 9),
     VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, card="8gb"),
+    VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, blocks_to_swap=1),
     VideoRow(TINY_LTX, "64x64", 17),
 )
 
@@ -84,7 +94,7 @@ def _settings(row: VideoRow) -> Any:
     return apply_overrides(RunConfig(), {
         "task": "video", "model": row.model if isinstance(row.model, str) else "builtin:video",
         "resolution": row.size, "video_frames": row.frames, "batch_size": 1,
-        "gradient_checkpointing": row.gradient_checkpointing})
+        "gradient_checkpointing": row.gradient_checkpointing, "blocks_to_swap": row.blocks_to_swap})
 
 
 def _config(row: VideoRow) -> dict[str, Any]:
@@ -101,6 +111,8 @@ def plan(row: VideoRow) -> tr.TraceResult:
     from lora_gui.memory.predict.video_run import plan_video_shape
 
     key = f"video:{row.name}:{row.size}x{row.frames}:checkpointing={row.gradient_checkpointing}"
+    if row.blocks_to_swap:
+        key += f":blocks_to_swap={row.blocks_to_swap}"
     return gpu_plans.planned(key, lambda: plan_video_shape(_settings(row), _config(row), None, "cuda").step)
 
 
@@ -128,12 +140,25 @@ def _build(row: VideoRow, device: str) -> tuple[torch.nn.Module, Callable[[], to
                                     lean_backward=cfg.resolved_lean_backward())
     set_video_attention(model.get_base_model(), cfg.resolved_attn_backend())
 
-    def make(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            return (torch.randn(t.shape, device=device, dtype=torch.float32) * 0.02).to(t.dtype)
-        return torch.zeros(t.shape, device=device, dtype=t.dtype)
+    def make_on(where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def make(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_meta:  # made already (a swapped block's, on the host)
+                return t.detach()
+            if t.is_floating_point():
+                return (torch.randn(t.shape, device=where, dtype=torch.float32) * 0.02).to(t.dtype)
+            return torch.zeros(t.shape, device=where, dtype=t.dtype)
+        return make
 
-    tr.materialize(model, make)
+    host_bytes = 0
+    if row.blocks_to_swap:  # the swapped blocks made on the host (the card never holds them)
+        from lora_gui.models.block_swap import enable_block_swap, transformer_blocks
+
+        for block in transformer_blocks(model)[-row.blocks_to_swap:]:
+            tr.materialize(block, make_on("cpu"))
+    tr.materialize(model, make_on(device))  # the rest
+    if row.blocks_to_swap:
+        host = enable_block_swap(model, row.blocks_to_swap, pin=device == "cuda")
+        host_bytes = sum({id(t.untyped_storage()): t.untyped_storage().nbytes() for t in host}.values())
     if row.gradient_checkpointing:
         enable_checkpointing(model, 0)
     model.train()
@@ -154,6 +179,7 @@ def _build(row: VideoRow, device: str) -> tuple[torch.nn.Module, Callable[[], to
         out.held_inputs = enc  # the loop holds its batch until the backward is done, as the plan's
         return out
 
+    loss.host_bytes = host_bytes  # block swap's host weights (pinned on a card)
     return model, loss
 
 
@@ -219,6 +245,7 @@ def measure(row: VideoRow, planned: tr.TraceResult, device: str) -> dict[str, An
         where = "loading the weights"
         try:
             model, loss = _build(row, device)
+            out["measured_host_bytes"] = loss.host_bytes
             where = "the training step"
             out["measured_bytes"], out["measured_reserved_bytes"] = _steps(model, loss, device)
         except torch.OutOfMemoryError as err:
@@ -229,6 +256,7 @@ def measure(row: VideoRow, planned: tr.TraceResult, device: str) -> dict[str, An
             _release()
     if not row.card or device != "cuda" or out["out_of_memory"]:
         model, loss = _build(row, device)
+        out["measured_host_bytes"] = loss.host_bytes
         allocated, reserved = _steps(model, loss, device)
         key = "uncapped_" if out["out_of_memory"] else ""
         out[f"{key}measured_bytes"], out[f"{key}measured_reserved_bytes"] = allocated, reserved
@@ -255,6 +283,8 @@ def check_video(device: str, smoke: bool = False, plan_only: bool = False) -> li
                   "predicted_reserved_bytes": planned.reserved_peak_bytes,
                   "predicted_nvidia_smi_bytes": planned.peak_bytes,
                   "video_tokens": planned.info.get("video_tokens"), "kernel": planned.info.get("kernel"),
+                  "blocks_to_swap": row.blocks_to_swap,
+                  "planned_host_bytes": planned.info.get("host_bytes", 0),
                   **measure(row, planned, device)}
         allocated = result.get("uncapped_measured_bytes", result.get("measured_bytes", 0))
         reserved = result.get("uncapped_measured_reserved_bytes", result.get("measured_reserved_bytes", 0))

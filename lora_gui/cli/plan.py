@@ -127,7 +127,8 @@ def _check_host(step, args: argparse.Namespace) -> None:
 
     host = args.host_gb * 1e9 if args.host_gb is not None else host_available_bytes()
     check_host_memory(int(step.info.get("host_bytes", 0) or 0), host,
-                      "the offloaded checkpoints and host-side embeddings of this run")
+                      "the host-side tensors of this run (offloaded checkpoints, host-side embeddings, "
+                     "swapped video blocks)")
 
 
 def _plan_longest(cfg, plan_budget, args: argparse.Namespace) -> int:

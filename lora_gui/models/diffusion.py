@@ -252,7 +252,28 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
     set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
+    swap_blocks(model, cfg, weights)
     return model
+
+
+def swap_blocks(model: ImageModel, cfg: RunConfig, weights: bool) -> None:
+    """``blocks_to_swap`` on a video transformer (:mod:`lora_gui.models.block_swap`): checked
+    against its block count; applied when the weights are real (the plan's meta pipeline is only
+    checked: its trace builds and swaps its own transformer).
+
+    Raises:
+        ModelError: the value is off the model's block count, or the model is not a video one.
+    """
+    n = int(getattr(cfg, "blocks_to_swap", 0) or 0)
+    if not n:
+        return
+    from lora_gui.models import block_swap
+
+    if not video.is_video_module(model.unet):
+        raise ModelError(f"blocks_to_swap: {n} is for video transformers (Wan, LTX-Video); set 0")
+    block_swap.check_blocks_to_swap(n, len(block_swap.transformer_blocks(model.unet)))
+    if weights:
+        block_swap.enable_block_swap(model.unet, n, pin=torch.cuda.is_available())
 
 
 def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:

@@ -88,6 +88,23 @@ def source_geometry(source: str, kind: str) -> VideoGeometry:
     return geometry_of(vae, transformer, kind)
 
 
+def check_swap_setting(source: str, kind: str, blocks_to_swap: int) -> None:
+    """Refuses ``blocks_to_swap`` off the transformer's block count (its config's ``num_layers``)
+    before anything is loaded or written.
+
+    Raises:
+        ModelError: the value is more than the model's blocks.
+    """
+    if not blocks_to_swap:
+        return
+    import diffusers
+
+    from lora_gui.models.block_swap import check_blocks_to_swap
+
+    config = getattr(diffusers, VIDEO_TRANSFORMERS[kind]).load_config(source, subfolder="transformer")
+    check_blocks_to_swap(blocks_to_swap, int(config["num_layers"]))
+
+
 def load_video_parts(source: str, weights_dtype: torch.dtype, cfg: Any, pipe: Any = None,
                      kind: str = "wan") -> dict[str, Any]:
     """Loads a Wan or LTX-Video pipeline (or takes ``pipe``, e.g. one built on the meta device);

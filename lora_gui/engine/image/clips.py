@@ -33,10 +33,12 @@ def load_run_data(cfg: RunConfig) -> RunData:
     before the run folder is touched; for clips the model's configs say its frame and size grid."""
     if cfg.task != "video":
         return load_image_data(cfg)
-    from lora_gui.models.video import source_geometry
+    from lora_gui.models.video import check_swap_setting, source_geometry
 
     source = dm.resolve_pipeline_source(cfg.model)
-    return video_batches.load_video_data(cfg, source_geometry(source, dm.pipeline_kind(source)))
+    kind = dm.pipeline_kind(source)
+    check_swap_setting(source, kind, cfg.blocks_to_swap)  # refused before the run folder is touched
+    return video_batches.load_video_data(cfg, source_geometry(source, kind))
 
 
 def epoch_plan(cfg: RunConfig, data: RunData, epoch: int) -> list:

@@ -35,6 +35,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "peak_bytes": max([*peaks, cache_peak]) if peaks else None,
         "train_peak_bytes": max(peaks) if peaks else None, "cache_peak_bytes": cache_peak,
         "mean_step_peak_bytes": sum(peaks) / len(peaks) if peaks else None,
+        "host_peak_bytes": max((r.get("host_peak_bytes", 0) for r in records), default=0),  # tracker
         "memory_source": run.meter.source, **run.meter.coverage(), "budget_bytes": run.meter.budget_bytes,
         "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],

@@ -276,6 +276,9 @@ def _one_step(run: ImageSession, step: Step, epoch: int) -> dict[str, Any]:
               "images_per_s": images / seconds, "peak_bytes": total["peak_bytes"],
               "peak_bytes_by_rank": total["peak_bytes_by_rank"], "memory_source": run.meter.source,
               "time": time.time()}
+    host = run.meter.step_host_peak()
+    if host:  # block swap's host weights (tracker, CPU run)
+        record["host_peak_bytes"] = host
     run.flop_counts.count_pending(run.model, run.pipeline.noise_scheduler)  # a bucket not counted yet
     record.update(step_speed(run.flop_counts.step(images), seconds, run.peak, run.dist.world_size))
     if os.environ.get(DEBUG_SAMPLES_ENV) == "1":

@@ -80,7 +80,9 @@ class VideoPrediction:
             return None
         return {"peak_bytes": self.peak_bytes, "train_peak_bytes": self.train_peak_bytes,
                 "source": "predicted", "device": device_type, "kernel": self.step.info.get("kernel"),
-                "batch_size": self.step.info.get("batch_size")}
+                "batch_size": self.step.info.get("batch_size"),
+                "host_bytes": self.step.info.get("host_bytes", 0),  # block swap's host weights
+                "blocks_to_swap": self.step.info.get("blocks_to_swap", 0)}
 
 
 def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
@@ -104,13 +106,16 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      target_modules: Any = None, gradient_checkpointing: bool = False,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
-                     lean_backward: bool = True) -> TraceResult:
+                     lean_backward: bool = True, blocks_to_swap: int = 0) -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
-    ``text_width`` prompt embeddings (and LTX-Video's prompt mask).
+    ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``blocks_to_swap``: the last N
+    blocks' frozen weights in host memory (:mod:`lora_gui.models.block_swap`, the run's own code):
+    counted in ``info["host_bytes"]``, their device copies in the peak.
 
     Raises:
-        ValueError: a config that is not a video transformer's; a bucket off the model's grid.
+        ValueError: a config that is not a video transformer's; a bucket off the model's grid;
+            ``blocks_to_swap`` off the model's block count (a ModelError).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -152,11 +157,17 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
         loss.held_inputs = batch  # the loop holds its batch until the backward is done
         return loss
 
+    def swap(m: nn.Module, _make: Any) -> None:  # after the weights are made, as the run's load
+        from lora_gui.models.block_swap import enable_block_swap
+
+        enable_block_swap(m, blocks_to_swap)
+
     res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
-                      autocast=run_autocast(device, dt))
+                      autocast=run_autocast(device, dt), setup=swap if blocks_to_swap else None)
     res.info.update(model_type=kind, batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
-                    video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
+                    video_tokens=batch_size * geometry.tokens(bucket), source="predicted",
+                    blocks_to_swap=blocks_to_swap)
     return res
 
 
@@ -253,7 +264,7 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
             "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
-            "lean_backward": cfg.resolved_lean_backward()}
+            "lean_backward": cfg.resolved_lean_backward(), "blocks_to_swap": cfg.blocks_to_swap}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
     out = VideoPrediction(BatchCaps())
@@ -280,7 +291,11 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     train_peak = out.step.peak_bytes + resident + held
     modules = [*encoders] if denoiser_waits_for_cache(cache, device.type) else [model.unet, *encoders]
     # the caching pass encodes one clip at a time; without a cache each step encodes its micro-batch
-    encoding = module_bytes(modules) + caching + trace_clip_encode_peak(
+    if model.unet in modules:  # swapped blocks' weights stay on the host through the pass too
+        modules_bytes = module_bytes(modules) - int(out.step.info.get("host_bytes", 0) or 0)
+    else:
+        modules_bytes = module_bytes(modules)
+    encoding = modules_bytes + caching + trace_clip_encode_peak(
         model, [*data.buckets, *data.held_buckets], device, sizes if cache == "off" else None)
     if cache == "off":  # every step encodes beside the optimizer state
         encoding += out.step.breakdown.get("optimizer_state", 0)
@@ -334,7 +349,8 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "target_modules": lora_targets(cfg.lora_targets),
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
             "attention": cfg.resolved_attn_backend(),
-            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward()}
+            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward(),
+            "blocks_to_swap": cfg.blocks_to_swap}
     out = VideoPrediction(BatchCaps())
     batch = cfg.batch_size
     while True:
@@ -374,6 +390,10 @@ def video_plan_lines(cfg: RunConfig, pred: Any, budget: Any) -> list[str]:
         encoding = step.info["encoding_pass_bytes"]
         lines.append(f"  training steps alone: {gb(pred.train_peak_bytes)}; the caching pass "
                      f"(VAE and text encoder on the device): {gb(encoding)}")
+    if step.info.get("blocks_to_swap"):
+        lines.append(f"  block swap: the last {step.info['blocks_to_swap']} transformer blocks' frozen "
+                     f"weights in host memory (RAM): {gb(step.info.get('host_bytes', 0))} of RAM needed, "
+                     "one block's copy at a time on the device (counted above)")
     lines.append("  breakdown at the peak: " + ", ".join(
         f"{k} {gb(v)}" for k, v in step.breakdown.items() if v))
     if budget is None:

@@ -161,6 +161,13 @@ class PeakMeter:
             return self.tracker.peak_bytes if self.measuring else None
         return torch.cuda.max_memory_allocated(self.device)
 
+    def step_host_peak(self) -> int | None:
+        """Host bytes the tracker counted apart since the last start_step() (host-kept weights,
+        offloaded tensors); None on a GPU run or when that step was not measured."""
+        if self.tracker is not None and self.measuring:
+            return self.tracker.host_peak_bytes
+        return None
+
     def sampled_live_bytes(self) -> int | None:
         """Live bytes for the memory monitor; None while a step runs without the tracker (its
         activations are not counted then, so the figure would be too low)."""
