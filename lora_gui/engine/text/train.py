@@ -444,8 +444,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "max_padded_len": round_up(max(len(s) for s in run.data.train), cfg.pad_multiple),
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
         "frozen_bytes_by_rank": run.frozen_bytes_by_rank, "fast_kernels": run.fast_kernels,
-        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size),
-        **speed_report(run.prediction, run.metrics.snapshot())})
+        **(speed := run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)),
+        **speed_report(run.prediction, run.metrics.snapshot(), speed.get("mfu"))})
     if run.data.preference:
         summary.update(preference_summary(run))
     if run.init_peak_bytes is not None:  # the decomposing lora_init, measured before step 1
