@@ -241,3 +241,8 @@ def test_a_stored_calibration_is_read_without_timing_anything(tmp_path, monkeypa
     assert step_time.cached("k", None) is None  # nothing stored, nothing measured
     step_time.cached("k", counted_model)
     assert step_time.cached("k", None).flops == (1000, 100, 10)
+
+
+def test_no_mfu_above_the_measured_peak():
+    busy = StepTimeModel(0.0, 1e-9, 0.0, "cpu", "test", (), (1000, 100, 10), 1e6)  # peak measured slow
+    assert busy.mfu(8, 8, 256) is None

@@ -219,7 +219,8 @@ def speed_lines(figures: dict[str, Any] | None) -> list[str]:
         return []
     mfu, peak = figures.get("predicted_mfu"), figures.get("peak_flops_per_s")
     of_peak = (f", MFU {mfu:.1%} of the measured matmul peak ({peak / 1e9:,.1f} GFLOP/s)"
-               if mfu and peak else ", MFU not predicted (no FLOP count or matmul peak)")
+               if mfu and peak else ", MFU not predicted (no FLOP count, or the matmul peak was measured "
+               "while the machine was busy)")
     return [f"  predicted speed: {speed:,.0f} tokens/s{of_peak} (source: step-time model "
             f"{figures.get('speed_source', '?')}; the run records the measured figures beside them)"]
 

@@ -169,7 +169,7 @@ def predicted_speed(model: StepTimeModel | None, plan: Any, samples: int,
     out["predicted_tokens_per_s"] = tokens / seconds if seconds else None
     # MFU as the run measures it: useful FLOPs of the real tokens (padding is not useful work)
     useful = model.useful_flops([n for rows in by_bucket.values() for n in rows])
-    out["predicted_mfu"] = (useful / seconds / model.peak_flops_per_s
+    out["predicted_mfu"] = (step_time.plausible_mfu(useful / seconds / model.peak_flops_per_s)
                             if useful and seconds and model.peak_flops_per_s else None)
     return out
 

@@ -106,7 +106,7 @@ class StepTimeModel:
         flops = self.useful_flops([length] * samples)
         if not flops or not self.peak_flops_per_s:
             return None
-        return flops / self.step_seconds(samples, micro_batch, length) / self.peak_flops_per_s
+        return plausible_mfu(flops / self.step_seconds(samples, micro_batch, length) / self.peak_flops_per_s)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "points": [list(p) for p in self.points],
@@ -118,6 +118,16 @@ class StepTimeModel:
         return cls(row["overhead_s"], row["per_token_s"], row["per_token_pair_s"], row["device"],
                    source or row["source"], tuple(tuple(p) for p in row["points"]),
                    tuple(row["flops"]) if row.get("flops") else None, row.get("peak_flops_per_s"))
+
+
+def plausible_mfu(share: float) -> float | None:
+    """``share`` when it is at most 1; above, the matmul peak was measured while the machine was
+    busier than during the step's timing (both are measured, at different moments): no MFU then."""
+    if share > 1:
+        log.warning("step time: a predicted MFU of %.0f%% is above the measured matmul peak (the "
+                    "machine was busy while it was measured); no MFU predicted", 100 * share)
+        return None
+    return share
 
 
 def fit(points: Sequence[tuple[int, int, float]], overhead_s: float, device: str,
