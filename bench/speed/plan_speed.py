@@ -72,9 +72,12 @@ def main() -> None:
             _step(model, opt, rows[n], batch["largest"][n])
         tokens = base.batch_size * sum(buckets)
         speeds: dict[str, list[float]] = {"largest": [], "fastest": []}
+        seconds: dict[tuple[str, int], list[float]] = {(c, n): [] for c in speeds for n in buckets}
         for r in range(args.rounds):
             for c in (("largest", "fastest") if r % 2 == 0 else ("fastest", "largest")):
-                speeds[c].append(tokens / sum(_step(model, opt, rows[n], batch[c][n]) for n in buckets))
+                for n in buckets:
+                    seconds[c, n].append(_step(model, opt, rows[n], batch[c][n]))
+                speeds[c].append(tokens / sum(seconds[c, n][-1] for n in buckets))
         ratios = [f / s for f, s in zip(speeds["fastest"], speeds["largest"], strict=True)]
         peak = {c: max(b.peak_bytes for b in p.buckets if b.micro_batch) for c, p in plans.items()}
         fast = plans["fastest"].buckets
@@ -88,9 +91,29 @@ def main() -> None:
         print(f"fastest / largest: {statistics.median(ratios):.3f}x (median of per-round ratios: "
               f"{', '.join(f'{x:.2f}' for x in ratios)}); predicted tokens/s of the fastest plan: "
               f"{', '.join(f'{b.bucket}: {b.tokens_per_s:,.0f}' for b in fast if b.tokens_per_s)}")
+        _per_bucket(plans, buckets, base.batch_size, seconds)
+        if batch["largest"] == batch["fastest"]:
+            print("the two plans train the same micro-batches at this budget: their ratio measures the "
+                  "machine's noise, not the choice")
         if args.curve:
             _curve(model, opt, rows, {b.bucket: b.largest_fitting or b.micro_batch for b in fast},
                    base.batch_size, args.rounds)
+
+
+def _per_bucket(plans, buckets: list[int], samples: int, seconds: dict[tuple[str, int], list[float]]) -> None:
+    """Each bucket's choice in both plans: the step-time model's predicted seconds of a step of
+    ``samples`` rows (forward and backward) beside the measured median (with the update)."""
+    model = next((b for b in plans["fastest"].buckets if b.tokens_per_s), None)
+    print("| bucket | largest: micro-batch, predicted s, measured s | fastest: micro-batch, predicted s, "
+          "measured s |\n|---|---|---|")
+    for n in buckets:
+        cells = []
+        for c in ("largest", "fastest"):
+            row = next(b for b in plans[c].buckets if b.bucket == n)
+            predicted = samples * n / row.tokens_per_s if row.tokens_per_s else None
+            guess = f"{predicted:.3f}" if predicted else ("-" if model is None else "(not timed)")
+            cells.append(f"{row.micro_batch}, {guess}, {statistics.median(seconds[c, n]):.3f}")
+        print(f"| {n} | {cells[0]} | {cells[1]} |")
 
 
 def _source(buckets) -> str:

@@ -13,7 +13,7 @@ from lora_gui.presets import load_config
 
 
 @pytest.mark.slow
-def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s(tmp_path, small_corpus):
+def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s_and_mfu(tmp_path, small_corpus):
     cfg = apply_overrides(load_config("text-demo"), {
         "data": str(small_corpus), "max_seq_len": 128, "batch_size": 4, "max_steps": 2,
         "budget_gb": 0.2, "monitor_hz": 0.0, "eval_fraction": 0.1})
@@ -23,6 +23,9 @@ def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s(tmp_path, sm
     report = saved["speed_report"]
     assert report["predicted_tokens_per_s"] > 0 and report["measured_tokens_per_s"] > 0
     assert report["predicted_source"].startswith(("calibrated on", "cached calibrated on"))
+    # MFU: the plan's beside the run's, both useful FLOPs over the same kind of measured peak
+    assert 0 < report["predicted_mfu"] < 1 and 0 < report["measured_mfu"] < 1
+    assert report["measured_mfu"] == saved["mfu"]
     prediction = saved["prediction"]
     assert set(prediction["tokens_per_s_by_bucket"]) == {"64", "128"}
     model = prediction["step_time_model"]

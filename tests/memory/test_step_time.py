@@ -148,6 +148,7 @@ def test_a_run_calibrates_its_own_architecture_once_per_machine(tmp_path, monkey
     cfg = apply_overrides(RunConfig(), {"max_seq_len": 128})
     first = _run_model(cfg)
     assert first.source.startswith("calibrated on ") and first.overhead_s > 0
+    assert first.flops[0] > 0 and first.peak_flops_per_s > 0  # what a predicted MFU needs
     assert [(r, n) for r, n, _ in first.points] == [(16, 32), (8, 64), (4, 128)]
     again = _run_model(cfg)
     assert again.source == "cached " + first.source and again.per_token_s == first.per_token_s
@@ -177,3 +178,71 @@ def test_checkpointing_adds_the_recompute_to_one_calibration(tmp_path, monkeypat
     assert every.per_token_s == pytest.approx(plain.per_token_s * (1 + 1 / 3))  # tiny_llama: 2 layers
     assert half.per_token_s == pytest.approx(plain.per_token_s * (1 + 1 / 6))
     assert every.overhead_s == plain.overhead_s and "recomputing 100%" in every.source
+
+
+def counted_model(overhead: float = 0.01) -> StepTimeModel:
+    """A model with a FLOP count (1,000 per token through projections, 100 through adapters, 10
+    per causal pair) and a 1 GFLOP/s matmul peak."""
+    return StepTimeModel(overhead, 1e-4, 1e-7, "cpu", "test", (), (1000, 100, 10), 1e9)
+
+
+def test_mfu_is_useful_flops_over_predicted_seconds_over_the_peak():
+    m = counted_model()
+    flops = 8 * (1100 * 256 + 10 * 256 * 257 // 2)  # 8 full rows of 256 tokens
+    assert m.useful_flops([256] * 8) == flops
+    assert m.mfu(8, 4, 256) == pytest.approx(flops / m.step_seconds(8, 4, 256) / 1e9)
+    assert m.mfu(8, 8, 256) > m.mfu(8, 1, 256)  # fewer overheads: more of the peak
+    assert model().mfu(8, 4, 256) is None  # no count, no MFU
+    again = StepTimeModel.from_json(json.loads(json.dumps(m.to_json())))
+    assert again == m
+
+
+def test_the_plan_states_each_buckets_mfu_and_the_runs_from_real_lengths():
+    from lora_gui.memory.predict.run_speed import predicted_speed
+
+    cfg = tiny_llama(vocab=2000)
+    m = counted_model()
+    budget = estimate_text_step(cfg, batch_size=8, seq_len=256, **STEP).peak_bytes + 1000
+    plan = plan_text(cfg, budget, [128, 256], effective_batch=8, confirm=False, step_time=m,
+                     batch_choice="fastest", **STEP)
+    assert [b.mfu for b in plan.buckets] == [pytest.approx(m.mfu(8, b.micro_batch, b.bucket))
+                                             for b in plan.buckets]
+    assert "MFU" in plan.message
+    lengths = [100] * 8 + [200] * 8  # one step in each bucket: padded to 128 and 256
+    out = predicted_speed(m, plan, 8, lengths, 8)
+    seconds = sum(m.step_seconds(8, b.micro_batch, b.bucket) for b in plan.buckets)
+    assert out["predicted_tokens_per_s"] == pytest.approx(8 * (128 + 256) / seconds)
+    assert out["predicted_mfu"] == pytest.approx(m.useful_flops(lengths) / seconds / 1e9)
+    assert out["peak_flops_per_s"] == 1e9 and set(out["mfu_by_bucket"]) == {"128", "256"}
+
+
+def test_the_speed_report_puts_predicted_and_measured_mfu_side_by_side():
+    from lora_gui.memory.predict.run_speed import speed_report
+
+    records = [{"padded_tokens": 1000, "seconds": 2.0}]
+    report = speed_report({"predicted_tokens_per_s": 600.0, "predicted_mfu": 0.05, "speed_source": "x"},
+                          records, measured_mfu=0.04)["speed_report"]
+    assert report["measured_tokens_per_s"] == 500.0
+    assert report["predicted_vs_measured"] == pytest.approx(0.2)
+    assert (report["predicted_mfu"], report["measured_mfu"]) == (0.05, 0.04)
+
+
+def test_plan_prints_the_predicted_speed_and_mfu_beside_the_peak():
+    from lora_gui.memory.predict.report import speed_lines
+
+    line, = speed_lines({"predicted_tokens_per_s": 1234.0, "predicted_mfu": 0.0321,
+                         "peak_flops_per_s": 5e10, "speed_source": "calibrated on a CPU"})
+    assert "1,234 tokens/s" in line and "MFU 3.2%" in line and "50.0 GFLOP/s" in line
+    assert speed_lines({"predicted_tokens_per_s": None}) == []
+
+
+def test_a_stored_calibration_is_read_without_timing_anything(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_time.CACHE_ENV, str(tmp_path))
+    assert step_time.cached("k", None) is None  # nothing stored, nothing measured
+    step_time.cached("k", counted_model)
+    assert step_time.cached("k", None).flops == (1000, 100, 10)
+
+
+def test_no_mfu_above_the_measured_peak():
+    busy = StepTimeModel(0.0, 1e-9, 0.0, "cpu", "test", (), (1000, 100, 10), 1e6)  # peak measured slow
+    assert busy.mfu(8, 8, 256) is None

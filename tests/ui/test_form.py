@@ -145,8 +145,10 @@ def test_save_as_preset_writes_the_differences_and_is_loadable(runs_root):
 def test_prediction_panel_estimate_and_plan_name_their_source():
     text, fig, rows = handle.prediction_view(values(budget_gb=2.0), 1, exact=False)
     assert "source: predicted" in text and "quick estimate" in text and fig.data
+    assert "Micro-batch " in text and " at 1024 tokens: the " in text  # which choice it shows
     text, fig, rows = handle.prediction_view(values(budget_gb=2.0), 1, exact=True)
     assert "the run's own plan" in text and rows and rows[-1][0] == "1024 tokens"
+    assert "Predicted speed: **" in text and "tokens/s**, MFU " in text  # beside the peak
     text, _, _ = handle.prediction_view(values(mode="traditional", budget_gb=0.05), 1, exact=False)
     assert "does not fit" in text and "gradient_checkpointing" in text
     text, fig, _ = handle.prediction_view(values(lr=5), 1, exact=False)

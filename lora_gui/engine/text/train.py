@@ -471,8 +471,8 @@ def train_text(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwri
         "world_size": run.dist.world_size, "fsdp": run.fsdp,
         "frozen_bytes_by_rank": run.frozen_bytes_by_rank,
         "loaded_bytes_by_rank": run.loaded_bytes_by_rank, "fast_kernels": run.fast_kernels,
-        **run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size),
-        **speed_report(run.prediction, run.metrics.snapshot())})
+        **(speed := run_speed(run.metrics.snapshot(), run.peak, run.dist.world_size)),
+        **speed_report(run.prediction, run.metrics.snapshot(), speed.get("mfu"))})
     if run.data.preference:
         summary.update(preference_summary(run))
     if run.init_peak_bytes is not None:  # the decomposing lora_init, measured before step 1

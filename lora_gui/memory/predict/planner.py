@@ -39,6 +39,7 @@ class BucketPlan:
     confirmed_by_trace: bool = False
     largest_fitting: int | None = None  # the largest micro-batch under the budget (None: not asked)
     tokens_per_s: float | None = None  # predicted padded tokens/s of a step (step-time model)
+    mfu: float | None = None  # predicted useful FLOP/s of full rows over the measured matmul peak
 
 
 @dataclass
@@ -103,7 +104,8 @@ def _needs(nbytes: int) -> str:
 
 
 def _speed(p: BucketPlan) -> str:
-    return f" (~{p.tokens_per_s:,.0f} tokens/s)" if p.tokens_per_s else ""
+    mfu = f", MFU {p.mfu:.1%}" if p.mfu else ""
+    return f" (~{p.tokens_per_s:,.0f} tokens/s{mfu})" if p.tokens_per_s else ""
 
 
 def _finish(budget: int, plans: list[BucketPlan], needed: int, frozen: int,
@@ -179,8 +181,10 @@ def plan_text(config: Any, budget_bytes: float, buckets: Sequence[int], *, effec
                 peak = (trace_text_step(cfg, batch_size=mb, seq_len=seq, **step).peak_bytes if confirmed
                         else est(mb))
         accum = math.ceil(effective_batch / mb) if mb else 0
-        speed = step_time.tokens_per_s(effective_batch, mb, seq) if step_time is not None and mb else None
-        plans.append(BucketPlan(seq, mb, accum, peak, confirmed, largest, speed))
+        timed = step_time is not None and mb > 0
+        speed = step_time.tokens_per_s(effective_batch, mb, seq) if timed else None
+        mfu = step_time.mfu(effective_batch, mb, seq) if timed else None
+        plans.append(BucketPlan(seq, mb, accum, peak, confirmed, largest, speed, mfu))
     fits_all = all(p.micro_batch for p in plans)
     sugg = [] if fits_all else _text_suggestions(cfg, limit, longest, base, step)
     return _shifted(budget, plans, base, saving, sugg, cfg, parallel)

@@ -179,6 +179,7 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
         rows = f" pairs ({2 * figures['batch_size']} rows)" if cfg.is_preference else ""
         lines.append(f"  peak micro-batch: {figures['batch_size']}{rows} x {figures['seq_len']} tokens, mask "
                      f"{figures['mask']}, attention kernel on {pred.device}: {figures['kernel']} ({data})")
+    lines += speed_lines(figures)
     lines += [f"  {name:<18} {gb(nbytes):>14}" for name, nbytes in step.breakdown.items()]
     lines += [f"  + {name:<16} {gb(nbytes):>14}  (CUDA-only overhead, not in the trace)"
               for name, nbytes in step.cuda_overheads.items() if nbytes]  # none when planning for a CPU
@@ -206,6 +207,22 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
                      f"{gb(step.info['allreduce_bucket_bytes'])} after backward; DDP-style "
                      "buckets of 25 MB)")
     return lines + _budget_lines(pred, budget, "bucket (tokens)", 15, " per GPU", short)
+
+
+def speed_lines(figures: dict[str, Any] | None) -> list[str]:
+    """The speed the plan predicts beside its peak: the run's tokens/s and MFU (useful FLOPs of
+    its real tokens over the predicted seconds and the measured matmul peak); none without a
+    step-time model (no budget, or a model this device cannot time for a plan)."""
+    figures = figures or {}
+    speed = figures.get("predicted_tokens_per_s")
+    if not speed:
+        return []
+    mfu, peak = figures.get("predicted_mfu"), figures.get("peak_flops_per_s")
+    of_peak = (f", MFU {mfu:.1%} of the measured matmul peak ({peak / 1e9:,.1f} GFLOP/s)"
+               if mfu and peak else ", MFU not predicted (no FLOP count, or the matmul peak was measured "
+               "while the machine was busy)")
+    return [f"  predicted speed: {speed:,.0f} tokens/s{of_peak} (source: step-time model "
+            f"{figures.get('speed_source', '?')}; the run records the measured figures beside them)"]
 
 
 def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list[str]:
@@ -260,16 +277,22 @@ def _budget_lines(pred: Prediction, budget: Budget | None, bucket_title: str, wi
     speed = any(getattr(b, "tokens_per_s", None) for b in plan.buckets)  # text plans with a step-time model
     lines = [f"\nBudget {budget.label(per)}: {short or plan.message}",
              f"  {bucket_title:>{width}}  micro-batch  grad-accum  predicted peak GB"
-             + ("  predicted tokens/s" if speed else "")]
+             + ("  predicted tokens/s  predicted MFU" if speed else "")]
     lines += [f"  {b.bucket!s:>{width}}  {b.micro_batch:>11}  {b.grad_accum:>10}  "
-              f"{gb(b.peak_bytes, unit=False):>17}" + (f"  {b.tokens_per_s or 0:>19,.0f}" if speed else "")
+              f"{gb(b.peak_bytes, unit=False):>17}"
+              + (f"  {b.tokens_per_s or 0:>19,.0f}  {_percent(getattr(b, 'mfu', None)):>13}" if speed else "")
               for b in plan.buckets]
     source = (pred.figures or {}).get("speed_source")
     if speed and source:
-        lines.append(f"  tokens/s: padded tokens of forward and backward, from the step-time model {source}")
+        lines.append(f"  tokens/s: padded tokens of forward and backward, from the step-time model {source}; "
+                     "MFU: useful FLOPs of full rows over those seconds and the measured matmul peak")
     lines += [f"  try {s.switch}: {gb(s.peak_bytes)} (saves "
               f"{gb(s.saving_bytes)}){' -> fits' if s.fits else ''}" for s in plan.suggestions]
     return lines
+
+
+def _percent(share: float | None) -> str:
+    return f"{share:.1%}" if share else "-"
 
 
 def _bucket_name(bucket: Any, unit: str) -> str:

@@ -122,16 +122,41 @@ def estimated_step(cfg: RunConfig, device: str = "cuda", source: str | None = No
 
     config = model_config_for(cfg, source)
     kwargs = step_kwargs(cfg, device)
+    choice = None
     if cfg.resolved_batching() == "fixed":
         batch = cfg.batch_size
     elif cfg.budget_gb and cfg.resolved_batching() == "bucketed":  # adaptive: what the planner gives
-        plan = planner.plan_text(config, int(cfg.budget_gb * 1e9), [cfg.max_seq_len],
-                                 effective_batch=cfg.batch_size, max_batch=cfg.batch_size,
-                                 confirm=False, **kwargs)
-        batch = max(1, plan.buckets[0].micro_batch)
+        batch, choice = _estimated_choice(cfg, config, device, kwargs)
     else:
         batch = max(1, min(cfg.batch_size, cfg.token_budget // cfg.max_seq_len))
-    return estimate_text_step(config, batch_size=batch, seq_len=cfg.max_seq_len, **kwargs)
+    step = estimate_text_step(config, batch_size=batch, seq_len=cfg.max_seq_len, **kwargs)
+    if choice:
+        step.info["batch_choice"] = choice
+    return step
+
+
+def _estimated_choice(cfg: RunConfig, config: Any, device: str, kwargs: dict[str, Any]) -> tuple[int, str]:
+    """The longest bucket's micro-batch as the run's plan chooses it (``batch_choice`` with this
+    machine's stored step-time calibration; nothing is timed here, the estimate is instant), and
+    in words which choice that is: the largest that fits when no calibration is stored yet."""
+    from lora_gui.memory.predict.run_speed import step_time_model
+
+    timing = None
+    if cfg.task == "text" and cfg.batch_choice != "largest":
+        timing = step_time_model(cfg, config, device, kwargs, calibrate=False)
+    plan = planner.plan_text(config, int(cfg.budget_gb * 1e9), [cfg.max_seq_len],
+                             effective_batch=cfg.batch_size, max_batch=cfg.batch_size,
+                             confirm=False, step_time=timing, batch_choice=cfg.batch_choice, **kwargs)
+    row = plan.buckets[0]
+    if cfg.batch_choice == "largest":
+        how = "the largest micro-batch that fits, as the run's plan (batch_choice largest)"
+    elif timing is None:
+        how = (f"the largest micro-batch that fits: the run's plan picks the {cfg.batch_choice} one once "
+               "this machine's step time is measured (the plan below says which)")
+    else:
+        how = (f"the {cfg.batch_choice} micro-batch by this machine's measured step time, as the run's plan "
+               f"(~{row.tokens_per_s:,.0f} tokens/s predicted)")
+    return max(1, row.micro_batch), how
 
 
 def plan_to_json(plan: planner.Plan | None, step: TraceResult, kernels: list | None = None) -> dict[str, Any]:

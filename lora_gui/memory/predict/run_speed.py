@@ -66,13 +66,27 @@ def _build(cfg: RunConfig, config: Any, device: str) -> torch.nn.Module | None:
     return attach_lora(model, replace(cfg, lora_init="default")).to(device).train()
 
 
+def counted(cfg: RunConfig, model: torch.nn.Module, device: str) -> dict[str, Any]:
+    """The calibrated model's useful FLOPs per token and per attention pair (the count the run
+    makes, :func:`lora_gui.models.flops.text_flops`) and the device's measured matmul peak in the
+    dtype its matmuls use (about a second, once per process): what a predicted MFU needs."""
+    from lora_gui.models.flops import compute_dtype, machine_peak, text_flops
+
+    count = text_flops(model)
+    mixed = cfg.precision if cfg.precision in ("bf16", "fp16") else "no"
+    peak = machine_peak(device, compute_dtype(mixed, model))
+    return {"flops": (count.linear_per_token, count.lora_per_token, count.attention_per_pair),
+            "peak_flops_per_s": peak.flops_per_s if peak else None}
+
+
 def step_time_model(cfg: RunConfig, config: Any, device: str,
-                    step: dict[str, Any]) -> StepTimeModel | None:
+                    step: dict[str, Any], calibrate: bool = True) -> StepTimeModel | None:
     """The run's step-time model on ``device`` (cached calibration, else measured now: a few
     seconds for a small model on a CPU); None when the model is too large to time for a plan
     or the device is not this machine's (a plan for a GPU made on a machine without one).
     ``config``: the model's config as the plan reads it; ``step``: the plan's step settings
-    (:func:`lora_gui.memory.predict.run_plan.step_kwargs`)."""
+    (:func:`lora_gui.memory.predict.run_plan.step_kwargs`); ``calibrate`` False: a stored
+    calibration only (the instant estimate: nothing timed), else None."""
     if device == "cuda" and not torch.cuda.is_available():
         log.info("step time: no GPU here to time the step on; the plan takes the largest micro-batch")
         return None
@@ -95,10 +109,11 @@ def step_time_model(cfg: RunConfig, config: Any, device: str,
             model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)
 
-        return step_time.calibrate(step, cfg.max_seq_len, device)
+        timed = step_time.calibrate(step, cfg.max_seq_len, device)
+        return replace(timed, **counted(cfg, model, device))
 
     try:
-        timed = step_time.cached(key, measure)
+        timed = step_time.cached(key, measure if calibrate else None)
         return with_recompute(timed, cfg, config) if timed is not None else None
     finally:
         if built and device == "cuda":
@@ -134,29 +149,37 @@ def predicted_speed(model: StepTimeModel | None, plan: Any, samples: int,
     if model is None or plan is None:
         return {"predicted_tokens_per_s": None, "speed_source": "no step-time model"}
     out: dict[str, Any] = {"speed_source": model.source, "step_time_model": model.to_json(),
-                           "tokens_per_s_by_bucket": {str(b.bucket): b.tokens_per_s for b in plan.buckets}}
+                           "tokens_per_s_by_bucket": {str(b.bucket): b.tokens_per_s for b in plan.buckets},
+                           "mfu_by_bucket": {str(b.bucket): b.mfu for b in plan.buckets},
+                           "peak_flops_per_s": model.peak_flops_per_s}
     buckets = sorted((b for b in plan.buckets if b.micro_batch), key=lambda b: b.bucket)
     if not buckets:
-        out["predicted_tokens_per_s"] = None
-        return out
-    counts = {b.bucket: 0 for b in buckets}
+        return out | {"predicted_tokens_per_s": None, "predicted_mfu": None}
+    by_bucket: dict[int, list[int]] = {b.bucket: [] for b in buckets}
     for n in lengths or [buckets[-1].bucket]:
         width = round_up(n, pad_multiple)
-        counts[next((b.bucket for b in buckets if b.bucket >= width), buckets[-1].bucket)] += 1
+        by_bucket[next((b.bucket for b in buckets if b.bucket >= width), buckets[-1].bucket)].append(
+            min(n, buckets[-1].bucket))
     tokens = seconds = 0.0
     for b in buckets:
-        if counts[b.bucket]:
-            steps = counts[b.bucket] / samples  # fractional: the share of steps in this bucket
-            tokens += counts[b.bucket] * b.bucket
+        if by_bucket[b.bucket]:
+            steps = len(by_bucket[b.bucket]) / samples  # fractional: the share of steps in this bucket
+            tokens += len(by_bucket[b.bucket]) * b.bucket
             seconds += steps * model.step_seconds(samples, b.micro_batch, b.bucket)
     out["predicted_tokens_per_s"] = tokens / seconds if seconds else None
+    # MFU as the run measures it: useful FLOPs of the real tokens (padding is not useful work)
+    useful = model.useful_flops([n for rows in by_bucket.values() for n in rows])
+    out["predicted_mfu"] = (step_time.plausible_mfu(useful / seconds / model.peak_flops_per_s)
+                            if useful and seconds and model.peak_flops_per_s else None)
     return out
 
 
-def speed_report(prediction: dict[str, Any] | None, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """run.json's ``speed_report``: the plan's predicted padded tokens/s (forward and backward,
-    source: the step-time model) beside the measured ones (padded tokens over the steps' wall
-    time, optimizer updates included; source: measured)."""
+def speed_report(prediction: dict[str, Any] | None, records: Sequence[dict[str, Any]],
+                 measured_mfu: float | None = None) -> dict[str, Any]:
+    """run.json's ``speed_report``: the plan's predicted padded tokens/s and MFU (forward and
+    backward, source: the step-time model and its FLOP count over the measured matmul peak)
+    beside the measured ones (padded tokens over the steps' wall time, optimizer updates
+    included; ``measured_mfu``: the run's own, :func:`lora_gui.engine.core.speed.run_speed`)."""
     padded = sum(r["padded_tokens"] for r in records)
     seconds = sum(r["seconds"] for r in records)
     predicted = (prediction or {}).get("predicted_tokens_per_s")
@@ -165,4 +188,6 @@ def speed_report(prediction: dict[str, Any] | None, records: Sequence[dict[str, 
         "predicted_tokens_per_s": predicted,
         "predicted_source": (prediction or {}).get("speed_source", "no plan"),
         "measured_tokens_per_s": measured, "measured_source": "measured (padded tokens / step seconds)",
-        "predicted_vs_measured": predicted / measured - 1 if predicted and measured else None}}
+        "predicted_vs_measured": predicted / measured - 1 if predicted and measured else None,
+        "predicted_mfu": (prediction or {}).get("predicted_mfu"), "measured_mfu": measured_mfu,
+        "mfu_source": "useful FLOPs (real tokens) / seconds / measured matmul peak"}}

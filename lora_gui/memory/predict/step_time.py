@@ -45,6 +45,7 @@ CALIBRATION_REPEATS = 3  # timed steps per shape (the median is kept), after one
 # also fit beside what the card holds, and planning stays a matter of seconds
 MAX_CALIBRATION_PARAMS = {"cpu": 100_000_000, "cuda": 2_000_000_000}
 HEADROOM_SHARE = 0.9  # batch_choice 'headroom': keep at least this share of the fastest tokens/s
+CACHE_VERSION = 2  # 2: a calibration holds the step's FLOP count and the matmul peak (MFU)
 CACHE_ENV = "LORA_GUI_CACHE_DIR"  # where calibrations are kept (default ~/.cache/lora_gui)
 
 
@@ -59,6 +60,11 @@ class StepTimeModel:
         device: 'cpu' or 'cuda'.
         source: how the coefficients were had ('calibrated on ...' or 'cached calibration ...').
         points: the timed (rows, length, seconds) the coefficients come from.
+        flops: the step's useful FLOPs (:class:`lora_gui.models.flops.TextFlops`: per token
+            through the frozen projections, per token through the adapters, per causal pair of
+            attention), counted on the calibrated model; None: not counted.
+        peak_flops_per_s: the device's measured matmul peak in the step's compute dtype
+            (FLOP/s, :func:`lora_gui.models.flops.machine_peak`), the MFU's denominator.
     """
 
     overhead_s: float
@@ -67,6 +73,8 @@ class StepTimeModel:
     device: str
     source: str
     points: tuple[tuple[int, int, float], ...] = ()
+    flops: tuple[int, int, int] | None = None
+    peak_flops_per_s: float | None = None
 
     def seconds(self, rows: int, length: int) -> float:
         """Predicted seconds of one micro-batch of ``rows`` x ``length`` padded tokens."""
@@ -82,8 +90,44 @@ class StepTimeModel:
         """Predicted padded tokens per second of such a step (forward and backward)."""
         return samples * length / self.step_seconds(samples, micro_batch, length)
 
+    def useful_flops(self, lengths: Sequence[int]) -> int | None:
+        """Useful FLOPs of a step over rows of ``lengths`` real tokens (padding excluded), counted
+        as the run counts them (:meth:`lora_gui.models.flops.TextFlops.step`); None uncounted."""
+        if self.flops is None:
+            return None
+        from lora_gui.models.flops import TextFlops
+
+        return TextFlops(*self.flops).step(lengths)
+
+    def mfu(self, samples: int, micro_batch: int, length: int) -> float | None:
+        """Predicted model FLOPs utilisation of a step of ``samples`` full rows of ``length``
+        tokens cut into micro-batches of ``micro_batch``: useful FLOPs over the predicted seconds
+        over the measured matmul peak (None without a count or a peak)."""
+        flops = self.useful_flops([length] * samples)
+        if not flops or not self.peak_flops_per_s:
+            return None
+        return plausible_mfu(flops / self.step_seconds(samples, micro_batch, length) / self.peak_flops_per_s)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "points": [list(p) for p in self.points]}
+        return {**asdict(self), "points": [list(p) for p in self.points],
+                "flops": list(self.flops) if self.flops else None}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any], source: str | None = None) -> StepTimeModel:
+        """A model from :meth:`to_json` (``source``: in place of the stored one)."""
+        return cls(row["overhead_s"], row["per_token_s"], row["per_token_pair_s"], row["device"],
+                   source or row["source"], tuple(tuple(p) for p in row["points"]),
+                   tuple(row["flops"]) if row.get("flops") else None, row.get("peak_flops_per_s"))
+
+
+def plausible_mfu(share: float) -> float | None:
+    """``share`` when it is at most 1; above, the matmul peak was measured while the machine was
+    busier than during the step's timing (both are measured, at different moments): no MFU then."""
+    if share > 1:
+        log.warning("step time: a predicted MFU of %.0f%% is above the measured matmul peak (the "
+                    "machine was busy while it was measured); no MFU predicted", 100 * share)
+        return None
+    return share
 
 
 def fit(points: Sequence[tuple[int, int, float]], overhead_s: float, device: str,
@@ -179,14 +223,15 @@ def cache_key(device: str, what: dict[str, Any]) -> str:
     """A calibration's key: the machine and device, torch's version and threads, and ``what``
     (the step's architecture and settings), hashed."""
     text = json.dumps({"machine": platform.node(), "device": device_name(device),
-                       "torch": torch.__version__, **what}, sort_keys=True, default=str)
+                       "torch": torch.__version__, "version": CACHE_VERSION, **what},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cached(key: str, measure: Callable[[], StepTimeModel | None]) -> StepTimeModel | None:
+def cached(key: str, measure: Callable[[], StepTimeModel | None] | None) -> StepTimeModel | None:
     """The calibration stored under ``key``, else ``measure()`` stored there (None, no model to
-    time, is not stored; a file that cannot be read or written is logged and the measurement used
-    as it is)."""
+    time, is not stored; ``measure`` None: the stored one or None, nothing timed; a file that
+    cannot be read or written is logged and the measurement used as it is)."""
     path = cache_path()
     try:
         stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -194,9 +239,9 @@ def cached(key: str, measure: Callable[[], StepTimeModel | None]) -> StepTimeMod
         log.warning("step time: cannot read the calibrations in %s (%s); measuring again", path, err)
         stored = {}
     if key in stored:
-        row = stored[key]
-        return StepTimeModel(row["overhead_s"], row["per_token_s"], row["per_token_pair_s"], row["device"],
-                             f"cached {row['source']}", tuple(tuple(p) for p in row["points"]))
+        return StepTimeModel.from_json(stored[key], f"cached {stored[key]['source']}")
+    if measure is None:  # asked for a stored calibration only
+        return None
     model = measure()
     if model is None:
         return None

@@ -207,6 +207,24 @@ def prediction_view(values: dict[str, Any], processes: Any, exact: bool,
     return _prediction_view(values, processes, exact, sharing)[0]
 
 
+def _batch_and_speed(pred: Any) -> str:
+    """Which micro-batch the figure is for (the quick estimate says which choice it shows) and
+    the speed the run's plan predicts beside its peak (tokens/s, MFU)."""
+    step = pred.step
+    info = step.info if step is not None else {}
+    lines = []
+    if pred.how == "estimate" and info.get("batch_choice"):
+        lines.append(f"Micro-batch {info.get('batch_size', '?')} at {info.get('seq_len', '?')} tokens: "
+                     f"{info['batch_choice']}.")
+    figures = pred.figures or {}
+    if figures.get("predicted_tokens_per_s"):
+        mfu = figures.get("predicted_mfu")
+        lines.append(f"Predicted speed: **{figures['predicted_tokens_per_s']:,.0f} tokens/s**"
+                     + (f", MFU {mfu:.1%}" if mfu else "")
+                     + " (step time measured on this machine; the run records the measured speed beside it).")
+    return "".join("\n\n" + line for line in lines)
+
+
 def prediction_views(values: dict[str, Any], processes: Any,
                      sharing: str = gpu_share.REPLICATED) -> Iterator[tuple[str, Any, list]]:
     """The run's own plan for the form, then, when a checkpointing run has room in its budget, the
@@ -254,6 +272,7 @@ def _prediction_view(values: dict[str, Any], processes: Any, exact: bool,
             text += " (simulated: no GPU here)"
     if budget:
         text += "\n\n" + gauge(pred.peak_bytes, budget)
+    text += _batch_and_speed(pred)
     hint_args = None
     if budget and pred.peak_bytes > budget:
         text += "\n\nTo fit, switch:\n" + "\n".join(f"- {h}" for h in _switch_hints(cfg, pred.plan))
