@@ -24,7 +24,10 @@ def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s_and_mfu(tmp_
     assert report["predicted_tokens_per_s"] > 0 and report["measured_tokens_per_s"] > 0
     assert report["predicted_source"].startswith(("calibrated on", "cached calibrated on"))
     # MFU: the plan's beside the run's, both useful FLOPs over the same kind of measured peak
-    assert 0 < report["predicted_mfu"] < 1 and 0 < report["measured_mfu"] < 1
+    # the plan's MFU is left out (None) when the matmul peak was measured while the machine was
+    # busier than during the timing (a share above 1: tests/memory/test_step_time.py covers it)
+    assert report["predicted_mfu"] is None or 0 < report["predicted_mfu"] <= 1, report["predicted_mfu"]
+    assert report["measured_mfu"] > 0
     assert report["measured_mfu"] == saved["mfu"]
     prediction = saved["prediction"]
     assert set(prediction["tokens_per_s_by_bucket"]) == {"64", "128"}
