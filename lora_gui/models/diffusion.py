@@ -239,6 +239,10 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
     set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
+    if cfg.task == "video":  # fp8 storage after LoRA: the adapter stays in its own dtype
+        from lora_gui.models.video_quant import apply_base_storage
+
+        apply_base_storage(model.unet, cfg.quantization, weights_dtype)
     return model
 
 
