@@ -276,7 +276,8 @@ def test_gpu_check_video_rows_plan_first_then_read_the_plans_back(tmp_path):
     written = json.loads(plans.read_text(encoding="utf-8"))
     stored = written["plans"]
     keys = [k for k in stored if k.startswith("video:")]
-    assert len(keys) == 3 and any("LTX" in k for k in keys) and any("checkpointing=True" in k for k in keys)
+    assert len(keys) == 4 and any("LTX" in k for k in keys) and any("checkpointing=True" in k for k in keys)
+    assert any("quantization=fp8" in k for k in keys)
     assert not (tmp_path / "gpu_check.json").exists()  # nothing measured
     stored[keys[0]]["trace"]["peak_bytes"] += 4096  # a mark only the stored plan carries
     plans.write_text(json.dumps(written), encoding="utf-8")
@@ -286,7 +287,8 @@ def test_gpu_check_video_rows_plan_first_then_read_the_plans_back(tmp_path):
     assert out["errors"] == {}
     rows = out["video"]
     assert [(r["clip"], r["gradient_checkpointing"], r["card"]) for r in rows] == [
-        ("64x32x9", False, None), ("64x32x9", True, "8gb"), ("64x64x17", False, None)]
+        ("64x32x9", False, None), ("64x32x9", True, "8gb"), ("64x32x9", True, None),
+        ("64x64x17", False, None)]
     for row, key in zip(rows, keys, strict=True):
         trace = stored[key]["trace"]  # read back: the stored plan's figures, not a new trace
         assert row["predicted_nvidia_smi_bytes"] == trace["peak_bytes"]

@@ -6,13 +6,14 @@ run feeds them, the engine's flow-matching loss (``FlowMatching.loss_at``), agai
 ``lora_gui.memory.predict.predict`` calls for a bundled video config).
 
 Rows: Wan 2.1 1.3B at 832x480x33 (without and with gradient checkpointing), Wan 2.1 14B at
-832x480x81 under a 24 GB card's cap with gradient checkpointing (the only switch of those the 14B
-needs that is built: fp8 base weights and block swap are not, so the plan says it does not fit
-and the capped run must run out of memory; the same step then runs uncapped to check the plan's
-bytes), and LTX-Video 2B at 768x512x49. Each: max allocated / reserved of a steady-state step
-(a warm step first, so AdamW state exists) against the plan's allocated (trace + cuBLAS
-workspace) / reserved (the caching-allocator replay). In ``--smoke`` mode, tiny Wan- and
-LTX-shaped configs on the CPU run the same code paths.
+832x480x81 under a 24 GB card's cap with gradient checkpointing and fp8 base weights (diffusers'
+layerwise casting: weights stored in float8 e4m3, each layer upcast to bf16 while it runs; the
+matmuls run in bf16, fp8 tensor cores are not used; block swap is not in this row yet: where the
+plan says it does not fit, the capped run must run out of memory and the same step then runs
+uncapped to check the plan's bytes), and LTX-Video 2B at 768x512x49. Each: max allocated /
+reserved of a steady-state step (a warm step first, so AdamW state exists) against the plan's
+allocated (trace + cuBLAS workspace) / reserved (the caching-allocator replay). In ``--smoke``
+mode, tiny Wan- and LTX-shaped configs on the CPU run the same code paths.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class VideoRow:
     size: str  # WxH px
     frames: int
     gradient_checkpointing: bool = False
+    quantization: str = "none"  # base weights' storage: none or fp8 (lora_gui.models.video_quant)
     card: str | None = None  # run under this card's memory (context counted); None: uncapped
     note: str = ""
 
@@ -65,26 +67,28 @@ class VideoRow:
 ROWS = (
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33),
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33, gradient_checkpointing=True),
-    VideoRow("wan2.1-t2v-14b", "832x480", 81, gradient_checkpointing=True, card="24gb",
-             note="fp8 weights and block swap are not built: checkpointing only, planned not to fit"),
+    VideoRow("wan2.1-t2v-14b", "832x480", 81, gradient_checkpointing=True, quantization="fp8", card="24gb",
+             note="fp8 weights (layerwise casting, bf16 matmuls) and checkpointing; no block swap"),
     VideoRow("ltx-video-2b", "768x512", 49),
 )
 SMOKE_ROWS = (
     VideoRow(TINY_WAN, "64x32", 9),
     VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, card="8gb"),
+    VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, quantization="fp8"),
     VideoRow(TINY_LTX, "64x64", 17),
 )
 
 
 def _settings(row: VideoRow) -> Any:
     """The RunConfig ``plan`` reads for the row (bf16 on a card, LoRA r16 on the attention
-    projections, batch 1, latents and embeddings cached)."""
+    projections, batch 1, latents and embeddings cached, torch's AdamW as the step below runs)."""
     from lora_gui.config import RunConfig, apply_overrides
 
     return apply_overrides(RunConfig(), {
         "task": "video", "model": row.model if isinstance(row.model, str) else "builtin:video",
         "resolution": row.size, "video_frames": row.frames, "batch_size": 1,
-        "gradient_checkpointing": row.gradient_checkpointing})
+        "gradient_checkpointing": row.gradient_checkpointing, "quantization": row.quantization,
+        "optimizer": "adamw"})
 
 
 def _config(row: VideoRow) -> dict[str, Any]:
@@ -101,6 +105,7 @@ def plan(row: VideoRow) -> tr.TraceResult:
     from lora_gui.memory.predict.video_run import plan_video_shape
 
     key = f"video:{row.name}:{row.size}x{row.frames}:checkpointing={row.gradient_checkpointing}"
+    key += f":quantization={row.quantization}" if row.quantization != "none" else ""
     return gpu_plans.planned(key, lambda: plan_video_shape(_settings(row), _config(row), None, "cuda").step)
 
 
@@ -125,7 +130,7 @@ def _build(row: VideoRow, device: str) -> tuple[torch.nn.Module, Callable[[], to
     dtype = planned_weights_dtype(cfg.precision, "cuda")  # the card's dtype, as the plan's
     model = build_video_transformer(config, dtype=dtype, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     target_modules=lora_targets(cfg.lora_targets), adapter=adapter_spec(cfg),
-                                    lean_backward=cfg.resolved_lean_backward())
+                                    lean_backward=cfg.resolved_lean_backward(), quantization=cfg.quantization)
     set_video_attention(model.get_base_model(), cfg.resolved_attn_backend())
 
     def make(t: torch.Tensor) -> torch.Tensor:
@@ -249,7 +254,8 @@ def check_video(device: str, smoke: bool = False, plan_only: bool = False) -> li
         budget = card_by_name(row.card).total_bytes if row.card else None
         fits = budget is None or planned.peak_bytes <= budget
         result = {"model": row.name, "clip": f"{row.size}x{row.frames}",
-                  "gradient_checkpointing": row.gradient_checkpointing, "card": row.card,
+                  "gradient_checkpointing": row.gradient_checkpointing, "quantization": row.quantization,
+                  "card": row.card,
                   "budget_bytes": budget, "planned_to_fit": fits, "note": row.note,
                   "predicted_bytes": planned.allocator_peak_bytes,
                   "predicted_reserved_bytes": planned.reserved_peak_bytes,
@@ -275,10 +281,10 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
 
     out = ["## Video: one LoRA step at real clip shapes, random bf16 weights (allocated / reserved "
            "vs plan)", "",
-           "| model | clip (WxHxframes) | checkpointing | card cap | planned to fit | "
+           "| model | clip (WxHxframes) | checkpointing | base weights | card cap | planned to fit | "
            "measured alloc / reserved MiB | planned alloc / reserved MiB | error alloc / reserved | "
            "agrees | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measured = f"{cell(r.get('measured_bytes'))} / {cell(r.get('measured_reserved_bytes'))}"
         if r["out_of_memory"]:
@@ -286,7 +292,8 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
             measured = (f"OOM {where} (uncapped: {cell(r.get('uncapped_measured_bytes'))} / "
                         f"{cell(r.get('uncapped_measured_reserved_bytes'))})")
         errors = " / ".join("-" if r[k] is None else f"{r[k]:+.1%}" for k in ("error", "reserved_error"))
-        out.append(f"| {r['model']} | {r['clip']} | {r['gradient_checkpointing']} | {r['card'] or '-'} | "
+        out.append(f"| {r['model']} | {r['clip']} | {r['gradient_checkpointing']} | "
+                   f"{r.get('quantization', 'none')} | {r['card'] or '-'} | "
                    f"{r['planned_to_fit']} | {measured} | {cell(r['predicted_bytes'])} / "
                    f"{cell(r['predicted_reserved_bytes'])} | {errors} | {r['agrees']} | {r['note'] or '-'} |")
     return out
