@@ -13,6 +13,9 @@ ADAPTERS = ("lora", "dora", "loha", "lokr", "oft")  # lora_gui.models.adapters
 IMAGE_ADAPTERS = ADAPTERS[:4]  # OFT's blocks are not offered for UNet / DiT layers
 LORA_INITS = ("default", "gaussian", "pissa", "olora", "loftq", "eva", "corda")
 DATA_INITS = ("eva", "corda")  # lora_init that reads a few batches of the run's data first
+TEXT_QUANTIZATIONS = ("none", "nf4", "int8")  # bitsandbytes' layers in a text decoder
+VIDEO_QUANTIZATIONS = ("none", "fp8")  # diffusers' layerwise casting (lora_gui.models.video_quant)
+QUANTIZATION_CHOICES = (*TEXT_QUANTIZATIONS, "fp8")
 
 
 def bitsandbytes_present() -> bool:
@@ -26,10 +29,13 @@ class QuantizationSettings:
     and ``mode`` resolved_optimizer reads)."""
 
     # -- quantized base and 8-bit optimizer states (bitsandbytes) ------------------------------
-    quantization: str = option("none", "Text: store the frozen base weights in 4-bit NF4 (QLoRA, "
-                               "about 0.56 bytes/weight) or 8-bit int8 (about 1.0) instead of the "
-                               "compute dtype (2 bytes in bf16); LoRA trains on top. Needs "
-                               "bitsandbytes.", "quantization", choices=("none", "nf4", "int8"), tasks=TEXT)
+    quantization: str = option("none", "Store the frozen base weights in fewer bytes; LoRA trains on "
+                               "top in the compute dtype. Text: nf4 (4-bit NormalFloat, QLoRA, about "
+                               "0.56 bytes/weight) or int8 (about 1.0), needs bitsandbytes. Video: fp8 "
+                               "(1 byte/weight, each layer brought back to the compute dtype while it "
+                               "runs; norms and embeddings stay as they are; saves memory with "
+                               "gradient_checkpointing on, which it needs).", "quantization",
+                               choices=QUANTIZATION_CHOICES, tasks=(*TEXT, "video"))
     double_quant: bool = option(True, "nf4: also quantize the per-block scales (saves about 0.4 "
                                 "bits/weight: ~0.37 GB on an 8B model).", "quantization", tasks=TEXT)
     optimizer: str = option("auto", "adamw (fp32 states, 8 bytes/trainable param), adamw8bit or "
@@ -37,6 +43,22 @@ class QuantizationSettings:
                             "moves them to CPU RAM under pressure on CUDA). auto: adamw for text; "
                             "image picks adamw8bit in optimized mode on a GPU with bitsandbytes.",
                             "quantization", choices=("auto", "adamw", "adamw8bit", "paged_adamw8bit"))
+
+    def _check_quantization(self) -> None:
+        """Refuses a base-weight storage the run's task does not build, naming what it does."""
+        q = self.quantization
+        if self.task == "text" and q not in TEXT_QUANTIZATIONS:
+            raise ConfigError(f"quantization: {q} is for video runs; a text run stores its base in "
+                              "nf4 or int8 (or none)")
+        if self.task == "image" and q != "none":
+            raise ConfigError(f"quantization: {q} is not built for image runs; use quantization: none")
+        if self.task == "video" and q not in VIDEO_QUANTIZATIONS:
+            raise ConfigError(f"quantization: {q} is for text runs; a video run stores its base in "
+                              "fp8 (or none)")
+        if self.task == "video" and q == "fp8" and not self.gradient_checkpointing:
+            raise ConfigError("quantization: fp8 needs gradient_checkpointing: true on a video run: "
+                              "without it every layer keeps its weights brought back to the compute "
+                              "dtype for the backward, which takes more memory than no fp8 at all")
 
     def resolved_optimizer(self, device_type: str) -> str:
         """The optimizer once 'auto' is resolved: adamw for text; for images, adamw8bit in

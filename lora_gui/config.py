@@ -86,9 +86,7 @@ class RunConfig(LoraSettings, DiTSettings, QuantizationSettings, VideoSettings, 
                               f"(64-1536 in steps of {IMAGE_GRID})")
         self.batch_by_resolution()
         self.trackers()
-        if self.task in ("image", "video") and self.quantization != "none":
-            raise ConfigError(f"quantization: {self.quantization!r} is for text runs; image runs "
-                              "use quantization: none")
+        self._check_quantization()
         if self.task in ("image", "video") and self.attention == "windowed":
             raise ConfigError("attention: windowed is for text runs; image runs use attn_backend")
         if self.attention == "windowed":

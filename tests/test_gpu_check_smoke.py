@@ -276,8 +276,9 @@ def test_gpu_check_video_rows_plan_first_then_read_the_plans_back(tmp_path):
     written = json.loads(plans.read_text(encoding="utf-8"))
     stored = written["plans"]
     keys = [k for k in stored if k.startswith("video:")]
-    assert len(keys) == 4 and any("LTX" in k for k in keys) and any("checkpointing=True" in k for k in keys)
+    assert len(keys) == 5 and any("LTX" in k for k in keys) and any("checkpointing=True" in k for k in keys)
     assert any("blocks_to_swap=1" in k for k in keys)
+    assert any("quantization=fp8" in k for k in keys)
     assert not (tmp_path / "gpu_check.json").exists()  # nothing measured
     stored[keys[0]]["trace"]["peak_bytes"] += 4096  # a mark only the stored plan carries
     plans.write_text(json.dumps(written), encoding="utf-8")
@@ -288,7 +289,7 @@ def test_gpu_check_video_rows_plan_first_then_read_the_plans_back(tmp_path):
     rows = out["video"]
     assert [(r["clip"], r["gradient_checkpointing"], r["card"]) for r in rows] == [
         ("64x32x9", False, None), ("64x32x9", True, "8gb"), ("64x32x9", True, None),
-        ("64x64x17", False, None)]
+        ("64x32x9", True, None), ("64x64x17", False, None)]
     swapped = rows[2]  # block swap: the host bytes planned are the host bytes the step held
     assert swapped["blocks_to_swap"] == 1
     assert swapped["planned_host_bytes"] == swapped["measured_host_bytes"] > 0

@@ -6,14 +6,16 @@ run feeds them, the engine's flow-matching loss (``FlowMatching.loss_at``), agai
 ``lora_gui.memory.predict.predict`` calls for a bundled video config).
 
 Rows: Wan 2.1 1.3B at 832x480x33 (without and with gradient checkpointing), Wan 2.1 14B at
-832x480x81 under a 24 GB card's cap with gradient checkpointing and block swap (``blocks_to_swap``
-of its 40 blocks kept in pinned host memory, :mod:`lora_gui.models.block_swap`; the swapped blocks
-are made on the host, the rest on the card; the row records the host bytes planned and held; when
-the plan says it does not fit, the capped run must run out of memory and the same step then runs
-uncapped to check the plan's bytes), and LTX-Video 2B at 768x512x49. Each: max allocated /
-reserved of a steady-state step (a warm step first, so AdamW state exists) against the plan's
-allocated (trace + cuBLAS workspace) / reserved (the caching-allocator replay). In ``--smoke``
-mode, tiny Wan- and LTX-shaped configs on the CPU run the same code paths (block swap included).
+832x480x81 under a 24 GB card's cap with gradient checkpointing, fp8 base weights (diffusers'
+layerwise casting: weights stored in float8 e4m3, each layer upcast to bf16 while it runs; the
+matmuls run in bf16, fp8 tensor cores are not used) and block swap (``blocks_to_swap`` of its 40
+blocks kept in pinned host memory, :mod:`lora_gui.models.block_swap`; the swapped blocks are made
+on the host, the rest on the card; the row records the host bytes planned and held; when the plan
+says it does not fit, the capped run must run out of memory and the same step then runs uncapped
+to check the plan's bytes), and LTX-Video 2B at 768x512x49. Each: max allocated / reserved of a
+steady-state step (a warm step first, so AdamW state exists) against the plan's allocated (trace +
+cuBLAS workspace) / reserved (the caching-allocator replay). In ``--smoke`` mode, tiny Wan- and
+LTX-shaped configs on the CPU run the same code paths (block swap and fp8 included).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class VideoRow:
     size: str  # WxH px
     frames: int
     gradient_checkpointing: bool = False
+    quantization: str = "none"  # base weights' storage: none or fp8 (lora_gui.models.video_quant)
     card: str | None = None  # run under this card's memory (context counted); None: uncapped
     note: str = ""
     blocks_to_swap: int = 0  # the last N blocks' frozen weights in host memory (block swap)
@@ -73,28 +76,31 @@ WAN14B_SWAP = 40
 ROWS = (
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33),
     VideoRow("wan2.1-t2v-1.3b", "832x480", 33, gradient_checkpointing=True),
-    VideoRow("wan2.1-t2v-14b", "832x480", 81, gradient_checkpointing=True, card="24gb",
+    VideoRow("wan2.1-t2v-14b", "832x480", 81, gradient_checkpointing=True, quantization="fp8", card="24gb",
              blocks_to_swap=WAN14B_SWAP,
-             note=f"bf16 weights, {WAN14B_SWAP} of 40 blocks swapped: planned not to fit (activations)"),
+             note=f"fp8 weights (layerwise casting, bf16 matmuls), {WAN14B_SWAP} of 40 blocks swapped: "
+                  "planned not to fit (activations)"),
     VideoRow("ltx-video-2b", "768x512", 49),
 )
 SMOKE_ROWS = (
     VideoRow(TINY_WAN, "64x32", 9),
     VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, card="8gb"),
     VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, blocks_to_swap=1),
+    VideoRow(TINY_WAN, "64x32", 9, gradient_checkpointing=True, quantization="fp8"),
     VideoRow(TINY_LTX, "64x64", 17),
 )
 
 
 def _settings(row: VideoRow) -> Any:
     """The RunConfig ``plan`` reads for the row (bf16 on a card, LoRA r16 on the attention
-    projections, batch 1, latents and embeddings cached)."""
+    projections, batch 1, latents and embeddings cached, torch's AdamW as the step below runs)."""
     from lora_gui.config import RunConfig, apply_overrides
 
     return apply_overrides(RunConfig(), {
         "task": "video", "model": row.model if isinstance(row.model, str) else "builtin:video",
         "resolution": row.size, "video_frames": row.frames, "batch_size": 1,
-        "gradient_checkpointing": row.gradient_checkpointing, "blocks_to_swap": row.blocks_to_swap})
+        "gradient_checkpointing": row.gradient_checkpointing, "blocks_to_swap": row.blocks_to_swap,
+        "quantization": row.quantization, "optimizer": "adamw"})
 
 
 def _config(row: VideoRow) -> dict[str, Any]:
@@ -113,6 +119,7 @@ def plan(row: VideoRow) -> tr.TraceResult:
     key = f"video:{row.name}:{row.size}x{row.frames}:checkpointing={row.gradient_checkpointing}"
     if row.blocks_to_swap:
         key += f":blocks_to_swap={row.blocks_to_swap}"
+    key += f":quantization={row.quantization}" if row.quantization != "none" else ""
     return gpu_plans.planned(key, lambda: plan_video_shape(_settings(row), _config(row), None, "cuda").step)
 
 
@@ -137,7 +144,7 @@ def _build(row: VideoRow, device: str) -> tuple[torch.nn.Module, Callable[[], to
     dtype = planned_weights_dtype(cfg.precision, "cuda")  # the card's dtype, as the plan's
     model = build_video_transformer(config, dtype=dtype, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     target_modules=lora_targets(cfg.lora_targets), adapter=adapter_spec(cfg),
-                                    lean_backward=cfg.resolved_lean_backward())
+                                    lean_backward=cfg.resolved_lean_backward(), quantization=cfg.quantization)
     set_video_attention(model.get_base_model(), cfg.resolved_attn_backend())
 
     def make_on(where: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -277,7 +284,8 @@ def check_video(device: str, smoke: bool = False, plan_only: bool = False) -> li
         budget = card_by_name(row.card).total_bytes if row.card else None
         fits = budget is None or planned.peak_bytes <= budget
         result = {"model": row.name, "clip": f"{row.size}x{row.frames}",
-                  "gradient_checkpointing": row.gradient_checkpointing, "card": row.card,
+                  "gradient_checkpointing": row.gradient_checkpointing, "quantization": row.quantization,
+                  "card": row.card,
                   "budget_bytes": budget, "planned_to_fit": fits, "note": row.note,
                   "predicted_bytes": planned.allocator_peak_bytes,
                   "predicted_reserved_bytes": planned.reserved_peak_bytes,
@@ -305,10 +313,10 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
 
     out = ["## Video: one LoRA step at real clip shapes, random bf16 weights (allocated / reserved "
            "vs plan)", "",
-           "| model | clip (WxHxframes) | checkpointing | card cap | planned to fit | "
+           "| model | clip (WxHxframes) | checkpointing | base weights | card cap | planned to fit | "
            "measured alloc / reserved MiB | planned alloc / reserved MiB | error alloc / reserved | "
            "agrees | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measured = f"{cell(r.get('measured_bytes'))} / {cell(r.get('measured_reserved_bytes'))}"
         if r["out_of_memory"]:
@@ -316,7 +324,8 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
             measured = (f"OOM {where} (uncapped: {cell(r.get('uncapped_measured_bytes'))} / "
                         f"{cell(r.get('uncapped_measured_reserved_bytes'))})")
         errors = " / ".join("-" if r[k] is None else f"{r[k]:+.1%}" for k in ("error", "reserved_error"))
-        out.append(f"| {r['model']} | {r['clip']} | {r['gradient_checkpointing']} | {r['card'] or '-'} | "
+        out.append(f"| {r['model']} | {r['clip']} | {r['gradient_checkpointing']} | "
+                   f"{r.get('quantization', 'none')} | {r['card'] or '-'} | "
                    f"{r['planned_to_fit']} | {measured} | {cell(r['predicted_bytes'])} / "
                    f"{cell(r['predicted_reserved_bytes'])} | {errors} | {r['agrees']} | {r['note'] or '-'} |")
     return out

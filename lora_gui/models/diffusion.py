@@ -252,7 +252,11 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
     set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
-    swap_blocks(model, cfg, weights)
+    if cfg.task == "video":  # fp8 storage after LoRA: the adapter stays in its own dtype
+        from lora_gui.models.video_quant import apply_base_storage
+
+        apply_base_storage(model.unet, cfg.quantization, weights_dtype)
+    swap_blocks(model, cfg, weights)  # after fp8: the swapped weights are the stored (fp8) ones
     return model
 
 

@@ -21,12 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from lora_gui.config import RunConfig, choices_of
+from lora_gui.adapter_settings import TEXT_QUANTIZATIONS
+from lora_gui.config import RunConfig
 from lora_gui.models.errors import ModelError
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install bitsandbytes==0.50.2"
-QUANTIZED = tuple(q for q in choices_of("quantization") if q != "none")
+QUANTIZED = tuple(q for q in TEXT_QUANTIZATIONS if q != "none")  # fp8 is video's (video_quant)
 
 
 def check_bitsandbytes(quantization: str, device: torch.device, precision: str = "auto") -> None:

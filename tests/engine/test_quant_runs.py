@@ -163,5 +163,5 @@ def test_fsdp_takes_nf4_and_refuses_int8_offload_on_cpu_and_images(monkeypatch):
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     with pytest.raises(ModelError, match="fsdp_offload_params: true does nothing on a CPU"):
         check_fsdp("nf4", cpu)
-    with pytest.raises(ConfigError, match="quantization: 'nf4' is for text runs"):
+    with pytest.raises(ConfigError, match="quantization: nf4 is not built for image runs"):
         apply_overrides(RunConfig(), {"task": "image", "quantization": "nf4"})

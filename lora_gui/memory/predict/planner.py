@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lora_gui.config import choices_of
+from lora_gui.adapter_settings import TEXT_QUANTIZATIONS
 from lora_gui.memory.predict.estimate import LLAMA_LIKE, estimate_text_step, estimate_unet_step
 from lora_gui.memory.predict.model_configs import load_model_config, max_positions
 from lora_gui.memory.predict.parallel import GPU_COUNTS, Parallel, per_gpu, saving_bytes
@@ -328,7 +328,7 @@ def _quantization_columns(rows: list[CardFit], cfg: Any, sizes: list[int], chose
                           max_batch: int, step: dict[str, Any]) -> None:
     """Fills each row's ``by_quantization``: (longest at batch 1, batch at ``chosen``) per
     quantization of the base weights, on one GPU (estimate)."""
-    for quantization in choices_of("quantization"):
+    for quantization in TEXT_QUANTIZATIONS:
         kw = {**step, "quantization": quantization}
 
         def peak(b: int, n: int, kw: dict = kw) -> int:

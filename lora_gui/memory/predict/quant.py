@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from lora_gui.adapter_settings import TEXT_QUANTIZATIONS
 from lora_gui.config import choices_of
 
-QUANTIZATIONS = choices_of("quantization")
+QUANTIZATIONS = TEXT_QUANTIZATIONS  # a text decoder's (fp8 is a video run's: video_quant)
 OPTIMIZERS = tuple(o for o in choices_of("optimizer") if o != "auto")
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes' default 4-bit blocksize)
 NESTED_BLOCK = 256  # absmax values per float32 scale under double quantization

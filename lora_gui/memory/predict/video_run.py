@@ -87,9 +87,13 @@ class VideoPrediction:
 
 def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
                             lora_alpha: float | None, target_modules: Any, adapter: Any = None,
-                            lean_backward: bool = True) -> nn.Module:
-    """The video transformer of ``config`` on the meta device with the run's adapter (still meta)."""
+                            lean_backward: bool = True, quantization: str = "none") -> nn.Module:
+    """The video transformer of ``config`` on the meta device with the run's adapter (still meta)
+    and its base-weight storage (``quantization`` fp8: diffusers' layerwise casting hooks, which
+    the traced step runs as the run does)."""
     import diffusers
+
+    from lora_gui.models.video_quant import apply_base_storage
 
     cls = getattr(diffusers, config["_class_name"])
     kwargs = {k: v for k, v in config.items() if not k.startswith("_")}
@@ -97,8 +101,10 @@ def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_
         model = cls.from_config(kwargs)
     nn.Module.to(model, dtype)
     model.train()
-    return attach_lora(model, lora_rank, lora_alpha, target_modules, 0.0, adapter=adapter,
-                       lean_backward=lean_backward)
+    model = attach_lora(model, lora_rank, lora_alpha, target_modules, 0.0, adapter=adapter,
+                        lean_backward=lean_backward)
+    apply_base_storage(model, quantization, dtype)
+    return model
 
 
 def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket, geometry: VideoGeometry,
@@ -106,12 +112,15 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      target_modules: Any = None, gradient_checkpointing: bool = False,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
-                     lean_backward: bool = True, blocks_to_swap: int = 0) -> TraceResult:
+                     lean_backward: bool = True, blocks_to_swap: int = 0, quantization: str = "none",
+                     optimizer: str = "adamw") -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
     ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``blocks_to_swap``: the last N
     blocks' frozen weights in host memory (:mod:`lora_gui.models.block_swap`, the run's own code):
-    counted in ``info["host_bytes"]``, their device copies in the peak.
+    counted in ``info["host_bytes"]``, their device copies in the peak. ``quantization``: the base
+    weights' storage (none / fp8; applied before the swap, as the run does); ``optimizer``: adamw or
+    bitsandbytes' 8-bit AdamW, as the run resolves it.
 
     Raises:
         ValueError: a config that is not a video transformer's; a bucket off the model's grid;
@@ -136,7 +145,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     dt = as_dtype(dtype)
     model = build_video_transformer(config, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                     target_modules=target_modules or LORA_TARGETS, adapter=adapter,
-                                    lean_backward=lean_backward)
+                                    lean_backward=lean_backward, quantization=quantization)
     set_video_attention(model.get_base_model(), attention)
     objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
                              rope_scale=rope_scale_for(kind, geometry))
@@ -164,8 +173,10 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
 
     res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
-                      autocast=run_autocast(device, dt), setup=swap if blocks_to_swap else None)
-    res.info.update(model_type=kind, batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
+                      autocast=run_autocast(device, dt), setup=swap if blocks_to_swap else None,
+                      optimizer=optimizer)
+    res.info.update(quantization=quantization, optimizer=optimizer, model_type=kind, batch_size=batch_size,
+                    bucket=list(bucket), text_tokens=text_tokens,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted",
                     blocks_to_swap=blocks_to_swap)
     return res
@@ -264,7 +275,8 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
             "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
-            "lean_backward": cfg.resolved_lean_backward(), "blocks_to_swap": cfg.blocks_to_swap}
+            "lean_backward": cfg.resolved_lean_backward(), "blocks_to_swap": cfg.blocks_to_swap,
+            "quantization": cfg.quantization, "optimizer": cfg.resolved_optimizer(device.type)}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
     out = VideoPrediction(BatchCaps())
@@ -350,7 +362,8 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
             "attention": cfg.resolved_attn_backend(),
             "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward(),
-            "blocks_to_swap": cfg.blocks_to_swap}
+            "blocks_to_swap": cfg.blocks_to_swap, "quantization": cfg.quantization,
+            "optimizer": cfg.resolved_optimizer(device)}
     out = VideoPrediction(BatchCaps())
     batch = cfg.batch_size
     while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lora_gui.config import choices_of
+from lora_gui.adapter_settings import TEXT_QUANTIZATIONS
 from lora_gui.ui import common, forms, gpu_share
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import plan_handlers as handlers
@@ -54,7 +54,7 @@ def build() -> dict[str, gr.components.Component]:
                            label="Batch per bucket (a full-length sample in each bucket)", interactive=False)
     cards = gr.Dataframe(headers=["card", "longest / largest at batch 1", "batch at chosen size",
                                   *(f"{n} GPUs FSDP: longest / batch per GPU" for n in (2, 4, 8)),
-                                  *(f"1 GPU, {q} base: longest / batch" for q in choices_of("quantization"))],
+                                  *(f"1 GPU, {q} base: longest / batch" for q in TEXT_QUANTIZATIONS)],
                          label="What fits where (N GPUs: FSDP shards the frozen weights)", interactive=False)
     card.change(lambda name: common.card_budget_gb(name) or gr.update(), card, budget)
     budget.input(lambda: common.CUSTOM_CARD, None, card)
