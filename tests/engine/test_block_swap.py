@@ -85,3 +85,20 @@ def test_a_bad_blocks_to_swap_is_refused_before_the_run_starts(clips_folder, tmp
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     with pytest.raises(ValueError, match=r"blocks_to_swap: 3 .* 2 transformer blocks"):
         predict(video_cfg(clips_folder, blocks_to_swap=3), None, "cpu")
+
+
+def test_swap_of_fp8_weights_is_planned_within_band(clips_folder, tmp_path):  # noqa: F811
+    # fp8 storage first, then the swap: the host holds the fp8 bytes, each block's copy is upcast
+    # layer by layer while it runs (both switches the run's own code, traced together)
+    cfg = video_cfg(clips_folder, blocks_to_swap=2, gradient_checkpointing=True, quantization="fp8")
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed", summary.get("message")
+    report = summary["memory_report"]
+    assert LOW <= report["predicted_vs_measured"] <= HIGH, report
+    train_error = summary["prediction"]["train_peak_bytes"] / summary["train_peak_bytes"] - 1
+    assert LOW <= train_error <= HIGH, (summary["prediction"], summary["train_peak_bytes"])
+    host, planned_host = summary["host_peak_bytes"], summary["prediction"]["host_bytes"]
+    assert host > 0 and LOW <= planned_host / host - 1 <= HIGH, (host, planned_host)
+    bf16_host = predict(video_cfg(clips_folder, blocks_to_swap=2, gradient_checkpointing=True), None,
+                        "cpu").step.info["host_bytes"]
+    assert planned_host < bf16_host  # one byte a swapped weight, not the run's float
