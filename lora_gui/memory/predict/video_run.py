@@ -104,10 +104,13 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      target_modules: Any = None, gradient_checkpointing: bool = False,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
-                     lean_backward: bool = True) -> TraceResult:
+                     lean_backward: bool = True,
+                     video_window: tuple[int, int, int] | None = None) -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
-    ``text_width`` prompt embeddings (and LTX-Video's prompt mask).
+    ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``video_window``: windowed
+    space-time self-attention, traced with the blocked kernel the CPU run runs (a run on CUDA
+    uses FlexAttention, which keeps less: there the plan is an upper bound).
 
     Raises:
         ValueError: a config that is not a video transformer's; a bucket off the model's grid.
@@ -132,7 +135,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     model = build_video_transformer(config, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                     target_modules=target_modules or LORA_TARGETS, adapter=adapter,
                                     lean_backward=lean_backward)
-    set_video_attention(model.get_base_model(), attention)
+    set_video_attention(model.get_base_model(), attention, video_window)
     objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
                              rope_scale=rope_scale_for(kind, geometry))
     channels = ltx.latent_channels(config) if kind == "ltx" else int(config.get("in_channels", 16))
@@ -156,6 +159,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
                       autocast=run_autocast(device, dt))
     res.info.update(model_type=kind, batch_size=batch_size, bucket=list(bucket), text_tokens=text_tokens,
+                    video_window=list(video_window) if video_window else None,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted")
     return res
 
@@ -256,7 +260,7 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "gradient_checkpointing": cfg.gradient_checkpointing,
             "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
             "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
-            "lean_backward": cfg.resolved_lean_backward()}
+            "lean_backward": cfg.resolved_lean_backward(), "video_window": cfg.resolved_video_window()}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
     out = VideoPrediction(BatchCaps())
@@ -337,7 +341,8 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "target_modules": lora_targets(cfg.lora_targets),
             "gradient_checkpointing": cfg.gradient_checkpointing, "dtype": dtype, "device": device,
             "attention": cfg.resolved_attn_backend(),
-            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward()}
+            "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward(),
+            "video_window": cfg.resolved_video_window()}
     out = VideoPrediction(BatchCaps())
     batch = cfg.batch_size
     while True:
