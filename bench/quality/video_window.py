@@ -51,6 +51,7 @@ def train_arm(window: str, steps: int, out: Path) -> dict[str, Any]:
             "seconds": round(time.time() - t0, 1), "base_eval_loss": summary["base_eval_loss"],
             "eval_loss": summary["eval_loss"], "final_loss": summary["final_loss"],
             "tracked_peak_bytes": summary["peak_bytes"],
+            "tracked_train_peak_bytes": summary["train_peak_bytes"],
             "predicted_peak_bytes": summary["prediction"]["peak_bytes"],
             "predicted_vs_measured": report["predicted_vs_measured"], "measured_source": report.get("source")}
 
