@@ -13,21 +13,25 @@ Implementations:
 
 * ``dense``: the reference, the ``[N, N]`` mask and scores (eager math, O(N^2)); tests only.
 * ``blocked`` (CPU, and the memory plan's): queries are cut into tiles of ``tt x tr x tc`` tokens;
-  a tile sees the keys of its halo, ``min(t + 2 f, n)`` tokens in each dimension, gathered once
-  (advanced indexing with the halo's start clamped inside the clip, so no padded keys), then one
-  batched matmul and one softmax serve every tile. The ``[N, N]`` scores never exist: the scores
-  are ``N x halo`` per head. The tile sides are chosen from the shapes alone
-  (:func:`tile_sides`, the smallest scores + K / V copies), so the plan's trace, which runs this
-  code on fake tensors, picks the run's tiles.
+  a tile sees the keys of its halo, ``min(t + 2 f, n)`` tokens in each dimension (the halo's start
+  clamped inside the clip, so no padded keys). Flash-style (a ``torch.autograd.Function``): the
+  forward runs the tiles in chunks (at most ``CHUNK_BYTES`` of float32 scores a chunk, at most
+  ``MAX_CHUNKS`` chunks a call), each chunk's output and float32 logsumexp, and keeps only q, k, v,
+  the output and the logsumexp (O(N x D)); the backward recomputes each chunk's probabilities
+  from the logsumexp and adds dK / dV back to the key tokens over the (overlapping) halos. The
+  ``[N, N]`` scores never exist, and the ``N x halo`` ones exist one chunk at a time. The tile
+  sides and chunks are chosen from the shapes alone (:func:`tile_sides`, :class:`_Layout`), so
+  the plan's trace, which runs this code on fake tensors, picks the run's tiles and chunks.
 * ``flex`` (CUDA): ``torch.nn.attention.flex_attention`` with a ``create_block_mask`` block mask
   of the window (cached per grid and window), compiled; it keeps the output and a float32
   logsumexp, as fused SDPA does. If it cannot run, one log line and ``blocked``.
 * ``auto``: ``flex`` for CUDA tensors, else ``blocked``.
 
-What it saves, honestly: against full attention the work (O(N x window) instead of O(N^2)); the
-``blocked`` kernel keeps ``N x halo`` scores per head for the backward, which fused SDPA (O(N))
-does not keep, so on a CPU against SDPA it costs memory at small windows and saves it only
-where the window is far smaller than the clip and the scores are compared with eager attention.
+What it saves, honestly: against full attention the work (O(N x window) instead of O(N^2)); what
+it keeps for the backward is what fused SDPA and FlexAttention keep (O(N x D)), so its memory
+over SDPA is one chunk's transient scores. The plan of a CUDA run traces this kernel while the run
+uses FlexAttention: the same kept tensors, but FlexAttention's transients are its block mask
+(O(N^2 / 128^2) per grid) and on-chip tiles, not a chunk of scores; the plan counts the chunk.
 It changes the model's function (far tokens no longer see each other): an adapter trained with it
 is meant to be used with it; docs/guide/video.md states the loss measured with and without.
 """
@@ -41,8 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
 from lora_gui.attention.windowed import _softmax  # float32 softmax for 16-bit scores
@@ -150,40 +154,134 @@ def _halo_index(n: int, tile: int, half: int, device: torch.device) -> tuple[Ten
 
 def _blocked(q: Tensor, k: Tensor, v: Tensor, grid: Grid, window: Window, scale: float,
              tiles: Grid) -> Tensor:
-    b, h, n, d = q.shape
     if any(not 1 <= s for s in tiles):
         raise ValueError(f"tile sides must be >= 1, got {tiles!r}")
     tiles = tuple(min(s, g) for s, g in zip(tiles, grid, strict=True))
-    counts = [math.ceil(g / s) for g, s in zip(grid, tiles, strict=True)]
-    (kt, nt), (kr, nr), (kc, nc) = (_halo_index(g, s, f, q.device)
-                                    for g, s, f in zip(grid, tiles, window, strict=True))
-    # the tile's allowed (query, key) pairs: the product of the three dimensions' [n_tiles, tile, halo]
-    allowed = (nt[:, None, None, :, None, None, :, None, None]
-               & nr[None, :, None, None, :, None, None, :, None]
-               & nc[None, None, :, None, None, :, None, None, :])
-    n_tiles, tile_vol = math.prod(counts), math.prod(tiles)
-    halo_vol = kt.shape[1] * kr.shape[1] * kc.shape[1]
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-    bias.masked_fill_(~allowed, torch.finfo(q.dtype).min / 2)  # finite: padded queries give no NaN
-    bias = bias.reshape(n_tiles, tile_vol, halo_vol)
-    pad = [0, 0]  # F.pad's order: last dimension first (head_dim, then columns, rows, frames)
-    for g, s, m in zip(reversed(grid), reversed(tiles), reversed(counts), strict=True):
-        pad += [0, m * s - g]
-    q_t = F.pad((q * scale).reshape(b, h, *grid, d), pad)
-    q_t = q_t.view(b, h, counts[0], tiles[0], counts[1], tiles[1], counts[2], tiles[2], d)
-    q_t = q_t.permute(0, 1, 2, 4, 6, 3, 5, 7, 8).reshape(b, h, n_tiles, tile_vol, d)
-    index = (kt[:, None, None, :, None, None], kr[None, :, None, None, :, None],
-             kc[None, None, :, None, None, :])
+    return _BlockedAttention.apply(q, k, v, _Layout(grid, window, tiles, q.shape, q.device), scale)
 
-    def halo(x: Tensor) -> Tensor:  # [B, H, N, D] -> [B, H, n_tiles, halo_vol, D], one gather
-        x = x.reshape(b, h, *grid, d)[:, :, index[0], index[1], index[2]]
-        return x.reshape(b, h, n_tiles, halo_vol, d)
 
-    scores = q_t @ halo(k).transpose(-1, -2)  # [B, H, n_tiles, tile_vol, halo_vol]
-    out = _softmax(scores + bias) @ halo(v)  # [B, H, n_tiles, tile_vol, D]
-    out = out.view(b, h, *counts, *tiles, -1).permute(0, 1, 2, 5, 3, 6, 4, 7, 8)
-    out = out.reshape(b, h, counts[0] * tiles[0], counts[1] * tiles[1], counts[2] * tiles[2], -1)
-    return out[:, :, : grid[0], : grid[1], : grid[2]].reshape(b, h, n, -1)  # each query sees itself
+CHUNK_BYTES = 64 * 2**20  # float32 scores of one chunk of tiles (all batches and heads)
+MAX_CHUNKS = 32  # at most this many chunks a call (few Python iterations, so the plan's trace stays fast)
+
+
+class _Layout:
+    """The tiles of one call, from the shapes alone: per tile the flat token index of its queries
+    (``qidx [n_tiles, tile_vol]``, padded queries clamped to a real token, ``qvalid`` False) and of
+    its halo's keys (``kidx [n_tiles, halo_vol]``), the per-dimension masks of the (query, key) pairs
+    the window allows, ``perm`` (token -> its row in the tile layout) and the chunks of tiles."""
+
+    def __init__(self, grid: Grid, window: Window, tiles: Grid, shape: torch.Size,
+                 device: torch.device) -> None:
+        b, h, _, _ = shape
+        self.counts = [math.ceil(g / s) for g, s in zip(grid, tiles, strict=True)]
+        halos = [_halo_index(g, s, f, device) for g, s, f in zip(grid, tiles, window, strict=True)]
+        self.near = [near for _, near in halos]  # [n_tiles_dim, tile, halo_dim] each
+        self.n_tiles, self.tile_vol = math.prod(self.counts), math.prod(tiles)
+        self.halo_vol = math.prod(keys.shape[1] for keys, _ in halos)
+        strides = (grid[1] * grid[2], grid[2], 1)
+        (kt, _), (kr, _), (kc, _) = halos
+        kidx = (kt[:, None, None, :, None, None] * strides[0] + kr[None, :, None, None, :, None] * strides[1]
+                + kc[None, None, :, None, None, :])
+        self.kidx = kidx.reshape(self.n_tiles, self.halo_vol)
+        pos = [torch.arange(m * s, device=device).view(m, s) for m, s in zip(self.counts, tiles, strict=True)]
+        valid = [p < g for p, g in zip(pos, grid, strict=True)]
+        pos = [p.clamp(max=g - 1) for p, g in zip(pos, grid, strict=True)]
+        qidx = (pos[0][:, None, None, :, None, None] * strides[0] + pos[1][None, :, None, None, :, None]
+                * strides[1] + pos[2][None, None, :, None, None, :])
+        self.qidx = qidx.reshape(self.n_tiles, self.tile_vol)
+        qvalid = (valid[0][:, None, None, :, None, None] & valid[1][None, :, None, None, :, None]
+                  & valid[2][None, None, :, None, None, :])
+        self.qvalid = qvalid.reshape(self.n_tiles, self.tile_vol)
+        # token (t, r, c) sits at tile (t // st, r // sr, c // sc), place (t % st, r % sr, c % sc)
+        t, r, c = _coords(grid, device)
+        tile = ((t // tiles[0]) * self.counts[1] + r // tiles[1]) * self.counts[2] + c // tiles[2]
+        place = ((t % tiles[0]) * tiles[1] + r % tiles[1]) * tiles[2] + c % tiles[2]
+        self.perm = tile * self.tile_vol + place
+        per_tile = b * h * self.tile_vol * self.halo_vol * 4  # bytes of one tile's float32 scores
+        size = max(CHUNK_BYTES // per_tile, math.ceil(self.n_tiles / MAX_CHUNKS), 1)
+        self.chunks = [(i, min(i + size, self.n_tiles)) for i in range(0, self.n_tiles, size)]
+
+    def allowed(self, lo: int, hi: int) -> Tensor:
+        """Bool ``[hi - lo, tile_vol, halo_vol]``: the pairs the window allows in tiles lo..hi-1."""
+        ids = torch.arange(lo, hi, device=self.kidx.device)
+        ct, cr, cc = self.counts
+        nt, nr, nc = self.near[0][ids // (cr * cc)], self.near[1][(ids // cc) % cr], self.near[2][ids % cc]
+        both = (nt[:, :, None, None, :, None, None] & nr[:, None, :, None, None, :, None]
+                & nc[:, None, None, :, None, None, :])
+        return both.reshape(hi - lo, self.tile_vol, self.halo_vol)
+
+
+def _chunk_scores(q: Tensor, k: Tensor, lay: _Layout, lo: int, hi: int, scale: float,
+                  acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Tiles lo..hi-1: their queries ``[B, H, m, tile_vol, D]`` and their masked scores ``[B, H, m,
+    tile_vol, halo_vol]`` in ``acc`` (float32 for 16-bit inputs), the same ops forward and backward."""
+    qc = q[:, :, lay.qidx[lo:hi]]
+    scores = ((qc * scale) @ k[:, :, lay.kidx[lo:hi]].transpose(-1, -2)).to(acc)
+    # finite fill: a padded query may see no key; its row stays finite (and its output is dropped)
+    return qc, scores.masked_fill_(~lay.allowed(lo, hi), -1e30)
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """Flash-style blocked window attention: the forward runs the tiles chunk by chunk and keeps
+    only q, k, v, the output and a float32 (float64 for float64 inputs) logsumexp per query; the
+    backward recomputes each chunk's probabilities from the logsumexp (flash-attention's backward:
+    ``delta = rowsum(dO * O)``, ``dS = P * (dP - delta)``) and adds dK, dV back to the key tokens
+    with ``index_add_`` over the halos (which overlap)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, lay: _Layout, scale: float) -> Tensor:
+        b, h, n, d = q.shape
+        acc = torch.promote_types(q.dtype, torch.float32)
+        rows = lay.n_tiles * lay.tile_vol  # the tile layout's rows (padded queries included)
+        out_t = q.new_empty(b, h, rows, v.shape[-1])
+        lse = torch.empty(b, h, rows, dtype=acc, device=q.device)
+        for lo, hi in lay.chunks:
+            _, scores = _chunk_scores(q, k, lay, lo, hi, scale, acc)
+            part = torch.logsumexp(scores, dim=-1)  # [B, H, m, tile_vol]
+            probs = scores.sub_(part[..., None]).exp_().to(v.dtype)
+            rows = slice(lo * lay.tile_vol, hi * lay.tile_vol)
+            out_t[:, :, rows] = (probs @ v[:, :, lay.kidx[lo:hi]]).flatten(2, 3)
+            lse[:, :, rows] = part.flatten(2, 3)
+            del scores, probs, part
+        out = out_t[:, :, lay.perm]  # tile layout -> token order (each token once)
+        del out_t
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.lay, ctx.scale = lay, scale
+        return out
+
+    @staticmethod
+    @once_differentiable  # first-order only (training needs no more)
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        lay, scale = ctx.lay, ctx.scale
+        b, h, n, d = q.shape
+        acc = lse.dtype
+        delta = (grad.to(acc) * out.to(acc)).sum(-1)  # [B, H, N]
+        dq_t = q.new_empty(b, h, lay.n_tiles * lay.tile_vol, d)
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for lo, hi in lay.chunks:
+            rows = slice(lo * lay.tile_vol, hi * lay.tile_vol)
+            qc, probs = _chunk_scores(q, k, lay, lo, hi, scale, acc)
+            probs = probs.sub_(lse[:, :, rows].unflatten(2, (hi - lo, lay.tile_vol))[..., None]).exp_()
+            keep = lay.qvalid[lo:hi, :, None].to(grad.dtype)  # padded queries: no gradient anywhere
+            go = (grad[:, :, lay.qidx[lo:hi]] * keep).to(v.dtype)  # [B, H, m, tile_vol, Dv]; the grad
+            # may come in float32 (a bfloat16 output's consumer upcast it)
+            kidx = lay.kidx[lo:hi]
+            vc = v[:, :, kidx]
+            dv_c = probs.to(v.dtype).transpose(-1, -2) @ go  # [B, H, m, halo_vol, Dv]
+            dv.index_add_(2, kidx.flatten(), dv_c.flatten(2, 3).to(acc))
+            del dv_c
+            dprobs = (go @ vc.transpose(-1, -2)).to(acc)
+            dscores = dprobs.sub_(delta[:, :, lay.qidx[lo:hi]][..., None] * keep.to(acc)).mul_(probs)
+            del probs, vc
+            dscores = dscores.to(q.dtype)
+            dq_t[:, :, rows] = ((dscores @ k[:, :, kidx]) * scale).flatten(2, 3)
+            dk_c = (dscores.transpose(-1, -2) @ qc) * scale
+            dk.index_add_(2, kidx.flatten(), dk_c.flatten(2, 3).to(acc))
+            del dscores, dk_c, qc
+        dq = dq_t[:, :, lay.perm]
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 # -- flex (CUDA) ------------------------------------------------------------------------------------

@@ -36,6 +36,60 @@ def test_blocked_equals_the_dense_masked_reference(grid, window, tiles):
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(got, want, strict=True))
 
 
+@pytest.mark.parametrize(("grid", "window", "tiles"),
+                         [((3, 4, 5), (1, 1, 2), (2, 3, 2)),  # every dimension pads
+                          ((2, 3, 3), (0, 1, 1), (1, 2, 2)), ((4, 2, 5), (1, 0, 1), (3, 1, 4)),
+                          ((3, 3, 3), (2, 2, 2), (1, 1, 1))])  # halos clamped at both borders
+@pytest.mark.parametrize("chunk_bytes", [None, 1])  # one chunk; one tile a chunk
+def test_blocked_gradcheck_in_float64(grid, window, tiles, chunk_bytes, monkeypatch):
+    import lora_gui.attention.video_window as vw
+
+    if chunk_bytes:
+        monkeypatch.setattr(vw, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(vw, "MAX_CHUNKS", 10**6)
+    q, k, v = _qkv(grid[0] * grid[1] * grid[2], heads=1, dim=3, batch=1, seed=3)
+    fn = lambda q, k, v: video_window_attention(q, k, v, grid, window, impl="blocked", tiles=tiles)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+    out, ref = fn(q, k, v), dense_video_window_attention(q, k, v, grid, window)
+    assert torch.allclose(out, ref, atol=1e-12)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, want, strict=True))
+
+
+def test_chunks_are_a_function_of_the_shapes_and_split_the_tiles(monkeypatch):
+    import lora_gui.attention.video_window as vw
+
+    grid, window = (5, 6, 7), (1, 2, 1)
+    q, k, v = _qkv(210, dtype=torch.float64)
+    ref = video_window_attention(q, k, v, grid, window, impl="blocked", tiles=(2, 2, 2))
+    monkeypatch.setattr(vw, "CHUNK_BYTES", 3 * 2 * 2 * 8 * (4 * 6 * 4) * 4)  # 3 tiles' float32 scores a chunk
+    lay = vw._Layout(grid, window, (2, 2, 2), q.shape, q.device)
+    assert lay.chunks[0] == (0, 3) and lay.chunks[-1][1] == lay.n_tiles == 3 * 3 * 4
+    assert all(a[1] == b[0] for a, b in zip(lay.chunks, lay.chunks[1:], strict=False))
+    out = video_window_attention(q, k, v, grid, window, impl="blocked", tiles=(2, 2, 2))
+    assert torch.allclose(out, ref, atol=1e-12)
+    monkeypatch.setattr(vw, "MAX_CHUNKS", 4)  # the cap on Python iterations wins over the byte size
+    assert len(vw._Layout(grid, window, (2, 2, 2), q.shape, q.device).chunks) == 4
+
+
+def test_the_blocked_kernel_keeps_only_q_k_v_out_and_the_logsumexp():
+    grid, window = (4, 8, 8), (1, 2, 2)  # 256 tokens, 75 keys a query
+    b, h, n, d = 1, 2, 256, 16
+    q, k, v = _qkv(n, heads=h, batch=b, dim=d, dtype=torch.float32)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        out = video_window_attention(q, k, v, grid, window, impl="blocked")
+    import lora_gui.attention.video_window as vw
+
+    lay = vw._Layout(grid, window, vw.tile_sides(grid, window, d), q.shape, q.device)
+    assert sum(saved) == 4 * b * h * n * d + b * h * lay.n_tiles * lay.tile_vol, saved  # + lse, tile rows
+    assert b * h * n * lay.halo_vol > 2 * sum(saved)  # what keeping the scores would have cost
+    out.sum().backward()
+    assert q.grad.shape == q.shape and torch.isfinite(q.grad).all()
+
+
 def test_bfloat16_blocked_is_close_to_the_float32_reference():
     grid, window = (3, 6, 6), (1, 2, 2)
     q, k, v = _qkv(108, dtype=torch.float32)
