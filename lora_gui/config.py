@@ -94,6 +94,8 @@ class RunConfig(LoraSettings, DiTSettings, QuantizationSettings, VideoSettings, 
                 if getattr(self, key) > self.max_seq_len:
                     raise ConfigError(f"{key}: {getattr(self, key)} is above max_seq_len "
                                       f"{self.max_seq_len}; windowed attention needs it shorter")
+        if self.task == "video":
+            self.resolved_video_window()  # names a bad value
         self._check_adapter()
         if problem := self.preference_problem():
             raise ConfigError(problem)

@@ -116,6 +116,39 @@ class VideoSettings:
                                  "need by about N blocks' weights, needs as much RAM, and slows each "
                                  "step by the copies. 0 = off; at most the model's block count (Wan "
                                  "2.1 14B has 40).", "video", low=0, high=1024, tasks=("video",))
+    video_window: str = option("", "Video: windowed space-time attention; 'F,H,W' lets each video token "
+                               "of self-attention see only the tokens at most F latent frames, H rows and "
+                               "W columns away (tokens after patching: Wan 2.1 has one a latent frame "
+                               "and 2 x 2 latent pixels, i.e. 4 frames and 16 x 16 px); the text "
+                               "cross-attention is unchanged. Empty or 0: full attention. It changes "
+                               "what the model computes: use the adapter with the same window.",
+                               "video", tasks=("video",))
+
+    def resolved_video_window(self) -> tuple[int, int, int] | None:
+        """video_window parsed: (frames, rows, columns) half-widths, or None for full attention."""
+        return parse_video_window(self.video_window)
+
+
+def parse_video_window(value: str) -> tuple[int, int, int] | None:
+    """``"F,H,W"`` half-widths in latent tokens after patching -> (F, H, W); ``""`` or ``"0"`` ->
+    None (full attention).
+
+    Raises:
+        ConfigError: naming the value, for anything but three whole numbers >= 0, not all 0.
+    """
+    text = str(value).strip()
+    if text in ("", "0"):
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"video_window: {clip(value)} is not three whole numbers >= 0 "
+                          "'frames,rows,columns' (half-widths in tokens after patching, e.g. '2,4,4'), "
+                          "or empty / 0 for full attention")
+    window = (int(parts[0]), int(parts[1]), int(parts[2]))
+    if window == (0, 0, 0):
+        raise ConfigError(f"video_window: {clip(value)} would let each token see only itself; leave it "
+                          "empty (or 0) for full attention, or give a half-width >= 1")
+    return window
 
 
 @dataclass

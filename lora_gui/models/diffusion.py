@@ -249,7 +249,8 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
         torch.manual_seed(cfg.seed)  # LoRA init (the plan's meta weights have no values)
     attach_unet_lora(model.unet, cfg)
     text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
-    set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window)
+    set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window,
+                          cfg.resolved_video_window() if cfg.task == "video" else None)
     if cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
     if cfg.task == "video":  # fp8 storage after LoRA: the adapter stays in its own dtype
@@ -280,7 +281,8 @@ def swap_blocks(model: ImageModel, cfg: RunConfig, weights: bool) -> None:
         block_swap.enable_block_swap(model.unet, n, pin=torch.cuda.is_available())
 
 
-def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:
+def set_attention_backend(unet, backend: str, image_window: int = 0,
+                          video_window: tuple[int, int, int] | None = None) -> None:
     """eager: diffusers' AttnProcessor (materialises the S x S score matrix, 4 bytes x heads x S^2
     per image in fp32); sdpa: AttnProcessor2_0 (torch SDPA, flash/memory-efficient kernels)."""
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
@@ -289,7 +291,7 @@ def set_attention_backend(unet, backend: str, image_window: int = 0) -> None:
         if image_window:
             raise ModelError("image_window: windowed attention over image tokens is for SD3 / Flux; "
                              "set it to 0 for a video model")
-        video.set_video_attention(unet, backend)
+        video.set_video_attention(unet, backend, video_window)
         return
     if dit.is_dit_module(unet):
         dit.set_dit_attention(unet, backend, image_window)

@@ -181,12 +181,18 @@ def normalise_latents(kind: str, vae: Any, latents: torch.Tensor) -> torch.Tenso
     return (latents - mean) / std
 
 
-def set_video_attention(transformer: Any, backend: str) -> None:
+def set_video_attention(transformer: Any, backend: str, window: tuple[int, int, int] | None = None) -> None:
     """sdpa: the model's own processors (torch SDPA); eager: the same under torch's math SDPA backend
-    (the scores kept, as eager attention keeps them)."""
+    (the scores kept, as eager attention keeps them). ``window`` (frames, rows, columns half-widths
+    in tokens): windowed space-time self-attention (:mod:`lora_gui.attention.video_window`: the
+    blocked kernel on a CPU, FlexAttention on CUDA), in place of either backend's self-attention."""
     from lora_gui.models.dit import MathAttention
 
     if backend not in ("sdpa", "eager"):
         raise ModelError(f"attn_backend: {backend!r} is not supported by the video engine (eager, sdpa)")
     if backend == "eager":
         transformer.set_attn_processor({n: MathAttention(p) for n, p in transformer.attn_processors.items()})
+    if window:
+        from lora_gui.attention.video_window import enable_video_window
+
+        enable_video_window(transformer, window)

@@ -113,14 +113,17 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
                      lean_backward: bool = True, blocks_to_swap: int = 0, quantization: str = "none",
-                     optimizer: str = "adamw") -> TraceResult:
+                     optimizer: str = "adamw",
+                     video_window: tuple[int, int, int] | None = None) -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
     ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``blocks_to_swap``: the last N
     blocks' frozen weights in host memory (:mod:`lora_gui.models.block_swap`, the run's own code):
     counted in ``info["host_bytes"]``, their device copies in the peak. ``quantization``: the base
     weights' storage (none / fp8; applied before the swap, as the run does); ``optimizer``: adamw or
-    bitsandbytes' 8-bit AdamW, as the run resolves it.
+    bitsandbytes' 8-bit AdamW, as the run resolves it. ``video_window``: windowed space-time
+    self-attention, traced with the blocked kernel the CPU run runs (a run on CUDA uses
+    FlexAttention; :mod:`lora_gui.attention.video_window` says what each keeps).
 
     Raises:
         ValueError: a config that is not a video transformer's; a bucket off the model's grid;
@@ -146,7 +149,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     model = build_video_transformer(config, dtype=dt, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                     target_modules=target_modules or LORA_TARGETS, adapter=adapter,
                                     lean_backward=lean_backward, quantization=quantization)
-    set_video_attention(model.get_base_model(), attention)
+    set_video_attention(model.get_base_model(), attention, video_window)
     objective = FlowMatching(kind, FlowMatchEulerDiscreteScheduler(), weighting_scheme,
                              rope_scale=rope_scale_for(kind, geometry))
     channels = ltx.latent_channels(config) if kind == "ltx" else int(config.get("in_channels", 16))
@@ -177,6 +180,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                       optimizer=optimizer)
     res.info.update(quantization=quantization, optimizer=optimizer, model_type=kind, batch_size=batch_size,
                     bucket=list(bucket), text_tokens=text_tokens,
+                    video_window=list(video_window) if video_window else None,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted",
                     blocks_to_swap=blocks_to_swap)
     return res
@@ -276,7 +280,8 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "dtype": weights_dtype, "device": device.type, "attention": cfg.resolved_attn_backend(),
             "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
             "lean_backward": cfg.resolved_lean_backward(), "blocks_to_swap": cfg.blocks_to_swap,
-            "quantization": cfg.quantization, "optimizer": cfg.resolved_optimizer(device.type)}
+            "quantization": cfg.quantization, "optimizer": cfg.resolved_optimizer(device.type),
+            "video_window": cfg.resolved_video_window()}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
     out = VideoPrediction(BatchCaps())
@@ -363,7 +368,7 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "attention": cfg.resolved_attn_backend(),
             "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward(),
             "blocks_to_swap": cfg.blocks_to_swap, "quantization": cfg.quantization,
-            "optimizer": cfg.resolved_optimizer(device)}
+            "optimizer": cfg.resolved_optimizer(device), "video_window": cfg.resolved_video_window()}
     out = VideoPrediction(BatchCaps())
     batch = cfg.batch_size
     while True:
