@@ -13,8 +13,8 @@
 2. Memory at a real shape: the plan (``predict``, fake-tensor trace of one step, no weights read)
    of Wan 2.1 1.3B at 832 x 480 x 81 frames (21 x 30 x 52 = 32,760 tokens), batch 1, gradient
    checkpointing, for a card: SDPA, eager attention and each window; the peaks and the differences.
-   On a GPU the run uses FlexAttention, which keeps less than the blocked kernel the plan traces: the
-   windowed rows are an upper bound there.
+   The plan traces the blocked kernel, which keeps what FlexAttention (the GPU run's kernel) keeps,
+   q, k, v, the output and a float32 logsumexp; its transient is one chunk of scores.
 
 Writes bench/results/video_window.json, or ``--out`` (stamped with the commit). The committed
 results: bench/results/video_window_demo.json (``--train-only``) and video_window_plans.json

@@ -15,8 +15,8 @@ Implementations:
 * ``blocked`` (CPU, and the memory plan's): queries are cut into tiles of ``tt x tr x tc`` tokens;
   a tile sees the keys of its halo, ``min(t + 2 f, n)`` tokens in each dimension (the halo's start
   clamped inside the clip, so no padded keys). Flash-style (a ``torch.autograd.Function``): the
-  forward runs the tiles in chunks (at most ``CHUNK_BYTES`` of float32 scores a chunk, at most
-  ``MAX_CHUNKS`` chunks a call), each chunk's output and float32 logsumexp, and keeps only q, k, v,
+  forward runs the tiles in chunks (``CHUNK_BYTES`` of float32 scores a chunk, or more where that
+  would take over ``MAX_CHUNKS`` chunks), each chunk's output and float32 logsumexp, and keeps only q, k, v,
   the output and the logsumexp (O(N x D)); the backward recomputes each chunk's probabilities
   from the logsumexp and adds dK / dV back to the key tokens over the (overlapping) halos. The
   ``[N, N]`` scores never exist, and the ``N x halo`` ones exist one chunk at a time. The tile

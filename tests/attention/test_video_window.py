@@ -49,7 +49,7 @@ def test_blocked_gradcheck_in_float64(grid, window, tiles, chunk_bytes, monkeypa
         monkeypatch.setattr(vw, "MAX_CHUNKS", 10**6)
     q, k, v = _qkv(grid[0] * grid[1] * grid[2], heads=1, dim=3, batch=1, seed=3)
     fn = lambda q, k, v: video_window_attention(q, k, v, grid, window, impl="blocked", tiles=tiles)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (q, k, v))
+    assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)  # random projections: seconds, not minutes
     out, ref = fn(q, k, v), dense_video_window_attention(q, k, v, grid, window)
     assert torch.allclose(out, ref, atol=1e-12)
     g = torch.randn_like(out)
