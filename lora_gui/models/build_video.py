@@ -61,6 +61,7 @@ LOG_VARIANCE = -12.0  # an untrained VAE's posterior made narrow (random weights
 SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0}  # tiny clips: no shift towards high noise
 KL_WEIGHT = 1e-5
 CAPTION_DROPOUT = 0.1
+FOREGROUND_WEIGHT = 10.0
 
 
 def build_pipeline(seed: int = 0, clips: Path | None = BUILTIN_CLIPS, **transformer_overrides):
@@ -196,8 +197,13 @@ def train_vae(clips: np.ndarray, steps: int, seed: int, work: Path, batch: int =
             group["lr"] = _lr(step, steps, lr, 50)
         posterior = vae.encode(x).latent_dist
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
-        mse = torch.nn.functional.mse_loss(vae.decode(z).sample, x)
-        loss = mse + KL_WEIGHT * posterior.kl().mean() / x[0].numel()
+        # the square is a tenth of a clip: its pixels weigh FOREGROUND_WEIGHT x (else the VAE
+        # first learns the gray background alone)
+        squared = (vae.decode(z).sample - x) ** 2
+        shape = ((x - x[..., :1, :1]).abs().amax(1, keepdim=True) > 0.1).float()
+        mse = squared.mean()
+        weights = 1 + (FOREGROUND_WEIGHT - 1) * shape
+        loss = (squared * weights).mean() + KL_WEIGHT * posterior.kl().mean() / x[0].numel()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
