@@ -12,6 +12,12 @@ LoRA?), the held-out loss before and after, and the run's wall time. Writes
 bench/results/video_demo.json (commit and planner fingerprint named), video_demo.md, and
 video_demo.png: for each direction the base clip's 9 frames above the adapter's (same prompt and
 seed).
+
+    .venv/bin/python -m bench.quality.video_demo --vae WORK/vae.pt
+
+reads a VAE checkpoint of the build (``--work`` of lora_gui.models.build_video) alone: 40 drawn
+clips of every colour encoded and decoded (posterior mean), their error against a plain gray
+output's, and what the detector reads in the round trips (the most any denoiser on it can reach).
 """
 
 from __future__ import annotations
@@ -66,14 +72,36 @@ def strip(before: np.ndarray, after: np.ndarray, path: Path, zoom: int = 2, gap:
     out.save(path)
 
 
+def vae_round_trip(checkpoint: Path, count: int = 40) -> dict:
+    """A build's VAE checkpoint: round-trip error, a plain gray output's, and the detector's reads."""
+    from diffusers import AutoencoderKLWan
+
+    from lora_gui.data.build_clips import COLOURS, clip_batch
+    from lora_gui.models.build_video import VAE, to_pixels
+
+    vae = AutoencoderKLWan(**VAE)
+    vae.load_state_dict(torch.load(checkpoint, weights_only=True))
+    clips, prompts = clip_batch(count, 99, tuple(COLOURS))
+    x = to_pixels(clips)
+    with torch.no_grad():
+        y = vae.eval().decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+    back = ((y + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1).numpy()
+    return {"mse": float(((y - x) ** 2).mean()), "gray_mse": float(((x[..., :1, :1] - x) ** 2).mean()),
+            "clips": count, **read(back, prompts)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="clips per prompt (one seed each)")
     parser.add_argument("--steps", type=int, default=10, help="denoising steps per clip")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-video-demo"))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="preset overrides")
+    parser.add_argument("--vae", type=Path, default=None, help="only read this VAE checkpoint")
     args = parser.parse_args()
     torch.set_num_threads(1)  # fastest on the shared 2-core machine
+    if args.vae:
+        print(json.dumps(vae_round_trip(args.vae), indent=1))
+        return
     cfg = load_config("video-demo", parse_set_args(args.set))
     t0 = time.time()
     summary = train(cfg, args.out, overwrite=True, progress=False)
