@@ -1,23 +1,21 @@
 """Builds and pretrains the built-in tiny video pipeline: ``python -m lora_gui.models.build_video``.
 
 A ``WanPipeline`` of the same classes as Wan 2.1 (``WanTransformer3DModel`` with patch
-(1, 2, 2), ``AutoencoderKLWan`` with 8x spatial and 4x temporal compression, a T5 encoder,
+(1, 2, 2), ``AutoencoderKLWan`` with 4x spatial and 4x temporal compression, a T5 encoder,
 ``FlowMatchEulerDiscreteScheduler``), small enough to pretrain on one CPU core in about half an
 hour and to train a LoRA on two cores in minutes (``model: builtin:video``, the ``video-demo``
 preset). Pretrained on the procedural clips of :func:`lora_gui.data.build_clips.clip_batch`
 (a red, green, blue or yellow square sliding left, right, up or down over gray, 32 x 32 px, 9
-frames), meant to make "a red square moving right" give one. Not there yet: with the defaults
-below, on a shared 2-core machine, the VAE's 300 steps left a round-trip error of 0.047 (mean
-squared, pixels in [-1, 1]) against 0.040 for a plain gray output, and the clip detector found the
-square in none of 40 round-tripped clips; the committed assets/video-model is the earlier
-random-weight build (see docs/guide/video.md, "The demo"). That VAE started from a wide
-posterior; it now starts narrow (:data:`START_LOG_VARIANCE`), which a 120-step trial showed lets
-the decoder use its input, untested over a full build. The parts:
+frames), meant to make "a red square moving right" give one. The VAE's measured round trips
+(per stage) are in docs/guide/video.md, "The demo". The parts:
 
-- AutoencoderKLWan: base width 8, 8 latent channels (a 32 px, 9-frame clip is 8 x 3 x 4 x 4),
-  trained first on the clips of every colour, the demo's pink included (MSE plus a small KL
-  term); its latents' per-channel mean and standard deviation become ``latents_mean`` /
-  ``latents_std``, so the transformer's latents have unit scale.
+- AutoencoderKLWan: base width 8, 4 latent channels (a 32 px, 9-frame clip is 4 x 3 x 8 x 8),
+  a plain autoencoder (the posterior's mean decoded, no KL term), trained first on 5-frame,
+  :data:`CROP` px windows of the clips of every colour, the demo's pink included (MSE, the
+  square's pixels weighted :data:`FOREGROUND_WEIGHT` x, learning rate 1e-3: at 3e-3 it stayed
+  at the plain-gray error); then its decoder alone on clips half of them pink
+  (:func:`tune_decoder`); its latents' per-channel mean and standard deviation become
+  ``latents_mean`` / ``latents_std``, so the transformer's latents have unit scale.
 - WanTransformer3DModel: 4 blocks of width 64 (4 heads of 16), trained with the engine's own
   flow-matching objective (:class:`lora_gui.models.dit.FlowMatching`, kind "wan": logit-normal
   timesteps, velocity target), 10% empty captions so classifier-free guidance (the pipeline's
@@ -55,19 +53,20 @@ log = logging.getLogger(__name__)
 
 VIDEO_DIR = ASSETS / "video-model"  # model=builtin:video
 TEXT_TOKENS = 8  # the demo captions are 5 words; pass as max_sequence_length
-VAE = {"base_dim": 8, "z_dim": 8, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
-       "temperal_downsample": [False, True, True]}
+# 4x spatial (two 2x stages; a 32 px clip is 8 x 8 latents) and 4x temporal compression
+VAE = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1], "num_res_blocks": 1,
+       "temperal_downsample": [True, True], "scale_factor_spatial": 4, "scale_factor_temporal": 4}
 T5 = {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
       "relative_attention_num_buckets": 8, "feed_forward_proj": "gated-gelu"}
 TRANSFORMER = {"patch_size": [1, 2, 2], "num_attention_heads": 4, "attention_head_dim": 16,
-               "in_channels": 8, "out_channels": 8, "text_dim": 32, "freq_dim": 32, "ffn_dim": 128,
+               "in_channels": 4, "out_channels": 4, "text_dim": 32, "freq_dim": 32, "ffn_dim": 128,
                "num_layers": 4, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
                "rope_max_seq_len": 32}
 LOG_VARIANCE = -12.0  # an untrained VAE's posterior made narrow (random weights: std near the latents')
 SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0}  # tiny clips: no shift towards high noise
-KL_WEIGHT = 1e-5
 CAPTION_DROPOUT = 0.1
 FOREGROUND_WEIGHT = 10.0
+CROP = 24  # px: the VAE trains on windows of the clips (see train_vae)
 START_LOG_VARIANCE = -6.0  # the VAE posterior's at the start of its training (std 0.05)
 
 
@@ -184,8 +183,9 @@ def to_pixels(clips: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(clips).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
 
 
-def train_vae(clips: np.ndarray, steps: int, seed: int, work: Path, batch: int = 8, lr: float = 3e-3):
-    """Trains the AutoencoderKLWan on the clips (MSE + KL_WEIGHT x KL); checkpoint in ``work``."""
+def train_vae(clips: np.ndarray, steps: int, seed: int, work: Path, batch: int = 8, lr: float = 1e-3):
+    """Trains the AutoencoderKLWan on the clips (weighted MSE of the posterior mean's decoding);
+    checkpoint in ``work``."""
     from diffusers import AutoencoderKLWan
 
     path = work / "vae.pt"
@@ -204,24 +204,71 @@ def train_vae(clips: np.ndarray, steps: int, seed: int, work: Path, batch: int =
     for step in range(steps):
         gen = _step_generator(seed, step, 1)
         x = to_pixels(clips[torch.randint(0, len(clips), (batch,), generator=gen).numpy()])
+        # a random 5-frame, CROP x CROP px window (the VAE is convolutional: a third of a whole
+        # clip's compute for the same kinds of content: a first frame alone, then a 4-frame chunk)
+        t0 = int(torch.randint(0, x.shape[2] - 4, (1,), generator=gen))
+        y0, x0 = (int(v) for v in torch.randint(0, x.shape[-1] - CROP + 1, (2,), generator=gen))
+        x = x[:, :, t0:t0 + 5, y0:y0 + CROP, x0:x0 + CROP]
         for group in opt.param_groups:
-            group["lr"] = _lr(step, steps, lr, 50)
-        posterior = vae.encode(x).latent_dist
-        z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
+            group["lr"] = _lr(step, steps, lr, min(50, steps // 10))
+        # a plain (deterministic) autoencoder: the posterior's mean decoded, no KL term (a KL
+        # pull on a tiny VAE made its decoder ignore the latents); the transformer's latents are
+        # normalised by their statistics afterwards
+        z = vae.encode(x).latent_dist.mode()
         # the square is a tenth of a clip: its pixels weigh FOREGROUND_WEIGHT x (else the VAE
         # first learns the gray background alone)
         squared = (vae.decode(z).sample - x) ** 2
         shape = ((x - x[..., :1, :1]).abs().amax(1, keepdim=True) > 0.1).float()
         mse = squared.mean()
         weights = 1 + (FOREGROUND_WEIGHT - 1) * shape
-        loss = (squared * weights).mean() + KL_WEIGHT * posterior.kl().mean() / x[0].numel()
+        loss = (squared * weights).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         recent.append(mse.item())
-        if step % 50 == 0 or step == steps - 1:
+        if step % 25 == 0 or step == steps - 1:
             log.info("vae step %d/%d mse %.5f (%.0f s)", step, steps, sum(recent) / len(recent),
+                     time.time() - start)
+            recent = []
+    torch.save(vae.state_dict(), path)
+    return vae.eval()
+
+
+def tune_decoder(vae, clips: np.ndarray, steps: int, seed: int, work: Path, batch: int = 8,
+                 lr: float = 1e-3):
+    """Fine-tunes the VAE's decoder alone (the encoder, so every latent, unchanged) on ``clips``
+    (the build passes half of them pink: in the first stage pink was 4% of the clips and came
+    back a dim magenta the detector does not see); checkpoint ``work/vae_tuned.pt``."""
+    path = work / "vae_tuned.pt"
+    if path.is_file():
+        vae.load_state_dict(torch.load(path, weights_only=True))
+        log.info("vae decoder: loaded from %s", path)
+        return vae.eval()
+    params = [*vae.post_quant_conv.parameters(), *vae.decoder.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    vae.train()
+    start, recent = time.time(), []
+    for step in range(steps):
+        gen = _step_generator(seed, step, 3)
+        x = to_pixels(clips[torch.randint(0, len(clips), (batch,), generator=gen).numpy()])
+        t0 = int(torch.randint(0, x.shape[2] - 4, (1,), generator=gen))
+        y0, x0 = (int(v) for v in torch.randint(0, x.shape[-1] - CROP + 1, (2,), generator=gen))
+        x = x[:, :, t0:t0 + 5, y0:y0 + CROP, x0:x0 + CROP]
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, lr, min(50, steps // 10))
+        with torch.no_grad():
+            z = vae.encode(x).latent_dist.mode()
+        squared = (vae.decode(z).sample - x) ** 2
+        shape = ((x - x[..., :1, :1]).abs().amax(1, keepdim=True) > 0.1).float()
+        loss = (squared * (1 + (FOREGROUND_WEIGHT - 1) * shape)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        recent.append(squared.mean().item())
+        if step % 25 == 0 or step == steps - 1:
+            log.info("decoder step %d/%d mse %.5f (%.0f s)", step, steps, sum(recent) / len(recent),
                      time.time() - start)
             recent = []
     torch.save(vae.state_dict(), path)
@@ -331,14 +378,14 @@ def draw_clips(pipe, prompts: list[str], seed: int = 0, steps: int = 10, **kwarg
     return np.stack(out)
 
 
-def build(out: Path = VIDEO_DIR, *, seed: int = 0, clips: int = 1024, vae_steps: int = 300,
-          transformer_steps: int = 4000, work: Path | None = None) -> Path:
+def build(out: Path = VIDEO_DIR, *, seed: int = 0, clips: int = 1024, vae_steps: int = 400,
+          decoder_steps: int = 150, transformer_steps: int = 1500, work: Path | None = None) -> Path:
     """Pretrains the pipeline and saves it into ``out`` (``save_pretrained``; renamed into place).
 
     ``work`` keeps the checkpoints (kept after the build, so a rerun with the same settings
     reuses them; delete it to start over).
     """
-    from lora_gui.data.build_clips import COLOURS, clip_batch
+    from lora_gui.data.build_clips import COLOURS, DEMO_COLOUR, clip_batch
 
     t0 = time.time()
     out = Path(out)
@@ -347,6 +394,8 @@ def build(out: Path = VIDEO_DIR, *, seed: int = 0, clips: int = 1024, vae_steps:
     pixels, captions = clip_batch(clips, seed)
     every_colour, _ = clip_batch(clips // 4, seed + 7, tuple(COLOURS))  # the VAE sees pink too
     vae = train_vae(np.concatenate([pixels, every_colour]), vae_steps, seed, work)
+    pink, _ = clip_batch(clips // 4, seed + 11, (DEMO_COLOUR,))  # the decoder: half its clips pink
+    vae = tune_decoder(vae, np.concatenate([pixels[:clips // 4], pink]), decoder_steps, seed, work)
     raw = encode_latents(vae, pixels, seed)
     every = raw.transpose(0, 1).reshape(VAE["z_dim"], -1)
     mean, std = every.mean(1), every.std(1).clamp_min(1e-3)
@@ -365,7 +414,8 @@ def build(out: Path = VIDEO_DIR, *, seed: int = 0, clips: int = 1024, vae_steps:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".video-"))
     pipe.save_pretrained(tmp)
-    info = {"seed": seed, "clips": clips, "vae_steps": vae_steps, "transformer_steps": transformer_steps,
+    info = {"seed": seed, "clips": clips, "vae_steps": vae_steps, "decoder_steps": decoder_steps,
+            "transformer_steps": transformer_steps,
             "text_tokens": TEXT_TOKENS, "build_seconds": round(time.time() - t0),
             "transformer_seconds": round(time.time() - t1), "torch_threads": torch.get_num_threads()}
     (tmp / "build.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
@@ -383,15 +433,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="checkpoint folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clips", type=int, default=1024)
-    parser.add_argument("--vae-steps", type=int, default=300)
-    parser.add_argument("--transformer-steps", type=int, default=4000)
+    parser.add_argument("--vae-steps", type=int, default=400)
+    parser.add_argument("--decoder-steps", type=int, default=150)
+    parser.add_argument("--transformer-steps", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest on a shared machine)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
     path = build(args.out, seed=args.seed, clips=args.clips, vae_steps=args.vae_steps,
-                 transformer_steps=args.transformer_steps, work=args.work)
+                 decoder_steps=args.decoder_steps, transformer_steps=args.transformer_steps, work=args.work)
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     log.info("video pipeline in %s: %.1f MiB", path, size / 2**20)
 
