@@ -35,10 +35,10 @@ from lora_gui.memory.predict import trace as tr
 # the bundled tiny pipelines' transformer shapes (assets/video-model, lora_gui/models/build_video.py)
 # with the _vae / _text shapes a bundled config carries: for --smoke on a CPU
 TINY_WAN = {"_class_name": "WanTransformer3DModel", "attention_head_dim": 16, "cross_attn_norm": True,
-            "eps": 1e-6, "ffn_dim": 64, "freq_dim": 32, "in_channels": 4, "num_attention_heads": 2,
-            "num_layers": 2, "out_channels": 4, "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads",
+            "eps": 1e-6, "ffn_dim": 128, "freq_dim": 32, "in_channels": 4, "num_attention_heads": 4,
+            "num_layers": 4, "out_channels": 4, "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads",
             "rope_max_seq_len": 32, "text_dim": 32,
-            "_vae": {"scale_factor_temporal": 4, "scale_factor_spatial": 8, "z_dim": 4},
+            "_vae": {"scale_factor_temporal": 4, "scale_factor_spatial": 4, "z_dim": 4},
             "_text": {"tokens": 16, "width": 32, "encoder_params": 0}}
 TINY_LTX = {"_class_name": "LTXVideoTransformer3DModel", "in_channels": 4, "out_channels": 4, "patch_size": 1,
             "patch_size_t": 1, "num_attention_heads": 2, "attention_head_dim": 16, "num_layers": 2,

@@ -84,6 +84,6 @@ def test_a_wan_adapter_saved_with_export_kohya_loads_in_diffusers_as_its_diffuse
                       if "lora_" not in k})
     base = WanPipeline.from_pretrained(resolve_pipeline_source("builtin:video")).transformer.state_dict()
     changed = [k for k in base if not torch.equal(base[k], fused[0][k])]
-    assert len(changed) == 2 * 2 * 4  # q, k, v, out of both attentions of both blocks
+    assert len(changed) == 4 * 2 * 4  # q, k, v, out of both attentions of the 4 blocks
     for key in base:
         torch.testing.assert_close(fused[1][key], fused[0][key])

@@ -24,6 +24,7 @@ from lora_gui.units import gb
 
 MOST_FRAMES = 1025  # the longest clip probed (frames)
 LARGEST_SIDE = 4096  # px: the largest side a clip size may have (the resolution setting's range)
+SMALLEST_SIDE = 16  # px: the smallest (the range's other end; a model with an 8 px grid starts at 2 steps)
 
 
 def last_fitting(peak: Callable[[int], int], budget: int, top: int, first: int = 0) -> int | None:
@@ -124,13 +125,14 @@ def largest_video_size(cfg: RunConfig, budget: int, device: str,
 
     frames = cfg.video_frames
     out = {"frames": frames, "source": "predicted", "budget_bytes": budget, "grid_px": grid}
-    k = last_fitting(peak, budget, max(top, 1), first=1)
+    first = -(-SMALLEST_SIDE // grid)
+    k = last_fitting(peak, budget, max(top, first), first=first)
     if k is None:
-        w, h = size_at(width, height, grid, grid)
-        return {**out, "size": None, "peak_bytes_at_largest": peaks[1],
-                "note": f"not even {w}x{h} fits at {frames} frames: {gb(peaks[1])}"}
+        w, h = size_at(width, height, first * grid, grid)
+        return {**out, "size": None, "peak_bytes_at_largest": peaks[first],
+                "note": f"not even {w}x{h} fits at {frames} frames: {gb(peaks[first])}"}
     w, h = size_at(width, height, k * grid, grid)
-    bound = "; the largest the model or the size setting allows" if k == max(top, 1) else ""
+    bound = "; the largest the model or the size setting allows" if k == max(top, first) else ""
     return {**out, "size": f"{w}x{h}", "peak_bytes_at_largest": peaks[k],
             "note": f"largest size at {frames} frames: {w}x{h} px ({switches_text(cfg)}{bound})"}
 
