@@ -52,7 +52,7 @@ def test_the_list_holds_every_setting_with_what_it_accepts_its_default_and_its_w
             assert f"true or false; default {str(f.default).lower()}" in entry, entry
     assert "lr: 0.0000001 to 1; default 0.001" in entries["lr"]
     assert "lora_rank: 1 to" in entries["lora_rank"] and "default 8" in entries["lora_rank"]
-    assert "text runs only" in entries["window"] and "image runs only" in entries["resolution"]
+    assert "text runs only" in entries["window"] and "image and video runs only" in entries["resolution"]
     assert "image runs only (SD / SDXL)" in entries["train_text_encoder"]
 
 
