@@ -50,7 +50,6 @@ from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
 from lora_gui.attention.windowed import _softmax  # float32 softmax for 16-bit scores
-from lora_gui.image_settings import parse_video_window  # noqa: F401 (the setting's parser, here too)
 
 log = logging.getLogger(__name__)
 
