@@ -6,10 +6,12 @@
 For each bundled video config (Wan 2.1 1.3B and 14B, Wan 2.2 TI2V 5B, LTX-Video 2B;
 ``presets/models/*.json``) and clip shape, the predicted peak on a CUDA card (bf16 weights, LoRA
 rank 16 on the attention projections, latents and embeddings cached unless a row says otherwise)
-without and with gradient checkpointing, and the smallest of the 12 / 16 / 24 / 48 / 80 GB cards
-whose memory holds it (source: predicted, fake-tensor traces of one training step on this CPU; no
-weights read). Beside them, the shapes the peer trainers published figures for, planned the same
-way. Writes ``bench/results/tables/video_plans.json``, which ``python -m bench.docs`` turns into
+without and with gradient checkpointing, and with every switch that moves memory off the card
+(checkpointing, fp8 base weights, every transformer block swapped to RAM, with the RAM it needs),
+each with the smallest of the 12 / 16 / 24 / 48 / 80 GB cards whose memory holds it (source:
+predicted, fake-tensor traces of one training step on this CPU; no weights read). Beside them,
+the shapes the peer trainers published figures for, planned the same way. Writes
+``bench/results/tables/video_plans.json``, which ``python -m bench.docs`` turns into
 ``docs/results/video.md``.
 """
 
@@ -24,6 +26,7 @@ from bench.common import RESULTS, write_results
 from lora_gui.cards import card_by_name
 from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.memory.predict import predict
+from lora_gui.memory.predict.video_run import bundled_video_config
 from lora_gui.units import gb
 
 OUT = RESULTS / "tables" / "video_plans.json"
@@ -73,15 +76,19 @@ def smallest_card(peak: int) -> str:
 
 def planned_cells(model: str, size: str, frames: int, batch: int = 1,
                   settings: tuple[tuple[str, Any], ...] = ()) -> list[str]:
-    """[peak GB, smallest card, peak GB checkpointed, smallest card] for one clip shape."""
+    """[peak GB, smallest card] for one clip shape with no switch, with gradient checkpointing,
+    and with every switch that moves memory off the card (checkpointing, fp8 base weights, every
+    transformer block swapped to RAM), that arm's host memory last."""
     cfg = apply_overrides(RunConfig(), {"task": "video", "model": model, "resolution": size,
                                         "video_frames": frames, "batch_size": batch, **dict(settings)})
+    blocks = int(bundled_video_config(model)["num_layers"])
+    arms = ({"gradient_checkpointing": False}, {"gradient_checkpointing": True},
+            {"gradient_checkpointing": True, "quantization": "fp8", "blocks_to_swap": blocks})
     cells = []
-    for checkpointing in (False, True):
-        switched = apply_overrides(cfg, {"gradient_checkpointing": checkpointing})
-        peak = predict(switched, None, "cuda").peak_bytes
-        cells += [gb(peak, unit=False), smallest_card(peak)]
-    return cells
+    for switches in arms:
+        pred = predict(apply_overrides(cfg, switches), None, "cuda")
+        cells += [gb(pred.peak_bytes, unit=False), smallest_card(pred.peak_bytes)]
+    return [*cells, gb(int(pred.step.info.get("host_bytes", 0) or 0), unit=False)]
 
 
 def rows(quick: bool) -> list[list[str]]:
@@ -121,9 +128,14 @@ def main() -> None:
                  "cached (the text encoder and VAE off the card) unless the row says otherwise; peaks in "
                  "GB (10^9 bytes) on a CUDA card, the CUDA context included. Smallest card: the first of "
                  "12gb / 16gb / 24gb / l40s (48 GB) / h100-80gb whose memory (as torch reports it) holds "
-                 "the peak. Peers' figures are theirs, with their own switches." + left_out),
+                 "the peak. Every switch: gradient checkpointing, `quantization: fp8` and `blocks_to_swap` "
+                 "equal to the model's block count (the least the card can hold with the switches lora_gui "
+                 "has; the swapped weights need the host GB beside it). Peers' figures are theirs, with "
+                 "their own switches." + left_out),
         "columns": ["model", "clip (WxHxframes)", "batch", "peak GB", "smallest card",
-                    "peak GB, checkpointed", "smallest card, checkpointed", "peer's published figure"],
+                    "peak GB, checkpointed", "smallest card, checkpointed",
+                    "peak GB, checkpointed + fp8 + every block swapped", "smallest card, so",
+                    "host GB, so (swapped blocks)", "peer's published figure"],
         "rows": table})
     print(f"wrote {OUT} ({seconds:.0f} s)")
 
