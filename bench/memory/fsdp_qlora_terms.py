@@ -83,7 +83,8 @@ def terms(results: dict[str, Any]) -> list[tuple[str, float, float, str]]:
          f"(`FullyShardedDataParallel.no_sync`): the LoRA gradients, {s['lora_params']:,} x 2 bytes, "
          "alive through the second micro-batch",
          s["lora_params"] * BF16 / gb, s["lora_params"] * BF16 / gb,
-         "arithmetic (torch/distributed/fsdp/fully_sharded_data_parallel.py)"),
+         "arithmetic (accelerate/accelerator.py `no_sync`; torch/distributed/fsdp/"
+         "fully_sharded_data_parallel.py)"),
         ("offload only: each all-gather first copies the unit's shard from host memory to the GPU "
          "(`FlatParamHandle.pre_unshard` -> `flat_param_to`), and FSDP1 lets two all-gathers run at "
          "once (`_limiter_utils`: 2 in flight): two decoder layers' shards, 2 x "
