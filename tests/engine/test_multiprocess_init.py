@@ -78,7 +78,10 @@ def test_the_init_runs_on_the_main_process_only(launched):
     init = check_adapter_everywhere(run, init_name)
     summary = json.loads((run / "run.json").read_text())
     assert summary["status"] == "completed"
-    assert summary["init_peak_bytes"] > 0  # measured on the main process, which ran it
+    # measured on the main process, which ran it over the whole base, as planned (the plan's
+    # figure before sharding: LoftQ's resident 4-bit weights are the whole base, not a shard)
+    planned, measured = summary["prediction"]["init_peak_bytes"], summary["init_peak_bytes"]
+    assert -0.01 <= (planned - measured) / measured <= 0.03, (planned, measured)
     assert len(list(run.rglob("lora_init.safetensors"))) == 1
     bases = [k for k in init if k.endswith(".base_layer.weight")]
     assert bool(bases) == (init_name in BASE_CHANGING)

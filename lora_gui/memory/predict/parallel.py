@@ -162,6 +162,8 @@ def per_gpu(step: TraceResult, config: Any, parallel: Parallel | None) -> TraceR
         breakdown["fsdp_gathered"] = units.tail + gathered_layers(step.device) * units.layer
         info["fsdp_units"] = {"layer": units.layer, "tail": units.tail, "embed": units.embed,
                               "quant_state": units.quant_state, "shard": shard}
+        # what the main process holds before sharding, where a lora_init pass runs (it alone)
+        info["frozen_whole_bytes"] = step.breakdown["frozen_weights"]
         # loading (before step 1): the main process alone loads the whole base and keeps it while
         # it sends each tensor (engine/core/fsdp_loading.py); each other process holds its shard
         # and the tensor in flight. On a GPU the main process loads onto its card.
