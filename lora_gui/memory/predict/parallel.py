@@ -27,7 +27,9 @@ Data parallel across N processes (``accelerate launch --num_processes N``), as t
   (``fsdp_load_main_bytes``: on a GPU run on its card, on a CPU in host memory), every other
   process its shard, the quantization state and the one tensor in flight
   (``fsdp_load_other_bytes``); on a CPU ``fsdp_load_host_bytes`` is the machine's sum. These
-  come before step 1 and are not in the step's peak.
+  come before step 1 and are not in the step's peak. A ``lora_init`` pass runs on the main
+  process alone before sharding, over the whole base (``frozen_whole_bytes``: the frozen bytes
+  before sharding, which LoftQ's planned pass keeps resident).
 
 The result is additive on the one-GPU prediction, so it applies to the trace, the closed-form
 estimate and the UNet estimate alike. Not modelled: FSDP's all-gather staging buffers (a copy of
