@@ -1,6 +1,7 @@
 """70B over 2 GPUs with FSDP and a 4-bit base: the plan beside what PEFT and Answer.AI published.
 
     python -m bench.memory.fsdp_qlora_70b            # writes bench/results/fsdp_qlora_70b.json (~4 min)
+    python -m bench.memory.fsdp_qlora_70b --tables   # the docs tables from that file (no planning)
 
 Runs ``python -m lora_gui plan --json`` (the CLI users run, source: predicted) for PEFT's
 documented setting: 2 GPUs, FSDP, nf4 base with bf16 compute, sequence 2,048, micro-batch 2 per
@@ -27,10 +28,12 @@ import sys
 from pathlib import Path
 
 from bench.docs.meta import with_stamp
+from bench.memory.fsdp_qlora_terms import table as terms_table
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "results" / "fsdp_qlora_70b.json"
 TABLE = ROOT / "bench" / "results" / "tables" / "fsdp_qlora_70b.json"  # for the docs page
+TERMS = ROOT / "bench" / "results" / "tables" / "fsdp_qlora_70b_terms.json"  # PEFT's figures, term by term
 SETTINGS = {"quantization": "nf4", "precision": "bf16", "max_seq_len": 2048, "batch_size": 4,
             "batching": "fixed", "lora_rank": 8, "gradient_checkpointing": "true"}
 PUBLISHED = {
@@ -96,9 +99,18 @@ def write_table(results: dict) -> None:
         "columns": ["model", "step", "offload", "planned GB per GPU (nvidia-smi)", "planned GB allocated",
                     "PEFT GB per GPU", "planned host GB per machine (shards)", "published host GB"],
         "rows": rows}, indent=1) + "\n")
+    TERMS.write_text(json.dumps(terms_table(results), indent=1) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    if "--tables" in (sys.argv[1:] if argv is None else argv):  # from the saved plans: no planning
+        write_table(json.loads(OUT.read_text()))
+        print(f"wrote {TABLE.relative_to(ROOT)} and {TERMS.relative_to(ROOT)}")
+        return
+    plan_all()
+
+
+def plan_all() -> None:
     rows = [row(model, offload) for model in ("llama-2-70b", "llama-3.1-70b") for offload in (True, False)]
     rows += [row("llama-2-70b", offload, PEFT_STEP) for offload in (True, False)]  # as PEFT's script steps
     rows += [row("llama-2-70b", offload, PEFT_SETUP) for offload in (True, False)]  # and its LoRA dropout

@@ -1,10 +1,12 @@
 """FSDP over a 4-bit (nf4) base on the CPU: 2 and 3 gloo processes through `accelerate launch`
 with presets/accelerate/fsdp.yaml, against one process and against the per-rank plan.
 
-Each launch runs in a session of its own, killed as a group when the test ends early (timeout,
-interrupt): accelerate's launcher starts the ranks as its children. One thread per process.
+Each launch runs in a session of its own, killed when the test ends early (timeout, interrupt,
+failure) with every process below it: accelerate's launcher starts the ranks as its children, each
+in a session of its own. One thread per process.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -37,6 +39,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc. torch's launcher starts each rank in a
+    session of its own, so killing the launcher's process group alone would leave them running."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += sorted(frontier)
+    return found
+
+
 def launch(tmp: Path, out: Path, processes: int, resume: bool = False, stop_after: int | None = None,
            **settings) -> subprocess.CompletedProcess:
     """`accelerate launch` of `train` with the FSDP config; the whole process group is killed on
@@ -66,10 +85,11 @@ def launch(tmp: Path, out: Path, processes: int, resume: bool = False, stop_afte
             time.sleep(0.2)
     finally:
         if proc.poll() is None or proc.returncode != 0:  # interrupted, timed out or failed: no orphans
-            try:
+            for pid in descendants(proc.pid):  # the ranks first: sessions of their own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
     return subprocess.CompletedProcess(args, proc.returncode, Path(f"{logs}.out").read_text(),
                                        Path(f"{logs}.err").read_text())

@@ -18,14 +18,18 @@ Checked with 2 gloo processes on a CPU (tests/engine/test_multiprocess_nf4.py). 
 steps run around accelerate's FSDP plugin (the main process loads onto its card; the others are
 not moved to theirs before sharding); that path has not run on several GPUs yet.
 
-Not used with a LoRA initialisation that reads the base weights on every process (EVA, CorDA,
-PiSSA, OLoRA, LoftQ): those need the weights before sharding, so every process loads them.
+A LoRA initialisation that reads the base weights (EVA, CorDA, PiSSA, OLoRA, LoftQ) runs on the
+main process alone, which holds them; the others attach the adapter with peft's default init on
+their skeleton. The broadcast after sharding then carries the main process's initialised LoRA
+weights and, for the inits that leave a residual in the base (PiSSA, OLoRA, CorDA: full-precision
+bases only, the settings refuse them on a 4-bit one), its modified base weights.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +38,8 @@ from torch import nn
 
 from lora_gui.engine.core.distributed import Dist
 from lora_gui.engine.core.fsdp import fsdp_requested
+
+DEBUG_WEIGHTS_ENV = "LORA_GUI_DEBUG_WEIGHTS"  # test hook "1": each process writes its weights at step 1
 
 
 def main_loads_only(dist: Dist) -> bool:
@@ -124,3 +130,20 @@ def fill_from_main(model: nn.Module, full: dict[str, torch.Tensor] | None, dist:
             tdist.broadcast(staged, src=0)
             if not dist.is_main:
                 p.data.copy_(staged)
+
+
+def dump_weights(model: nn.Module, out: Path, dist: Dist) -> Path | None:
+    """Test hook (``LORA_GUI_DEBUG_WEIGHTS=1``): this process's weights as they stand before step
+    1 -- the trainable ones whole, the frozen ones this process's shard -- written to
+    ``RUN/weights-rank{N}.safetensors`` so a test can compare the processes. None when off."""
+    if os.environ.get(DEBUG_WEIGHTS_ENV) != "1":
+        return None
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        tensors[name] = local.detach().as_subclass(torch.Tensor).to("cpu").contiguous().clone()
+    path = out / f"weights-rank{dist.rank}.safetensors"
+    save_file(tensors, str(path))
+    return path

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +151,14 @@ class TextSession(RunSession):
 
 
 def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, device: torch.device,
-            dist: Dist, source: str) -> tuple[Any, int | None]:
+            dist: Dist, source: str, receives: bool = False) -> tuple[Any, int | None]:
     """The run's adapter on ``base``. A ``lora_init`` that runs a pass (PiSSA's SVD, OLoRA's QR,
     LoftQ's fit to the 4-bit error, EVA's and CorDA's read of the training data) runs here, before
     the first step, measured (its peak counts when above the steps'), and its result is saved in
-    the run folder so that a resume loads it instead of running it again."""
+    the run folder so that a resume loads it instead of running it again. ``receives``: a process
+    of an FSDP run that holds no weights (only the main process loaded the base): the adapter is
+    attached with peft's default init on the skeleton, and the main process's initialised adapter
+    and base (a residual for PiSSA, OLoRA, CorDA) reach it by broadcast after sharding."""
     from lora_gui.memory.predict.init_trace import INIT_PASSES, measured_init
     from lora_gui.models.init_passes import BASE_CHANGING, INIT_BATCHES, init_batches, init_rows
 
@@ -163,7 +166,13 @@ def _attach(cfg: RunConfig, base, data: TextData, out: Path, resume: bool, devic
     saved = out / adapters.INIT_FILE
     if cfg.lora_init not in INIT_PASSES:
         return text_models.attach_lora(base, cfg, tokenizer), None
-    if resume and saved.is_file():
+    loads_saved = resume and saved.is_file()  # the same run folder on every process
+    if receives:  # the same modules and shapes (checked by fill_from_main); values from the main
+        model = text_models.attach_lora(base, replace(cfg, lora_init="default"), tokenizer)
+        if not loads_saved:  # the main process saves what its pass made (below): every rank takes part
+            dist.on_main(lambda: None)
+        return model, None
+    if loads_saved:
         return text_models.attach_lora(base, cfg, tokenizer, saved_init=saved), None
     init_data: dict[str, Any] = {"model_path": source}
     if cfg.lora_init == "eva":
@@ -231,9 +240,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     dtype = weights_dtype(mixed, device.type, text=True)
-    from lora_gui.memory.predict.init_trace import INIT_PASSES  # these read the weights everywhere
-
-    from_main = fsdp_loading.main_loads_only(dist) and cfg.lora_init not in INIT_PASSES
+    # FSDP: a lora_init that reads the weights runs on the main process, which alone loads them
+    from_main = fsdp_loading.main_loads_only(dist)
     if from_main:  # FSDP: the main process loads, the others build on meta and receive shards
         base = fsdp_loading.load_on_main(
             dist, lambda layout: text_models.load_model_for(cfg, source, dtype, device, layout), device)
@@ -243,7 +251,8 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     kernels = [apply_liger(base, cfg.liger_kernels, device.type, bool(cfg.resolved_loss_chunk()))]
     rows = base.get_input_embeddings().weight.shape[0]  # chat-template tokens grow it (fit_embeddings)
     added_rows = max(0, len(data.tokenizer) - rows) if data.is_chat else 0
-    model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source)
+    model, init_peak = _attach(cfg, base, data, out, resume, device, dist, source,
+                               receives=from_main and not dist.is_main)
     if from_main and not dist.is_main:  # LoRA weights allocated; their values come from main
         fsdp_loading.materialize_trainable(model, device)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model)) if resume else None
@@ -274,6 +283,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     scheduler = cosine_scheduler(cfg, optimizer, total)
     model, optimizer, scheduler, sharded = _prepare(accelerator, dist, model, optimizer, scheduler,
                                                     from_main)
+    fsdp_loading.dump_weights(accelerator.unwrap_model(model), out, dist)  # a test hook; off by default
     fresh = TrainState(precision=mixed, quantization=cfg.quantization, optimizer=optimizer_name)
     state = start_state(cfg, out, ckpt, resume, optimizer, scheduler, fresh, sampler, dist)
     if state.base_eval_loss is None:
@@ -293,8 +303,10 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
                                                [len(s) for s in data.train], added_rows, data.train)
     if prediction is not None:
         prediction.update(card_context)
-    if init_peak is None and prediction and "step_peak_bytes" in prediction:  # a resume loaded the
-        predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")  # init: no SVD now
+    # no lora_init pass on this process (a resume loaded its result, or FSDP ran it on the main
+    # process alone): the steps' peak is this process's
+    if init_peak is None and prediction and "step_peak_bytes" in prediction:
+        predicted = prediction["peak_bytes"] = prediction.pop("step_peak_bytes")
     meter = PeakMeter(accelerator.device, budget, every_step=cfg.measure_every_step)
     unwrapped = accelerator.unwrap_model(model)
     meter.track(local_tensors(list(unwrapped.parameters()) + list(unwrapped.buffers())

@@ -27,7 +27,9 @@ Data parallel across N processes (``accelerate launch --num_processes N``), as t
   (``fsdp_load_main_bytes``: on a GPU run on its card, on a CPU in host memory), every other
   process its shard, the quantization state and the one tensor in flight
   (``fsdp_load_other_bytes``); on a CPU ``fsdp_load_host_bytes`` is the machine's sum. These
-  come before step 1 and are not in the step's peak.
+  come before step 1 and are not in the step's peak. A ``lora_init`` pass runs on the main
+  process alone before sharding, over the whole base (``frozen_whole_bytes``: the frozen bytes
+  before sharding, which LoftQ's planned pass keeps resident).
 
 The result is additive on the one-GPU prediction, so it applies to the trace, the closed-form
 estimate and the UNet estimate alike. Not modelled: FSDP's all-gather staging buffers (a copy of
@@ -162,6 +164,8 @@ def per_gpu(step: TraceResult, config: Any, parallel: Parallel | None) -> TraceR
         breakdown["fsdp_gathered"] = units.tail + gathered_layers(step.device) * units.layer
         info["fsdp_units"] = {"layer": units.layer, "tail": units.tail, "embed": units.embed,
                               "quant_state": units.quant_state, "shard": shard}
+        # what the main process holds before sharding, where a lora_init pass runs (it alone)
+        info["frozen_whole_bytes"] = step.breakdown["frozen_weights"]
         # loading (before step 1): the main process alone loads the whole base and keeps it while
         # it sends each tensor (engine/core/fsdp_loading.py); each other process holds its shard
         # and the tensor in flight. On a GPU the main process loads onto its card.

@@ -187,7 +187,9 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
         above = figures["init_peak_bytes"] > step.peak_bytes
         lines.append(f"lora_init {cfg.lora_init}: its pass before the first step peaks at "
                      f"{gb(figures['init_peak_bytes'])} (source: predicted)"
-                     + (": above the steps, the run's predicted peak" if above else ", below the steps"))
+                     + (": above the steps, the run's predicted peak" if above else ", below the steps")
+                     + ("; under FSDP only the main process runs it (it alone holds the whole base)"
+                        if step.info.get("fsdp") and step.info.get("world_size", 1) > 1 else ""))
     if step.device == "cuda":
         from lora_gui.memory.predict.cuda_kernels import card_figures, describe_rows
 

@@ -94,8 +94,11 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         timing = step_time_model(cfg, run_plan.model_config_for(cfg, source), device,
                                  run_plan.step_kwargs(cfg, device))  # cached by plan_run
         figures |= predicted_speed(timing, plan, per_rank, lengths, cfg.pad_multiple)
-    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, figures,
-                                                      pred.step.breakdown, samples, added_tokens)
+    # FSDP: the lora_init pass runs on the main process before sharding, over the whole base
+    resident = {**pred.step.breakdown, "frozen_weights": pred.step.info.get(
+        "frozen_whole_bytes", pred.step.breakdown.get("frozen_weights", 0))}
+    return caps.caps, pred.step, plan, with_init_peak(cfg, source, device, figures, resident, samples,
+                                                      added_tokens)
 
 
 def with_init_peak(cfg: RunConfig, source: str | None, device: str, figures: dict[str, Any],
