@@ -57,10 +57,19 @@ def fill_form(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointing: bool,
              quantization: str = "none", optimizer: str = "auto", host_gb: float | None = None,
-             lora_rank: float | None = None, batch_size: float | None = None) -> str:
+             lora_rank: float | None = None, batch_size: float | None = None, video_resolution: Any = "",
+             video_frames: Any = None, blocks_to_swap: Any = 0, video_window: Any = "") -> str:
     """The Plan tab's button: the preset with the tab's model and settings (LoRA rank, batch
-    size, quantization...), under its budget and host memory."""
+    size, quantization...), under its budget and host memory; a video run (a video preset or
+    model): the longest clip at its size and the largest size at its frames
+    (:func:`lora_gui.ui.tabs.plan_video_handlers.longest`)."""
     from lora_gui.config import ConfigError
+    from lora_gui.ui.tabs import plan_video_handlers as video
+
+    if video.is_video(preset, model):
+        return video.longest(preset, model, budget_gb, device, checkpointing, quantization, optimizer,
+                             lora_rank, batch_size, video_resolution, video_frames, blocks_to_swap,
+                             video_window)
     from lora_gui.memory.predict.model_configs import (
         bundled_models,
         is_dit_config,
