@@ -43,7 +43,8 @@ def build() -> dict[str, gr.components.Component]:
         device = gr.Radio(["cuda", "cpu"], value="cuda", label="Plan for")
         host_gb = gr.Number(value=round(handlers.host_free_gb(), 1), label="Host memory (GB)",
                             info="Memory the offloaded tensors may take on this computer (the longest "
-                                 "length stops at it); default: what is free now.",
+                                 "length stops at it; a video plan's swapped blocks must fit it); default: "
+                                 "what is free now.",
                             elem_id="plan-host-gb", minimum=0)
     with gr.Row():
         lora_rank, batch_size, checkpointing, quantization, optimizer = (
