@@ -172,3 +172,17 @@ def test_the_fields_follow_the_preset_and_the_model():
     assert video.task_for("text-demo", "sdxl-unet") == "image"
     assert video.task_for("text-demo", "builtin") == "text"
     assert video.mode_updates("text", "nf4")[-1]["value"] == "nf4"
+
+
+@pytest.mark.slow
+def test_the_train_tabs_longest_answers_a_video_run_with_both_limits(monkeypatch):
+    """The Train tab's "Longest that fits" on a video form: both of video_limits' answers (it
+    raised on the text search's result before), nothing filled into the form."""
+    from lora_gui.memory.predict import longest_video
+
+    seen = _spy(monkeypatch, longest_video, "video_limits")
+    filled, text = longest_handlers.answer(load_config("video-demo"), 0.003, "cpu")
+    assert filled == {} and len(seen) == 1, text
+    result = seen[0][2]
+    assert text.startswith("**Video run, budget 0.00300 GB, cpu**")
+    assert f"- {result['largest_size_at_frames']['note']}" in text and f"- {result['note']}" in text

@@ -21,7 +21,8 @@ def answer(cfg: RunConfig, budget_gb: float, device: str,
     this machine has free).
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
-    batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
+    batch 1 and the largest batch at the chosen resolution; video runs: the longest clip at the
+    run's size and the largest size at its frames (nothing to fill for either)."""
     from lora_gui.memory.predict import longest
     from lora_gui.memory.predict.longest_text import describe
     from lora_gui.memory.runtime.host import host_available_bytes
@@ -34,6 +35,11 @@ def answer(cfg: RunConfig, budget_gb: float, device: str,
             return {}, (f"Image run: largest resolution at batch 1 **{res['largest_resolution']} px**, "
                         f"largest batch at {res['resolution']} px **{res['batch_at_resolution']}** "
                         f"(source: {res['source']}, {device})")
+        if cfg.task == "video":  # the longest clip at the run's size, the largest size at its frames
+            from lora_gui.ui.tabs.plan_video_handlers import limits_text
+            from lora_gui.units import gb
+
+            return {}, limits_text(longest(cfg, budget_gb * GB, device), gb(budget_gb * GB), device)
         host = host_available_bytes() if host_gb is None else int(host_gb * GB)
         result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host)
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:

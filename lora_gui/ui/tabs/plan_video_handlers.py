@@ -242,8 +242,12 @@ def longest(preset: str, model: str, budget_gb: float, device: str, checkpointin
         result = longest_fits(question.cfg, question.judged_against.bytes, question.device)
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
         return f"Error: {err}"
+    return limits_text(result, question.judged_against.label(), question.device)
+
+
+def limits_text(result: dict[str, Any], budget: str, device: str) -> str:
+    """``video_limits``' two answers in Markdown, in the words of ``plan --longest`` (GB)."""
     size = result["largest_size_at_frames"]
-    return (f"**Video run, budget {question.judged_against.label()}, {question.device}** (batch 1, "
-            "source: predicted)\n\n"
+    return (f"**Video run, budget {budget}, {device}** (batch 1, source: predicted)\n\n"
             f"- {result['note']} ({gb(result['peak_bytes_at_longest'])}, {result['source']})\n"
             f"- {size['note']} ({gb(size['peak_bytes_at_largest'])}, {size['source']})")
