@@ -135,8 +135,8 @@ def video_config(preset: str, model: str, resolution: Any, video_frames: Any, bl
     problem = input_checks.model_task_problem(model, "video")
     if problem:
         raise ConfigError(problem)
-    if model not in VIDEO_PIPELINES and input_checks.looks_like_path(model):
-        paths.check("model", model)  # a local pipeline folder typed in the page
+    if model != "builtin" and not model.startswith("builtin:"):
+        paths.check("model", model)  # a local pipeline folder typed in the page (as the text plan)
     try:
         cfg = common.preset_config(preset, settings)
     except ConfigError as err:  # the tab's fields, not the command line's --set
