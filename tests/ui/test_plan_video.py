@@ -80,6 +80,11 @@ def test_a_bundled_wan_config_plans_one_clip_as_the_cli_with_its_block_swap_host
     assert f"Host memory (RAM) block swap needs: **{gb(host)}**" in text
     assert "block swap: the last 2 transformer blocks' frozen weights in host memory" in text
     assert "bundled config (shapes only)" in text and buckets["data"] == [["64x32x5", 1]]
+    # less host memory than the swapped blocks need: refused as `plan --host-gb` refuses it
+    _, text, _, _ = plan_handlers.plan("text-demo", WAN["model"], 0, 0, 24, "cpu", False, host_gb=host / 2e9,
+                                       **fields)
+    assert text == (f"Error: the host-side tensors of this run (swapped video blocks) need {gb(host)} of "
+                    f"host memory; {gb(int(host / 2))} is available"), text
 
 
 @pytest.mark.slow
@@ -108,6 +113,7 @@ def test_longest_that_fits_is_video_limits_for_the_clis_settings(monkeypatch):
     ({"video_resolution": "big"}, "Error: resolution: 'big' is not a side (512) or WxH (832x480)"),
     ({"video_frames": 6}, "Error: video_frames: 6 is not 4k+1 frames for this model; use 5 or 9"),
     ({"video_frames": 4.5}, "Error: video_frames: 4.5 is not a whole number"),
+    ({"blocks_to_swap": "two"}, "Error: blocks_to_swap: 'two' is not a number"),
     ({"video_resolution": "72x32"},
      "Error: resolution: 72x32 is not a multiple of wan2.1-t2v-1.3b's 16 px grid"),
     ({"quantization": "nf4"},
@@ -126,15 +132,19 @@ def test_a_bad_field_comes_back_as_an_error_naming_it(fields, words):
     longest = longest_handlers.plan_tab("text-demo", WAN["model"], 24, "cpu", False, quantization,
                                         video_resolution=settings["video_resolution"],
                                         video_frames=settings["video_frames"],
+                                        blocks_to_swap=settings.get("blocks_to_swap", 0),
                                         video_window=settings.get("video_window", ""))
     assert longest.startswith(words), longest
 
 
-def test_more_blocks_to_swap_than_the_model_has_names_the_field():
+def test_more_blocks_to_swap_than_the_model_has_or_a_host_memory_that_is_no_size_names_the_field():
     _, text, _, _ = plan_handlers.plan("video-demo", "builtin:video", 0, 0, 24, "cpu", False,
                                        video_resolution="32x32", video_frames=9, blocks_to_swap=5)
     assert text == ("Error: blocks_to_swap: 5 is not possible for this model, which has 4 transformer "
                     "blocks; set 0 (off) up to 4")
+    _, text, _, _ = plan_handlers.plan("video-demo", "builtin:video", 0, 0, 24, "cpu", False, host_gb=-1.0,
+                                       video_resolution="32x32", video_frames=9)
+    assert text == "Error: host memory: -1.0 GB is not a size (0 or more GB)"
 
 
 def test_ltx_frames_are_on_its_8k_plus_1_grid_and_a_text_model_is_no_video_model():

@@ -93,7 +93,10 @@ def _whole(name: str, value: Any) -> int:
     """A number field's value as a whole number, or a ConfigError naming the field."""
     if value is None or value == "":
         raise ConfigError(f"{name}: empty; enter a whole number")
-    number = float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {str(value)[:40]!r} is not a number") from None
     if not number.is_integer():
         raise ConfigError(f"{name}: {value} is not a whole number")
     return int(number)
@@ -189,6 +192,8 @@ def plan(preset: str, model: str, budget_gb: float, device: str, checkpointing: 
     try:
         if not budget_gb:
             raise ConfigError("budget_gb: pick a card or type a VRAM budget in GB to plan against")
+        if host_gb is not None and not host_gb >= 0:  # also catches NaN
+            raise ConfigError(f"host memory: {host_gb} GB is not a size (0 or more GB)")
         parallel = gpu_share.parallel_from_form(gpus, sharing)
         cfg = video_config(preset, model, resolution, video_frames, blocks_to_swap, video_window,
                            checkpointing, quantization, optimizer, lora_rank, batch_size)
