@@ -375,3 +375,25 @@ def test_plan_tab_longest_names_its_bound_and_no_answer_outlives_its_settings(pa
     assert "stopped by" not in text_of(page, "plan-longest-message")
     assert "MiB" not in text_of(page, "plan-message") and "GiB" not in text_of(page, "plan-message")
     page.screenshot(path=str(ARTIFACTS / "plan-longest.png"), full_page=True)
+
+
+def test_plan_tab_shows_the_video_fields_for_the_video_demo_and_plans_it(page):
+    """Picking video-demo on the Plan tab shows the clip fields filled from the preset (the size
+    as the trainers write it, frames, block swap, window), hides the length, offers the video
+    quantization choices, and Plan answers with the video run's own plan in GB."""
+    page.get_by_role("tab", name="Plan").click()
+    pick(page, "plan-preset", "video-demo")
+    page.locator("#plan-video-resolution").wait_for(state="visible", timeout=MINUTE)
+    for name in ("video_frames", "blocks_to_swap", "video_window"):
+        assert page.locator(f"#plan-{name}").is_visible(), name
+    assert not page.locator("#plan-max_seq_len").is_visible()
+    size = page.locator("#plan-video-resolution input, #plan-video-resolution textarea").first
+    assert size.input_value() == "32x32"
+    assert page.locator("#plan-model input").first.input_value() == "builtin:video"
+    page.get_by_label("cpu").check()
+    page.click("#plan-button")
+    wait_text(page, "plan-message", "Predicted peak of the video run on cpu")
+    text = text_of(page, "plan-message")
+    assert text.startswith("Fits") and "32x32x9" in text, text
+    assert "MiB" not in text and "GiB" not in text
+    page.screenshot(path=str(ARTIFACTS / "plan-video.png"), full_page=True)

@@ -69,3 +69,6 @@ def test_try_export_and_plan_refuse_folders_outside(limits, tmp_path):
     assert message.startswith("Error: run: /etc is outside")
     _, text, _, _ = plan_handlers.plan("text-demo", "/opt/models/x", 64, 512, 2.0, "cpu", False)
     assert text.startswith("Error: model: /opt/models/x is outside")
+    _, text, _, _ = plan_handlers.plan("video-demo", "/opt/models/wan", 0, 0, 2.0, "cpu", False,
+                                       video_resolution="32x32", video_frames=9)
+    assert text.startswith("Error: model: /opt/models/wan is outside"), text

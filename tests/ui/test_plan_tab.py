@@ -110,7 +110,7 @@ def test_the_plan_tab_shows_the_presets_settings_and_only_its_tasks_size():
     from lora_gui.presets import load_config
 
     demo = load_config("text-demo")
-    assert text[5:] == (demo.lora_rank, demo.batch_size)
+    assert text[5:7] == (demo.lora_rank, demo.batch_size)
 
 
 def test_a_stale_answer_is_marked_and_an_empty_one_stays_empty():

@@ -21,7 +21,8 @@ def answer(cfg: RunConfig, budget_gb: float, device: str,
     this machine has free).
 
     Text runs: the longest max_seq_len and its switches; image runs: the largest resolution at
-    batch 1 and the largest batch at the chosen resolution (nothing to fill)."""
+    batch 1 and the largest batch at the chosen resolution; video runs: the longest clip at the
+    run's size and the largest size at its frames (nothing to fill for either)."""
     from lora_gui.memory.predict import longest
     from lora_gui.memory.predict.longest_text import describe
     from lora_gui.memory.runtime.host import host_available_bytes
@@ -34,6 +35,11 @@ def answer(cfg: RunConfig, budget_gb: float, device: str,
             return {}, (f"Image run: largest resolution at batch 1 **{res['largest_resolution']} px**, "
                         f"largest batch at {res['resolution']} px **{res['batch_at_resolution']}** "
                         f"(source: {res['source']}, {device})")
+        if cfg.task == "video":  # the longest clip at the run's size, the largest size at its frames
+            from lora_gui.ui.tabs.plan_video_handlers import limits_text
+            from lora_gui.units import gb
+
+            return {}, limits_text(longest(cfg, budget_gb * GB, device), gb(budget_gb * GB), device)
         host = host_available_bytes() if host_gb is None else int(host_gb * GB)
         result = longest(cfg, budget_gb * GB, device, host_limit_bytes=host)
     except (ValueError, NotImplementedError, *common.USER_ERRORS) as err:
@@ -57,10 +63,19 @@ def fill_form(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def plan_tab(preset: str, model: str, budget_gb: float, device: str, checkpointing: bool,
              quantization: str = "none", optimizer: str = "auto", host_gb: float | None = None,
-             lora_rank: float | None = None, batch_size: float | None = None) -> str:
+             lora_rank: float | None = None, batch_size: float | None = None, video_resolution: Any = "",
+             video_frames: Any = None, blocks_to_swap: Any = 0, video_window: Any = "") -> str:
     """The Plan tab's button: the preset with the tab's model and settings (LoRA rank, batch
-    size, quantization...), under its budget and host memory."""
+    size, quantization...), under its budget and host memory; a video run (a video preset or
+    model): the longest clip at its size and the largest size at its frames
+    (:func:`lora_gui.ui.tabs.plan_video_handlers.longest`)."""
     from lora_gui.config import ConfigError
+    from lora_gui.ui.tabs import plan_video_handlers as video
+
+    if video.is_video(preset, model):
+        return video.longest(preset, model, budget_gb, device, checkpointing, quantization, optimizer,
+                             lora_rank, batch_size, video_resolution, video_frames, blocks_to_swap,
+                             video_window)
     from lora_gui.memory.predict.model_configs import (
         bundled_models,
         is_dit_config,

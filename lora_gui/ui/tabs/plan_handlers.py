@@ -21,18 +21,30 @@ def mark_stale(*answers: str) -> tuple[str, ...]:
     return tuple(f"{STALE}\n\n{a}" if a and not a.startswith(STALE) else a for a in answers)
 
 
-def preset_settings(preset: str) -> tuple[Any, ...]:
+def preset_settings(preset: str, model: str | None = None) -> tuple[Any, ...]:
     """The tab's fields filled from a preset: max_seq_len, resolution, checkpointing,
-    quantization, optimizer, LoRA rank, batch size (a preset that cannot be read leaves them)."""
+    quantization (its choices: the task's), optimizer, LoRA rank, batch size, the model (a video
+    preset's own; a video model leaves with a preset of another task), then the video fields:
+    resolution as WxH, video_frames, blocks_to_swap, video_window (a preset that cannot be read
+    leaves them). Each size field shows for its task alone (one task at a time)."""
     import gradio as gr
+
+    from lora_gui.ui.tabs import plan_video_handlers as video
 
     try:
         cfg = common.preset_config(preset)
     except common.USER_ERRORS:
-        return (gr.update(),) * 7
-    text = cfg.task == "text"  # one task at a time: a length for text, a resolution for pictures
-    return (gr.update(value=cfg.max_seq_len, visible=text), gr.update(value=cfg.resolution, visible=not text),
-            cfg.gradient_checkpointing, cfg.quantization, cfg.optimizer, cfg.lora_rank, cfg.batch_size)
+        return (gr.update(),) * (8 + 1 + len(video.VIDEO_FIELDS))
+    if cfg.task == "video":
+        model = cfg.model
+    elif video.model_is_video(model):
+        model = "builtin"
+    task = video.task_for(preset, model)
+    length, side, size, *shown, quantization = video.mode_updates(task, cfg.quantization)
+    return ({**length, "value": cfg.max_seq_len}, {**side, "value": cfg.resolution},
+            cfg.gradient_checkpointing, quantization, cfg.optimizer, cfg.lora_rank, cfg.batch_size,
+            gr.update() if model is None else model, {**size, "value": video.resolution_text(cfg)},
+            *({**box, "value": getattr(cfg, name)} for box, name in zip(shown, video.VIDEO_FIELDS)))
 
 
 def host_free_gb() -> float:
@@ -70,16 +82,25 @@ def _plan_image(model: str, resolution: int, budget: int, device: str, checkpoin
 def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_gb: float, device: str,
          checkpointing: bool, quantization: str = "none", optimizer: str = "auto",
          lora_rank: float | None = None, batch_size: float | None = None,
-         gpus: float | None = 1, sharing: str = gpu_share.REPLICATED,
-         ) -> tuple[Any, str, list[list[Any]], list[list[Any]]]:
+         gpus: float | None = 1, sharing: str = gpu_share.REPLICATED, host_gb: float | None = None,
+         video_resolution: Any = "", video_frames: Any = None, blocks_to_swap: Any = 0,
+         video_window: Any = "") -> tuple[Any, str, Any, list[list[Any]]]:
     """Breakdown figure, verdict, bucket table and card table (source: predicted): the run's own
     plan (the same call and the same budget rule as ``python -m lora_gui plan`` and the Train
     tab), or for a bundled UNet config (shapes only) the trace at one resolution. With ``gpus``
     above 1 the figures are one GPU's, shared as ``sharing`` says (``plan --world-size N
-    [--fsdp [--offload]]``)."""
+    [--fsdp [--offload]]``). A video run (a video preset or model) reads ``video_resolution``
+    (WxH or a side), ``video_frames``, ``blocks_to_swap``, ``video_window`` and ``host_gb`` (the
+    host memory swapped blocks may take; None: what is free) instead of the length and side
+    (:func:`lora_gui.ui.tabs.plan_video_handlers.plan`)."""
     from lora_gui.memory.predict import planner, predict, report, run_plan
     from lora_gui.memory.predict.model_configs import is_unet_config, load_model_config
+    from lora_gui.ui.tabs import plan_video_handlers as video
 
+    if video.is_video(preset, model):
+        return video.plan(preset, model, budget_gb, device, checkpointing, quantization, optimizer, lora_rank,
+                          batch_size, gpus, sharing, host_gb, video_resolution, video_frames, blocks_to_swap,
+                          video_window)
     empty: list[list[Any]] = []
     try:
         if not budget_gb:
