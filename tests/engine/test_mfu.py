@@ -101,8 +101,8 @@ def test_image_run_reports_mfu(tmp_path, monkeypatch):
         "eval_fraction": 0.34, "sample_images": 0, "resolution": 128})
     phases, counted_in = [], []  # the run's phases so far; the phase each FLOP count ran in
     control = TrainControl(on_event=lambda e: phases.append(e.get("phase")))
-    count = speed.counted_step_flops
-    monkeypatch.setattr(speed, "counted_step_flops",
+    count = speed.step_flops
+    monkeypatch.setattr(speed, "step_flops",
                         lambda *a: counted_in.append(phases[-1]) or count(*a))
     summary = train_image(cfg, tmp_path / "run", progress=False, control=control)
     assert counted_in and "training" not in counted_in  # every bucket counted before the loop
