@@ -7,12 +7,14 @@ import json
 
 import pytest
 
-from lora_gui.memory.predict import step_time
+from lora_gui.memory.predict import image_speed, step_time
 from lora_gui.memory.predict.image_speed import (
     ImageStepTimeModel,
+    NotTimed,
     fit,
     image_speed_report,
     predicted_image_speed,
+    rows_within,
     timed_buckets,
 )
 from lora_gui.memory.predict.report import speed_lines
@@ -50,6 +52,18 @@ def test_at_most_three_buckets_are_timed():
     buckets = [(64, 64), (64, 96), (96, 64), (96, 96), (128, 64), (128, 128)]
     assert timed_buckets(buckets) == [(64, 64), (128, 64), (128, 128)]  # by pixels: 4096, 8192, 16384
     assert timed_buckets([(64, 64)]) == [(64, 64)]
+
+
+def test_the_calibration_times_as_many_images_as_its_flop_bound_allows():
+    limit = image_speed.MAX_CALIBRATION_FLOPS["cpu"]
+    runs = step_time.CALIBRATION_REPEATS + 1  # a warm-up and the timed rounds
+    assert rows_within({"64x64": 10**8}, 8, "cpu") == 8  # the image demo: well inside
+    heavy = int(limit / runs / 5)  # 1 + 4 images of it fill the bound exactly
+    assert rows_within({"512x512": heavy}, 8, "cpu") == 4
+    assert rows_within({"512x512": heavy, "64x64": None}, 8, "cpu") == 4  # an uncounted bucket: unbounded
+    assert rows_within({"768x768": int(limit / runs)}, 8, "cpu") == 1  # one image a bucket, no more
+    with pytest.raises(NotTimed, match="768x768"):
+        rows_within({"768x768": 130 * 10**9, "64x64": 10**8}, 8, "cpu")
 
 
 def test_the_cache_keeps_an_image_calibration_and_reads_it_back_whole(tmp_path, monkeypatch):
@@ -95,7 +109,7 @@ def test_no_mfu_without_a_peak_or_above_it():
 
 def test_the_speed_report_sets_predicted_beside_measured_images_per_s():
     records = [{"images": 8, "seconds": 8.0, "peak_bytes": 100},  # measured by the tracker: slow
-               {"images": 8, "seconds": 1.0, "peak_bytes": None}, {"images": 8, "seconds": 1.0, "peak_bytes": None}]
+               *[{"images": 8, "seconds": 1.0, "peak_bytes": None}] * 2]
     report = image_speed_report({"predicted_images_per_s": 10.0, "predicted_mfu": 0.05, "speed_source": "x"},
                                 records, measured_mfu=0.04)["speed_report"]
     assert report["measured_images_per_s"] == pytest.approx(24 / 10)

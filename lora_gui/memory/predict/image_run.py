@@ -98,7 +98,7 @@ def run_speed(cfg: RunConfig, model: ImageModel, data: ImageData, caps: BatchCap
     steps as it trains them, each cut by the plan's caps, timed on the run's own denoiser."""
     from lora_gui.memory.predict.image_speed import image_step_time_model, predicted_image_speed, run_steps
 
-    steps = run_steps(cfg, data.buckets, world_size)
+    steps = run_steps(cfg, data.buckets)
     if not steps:
         return {}
     cap = lambda b: caps.cap(latent_tokens(b)) if caps.caps else None  # noqa: E731

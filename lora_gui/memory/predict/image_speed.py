@@ -48,6 +48,13 @@ log = logging.getLogger(__name__)
 
 MAX_TIMED_BUCKETS = 3  # buckets timed: the smallest, the largest and the middle one by pixels
 MAX_CALIBRATION_IMAGES = 8  # images of the larger timed micro-batch (the run's, at most this)
+# useful FLOPs a whole calibration may time (every timed step together): a small denoiser can
+# still be slow at a high resolution (the built-in UNet, 1.1M parameters, spends 130 GFLOP on one
+# 768 px image, its attention over 96 x 96 latents: 16-38 s on a 2-core CPU), so the work is
+# bounded, not only the parameters. A CPU step of a small denoiser reaches ~2-10 GFLOP/s
+# (measured: the drawing model at 64 px, ~5% of a 34 GFLOP/s matmul peak): 100 GFLOP is
+# 10-50 s there; a GPU is a thousand times faster
+MAX_CALIBRATION_FLOPS = {"cpu": 1e11, "cuda": 1e15}
 
 Bucket = tuple[int, int]  # (width, height) px
 
@@ -272,6 +279,9 @@ def image_step_time_model(cfg: RunConfig, model: Any, sizes: dict[Bucket, int], 
     try:
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
             timed = step_time.cached(key, measure if calibrate else None, ImageStepTimeModel)
+    except NotTimed as err:
+        log.info("image step time: %s; the plan states no speed", err)
+        return None, f"not timed: {err}"
     except (RuntimeError, ValueError, NotImplementedError) as err:  # speed is a report: no figure then
         log.warning("image step time: the calibration failed (%s); the plan states no speed", err)
         return None, f"not timed: the calibration failed ({err})"
@@ -290,11 +300,42 @@ def json_config(config: Any) -> str:
                       default=str)
 
 
+class NotTimed(Exception):
+    """The step is too much work to time for a plan (the message says why)."""
+
+
+def rows_within(counts: dict[str, int | None], rows: int, device: str) -> int:
+    """The most images (``rows`` at most) of the larger timed micro-batch that keep the whole
+    calibration (a warm-up and :data:`step_time.CALIBRATION_REPEATS` rounds of 1 and that many
+    images at each timed bucket) within :data:`MAX_CALIBRATION_FLOPS` on ``device``; 1: only one
+    image a bucket fits (no overhead told apart). Buckets without a count are not bounded.
+
+    Raises:
+        NotTimed: not even one image a bucket fits.
+    """
+    limit, runs = MAX_CALIBRATION_FLOPS.get(device, 0), step_time.CALIBRATION_REPEATS + 1
+    one = sum(c for c in counts.values() if c)  # one image at every timed bucket
+    if runs * one > limit:
+        big = max(counts, key=lambda n: counts[n] or 0)
+        raise NotTimed(f"timing the step at {big} ({counts[big] / 1e9:,.1f} GFLOP an image) is above the "
+                       f"{limit / 1e9:,.0f} GFLOP a plan spends on {device}")
+    best = 1
+    for k in range(2, rows + 1):
+        if runs * one * (1 + k) <= limit:
+            best = k
+    return best
+
+
 def _calibrate(cfg: RunConfig, model: Any, buckets: list[Bucket], rows: int, device: str,
                dtype: torch.dtype, mixed: str) -> ImageStepTimeModel:
-    """Times the run's loss forward and backward at 1 and ``rows`` images of each bucket
-    (:func:`step_time.time_steps`: a warm-up, then rounds of every shape) and counts one image's
-    useful FLOPs at each bucket on the same model."""
+    """Counts one image's useful FLOPs at each bucket on the run's denoiser (random weights),
+    then times its loss forward and backward at 1 and ``rows`` images of each bucket
+    (:func:`step_time.time_steps`: a warm-up, then rounds of every shape), as many images as
+    :func:`rows_within` allows.
+
+    Raises:
+        NotTimed: the calibration would be above :data:`MAX_CALIBRATION_FLOPS`.
+    """
     from lora_gui.models.denoise import step_flops, unet_loss
     from lora_gui.models.flops import compute_dtype, machine_peak
 
@@ -302,6 +343,17 @@ def _calibrate(cfg: RunConfig, model: Any, buckets: list[Bucket], rows: int, dev
     scheduler = model.noise_scheduler
     autocast = torch.autocast(device, dtype=torch.bfloat16 if mixed == "bf16" else torch.float16,
                               enabled=mixed in ("bf16", "fp16"))
+    counts: dict[str, int | None] = {}
+    for bucket in sorted(buckets, key=lambda b: -b[0] * b[1]):  # the largest first: the one to refuse
+        enc, noise, draws = _inputs(model, 1, bucket, dtype, device)
+        try:
+            with autocast:
+                counts[bucket_name(bucket)] = step_flops(denoiser, scheduler, enc, noise, draws)
+        except Exception as err:  # noqa: BLE001 (a count is a report: the speed stands without it)
+            log.warning("image step time: no FLOP count at %s: %s", bucket_name(bucket), str(err))
+            counts[bucket_name(bucket)] = None
+        rows_within(counts, 1, device)  # one image there is already too much work: stop counting
+    rows = rows_within(counts, rows, device)
 
     def step(n: int, index: int) -> None:
         enc, noise, draws = _inputs(model, n, buckets[index], dtype, device)
@@ -315,15 +367,6 @@ def _calibrate(cfg: RunConfig, model: Any, buckets: list[Bucket], rows: int, dev
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
     points = [(n, *buckets[i], seconds) for n, i, seconds in timed]
     out = fit(points, device, f"calibrated on {step_time.device_name(device)} ({when})")
-    counts: dict[str, int | None] = {}
-    for bucket in buckets:
-        enc, noise, draws = _inputs(model, 1, bucket, dtype, device)
-        try:
-            with autocast:
-                counts[bucket_name(bucket)] = step_flops(denoiser, scheduler, enc, noise, draws)
-        except Exception as err:  # noqa: BLE001 (a count is a report: the speed stands without it)
-            log.warning("image step time: no FLOP count at %s: %s", bucket_name(bucket), str(err))
-            counts[bucket_name(bucket)] = None
     peak = machine_peak(device, compute_dtype(mixed, denoiser))
     return replace(out, flops_per_image=counts, peak_flops_per_s=peak.flops_per_s if peak else None)
 
@@ -331,10 +374,10 @@ def _calibrate(cfg: RunConfig, model: Any, buckets: list[Bucket], rows: int, dev
 # ----------------------------------------------------------------- the run's steps, predicted
 
 
-def run_steps(cfg: RunConfig, buckets: list[Bucket], world_size: int = 1) -> list[tuple[Bucket, int]]:
+def run_steps(cfg: RunConfig, buckets: list[Bucket]) -> list[tuple[Bucket, int]]:
     """(bucket, images) of every step the run trains (``max_steps``, else ``epochs`` epochs of
     the data layer's epoch plan), as :func:`lora_gui.data.image_batches.executed_bucket_sizes`
-    walks them."""
+    walks them; the images of a whole step, every process's."""
     from lora_gui.data.image_batches import epoch_plan
 
     per_epoch = len(epoch_plan(cfg, buckets, 0))
