@@ -38,6 +38,7 @@ def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s_and_mfu(tmp_
     assert not kernels["compile_blocks"]["used"] and kernels["compile_blocks"]["reason"]
 
 
+@pytest.mark.slow
 def test_an_image_run_records_predicted_and_measured_images_per_s(tmp_path):
     cfg = load_config("image-demo", {"max_steps": 3, "sample_images": 0, "monitor_hz": 0.0})
     summary = train(cfg, tmp_path / "run", progress=False)
