@@ -7,6 +7,7 @@ import torch
 
 from lora_gui.models.diffusion import Encoded
 from lora_gui.models.dit import FlowMatching
+from lora_gui.models.flops import counted_step_flops
 
 
 def unet_loss(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor,
@@ -39,3 +40,26 @@ def denoise_loss(unet, enc: Encoded, noisy: torch.Tensor, target: torch.Tensor, 
     per_image = torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="none")
     per_image = per_image.mean(dim=(1, 2, 3))
     return per_image.sum() if reduction == "sum" else per_image.mean()
+
+
+def step_flops(unet, scheduler, enc: Encoded, noise: torch.Tensor, timesteps: torch.Tensor) -> int:
+    """Useful FLOPs of the loss of ``enc``'s images and its gradients (forward, activation
+    gradients, the adapter's weight gradients; :func:`lora_gui.models.flops.counted_step_flops`
+    on fake copies: nothing is computed, the model is untouched). The run's count per bucket
+    (:mod:`lora_gui.engine.image.speed`) and the plan's (:mod:`lora_gui.memory.predict.image_speed`)
+    are this one function."""
+    if isinstance(scheduler, FlowMatching):
+        def loss(latents, hidden, pooled, time_ids, noise, timesteps):  # noqa: ANN001, ANN202
+            return unet_loss(unet, scheduler, Encoded(latents, hidden, pooled, time_ids), noise, timesteps,
+                             reduction="sum")
+        return counted_step_flops(unet, loss, enc.latents, enc.hidden, enc.pooled, enc.time_ids, noise,
+                                  timesteps)
+
+    def denoise(noisy, hidden, pooled, time_ids, target, timesteps):  # noqa: ANN001, ANN202
+        return denoise_loss(unet, Encoded(noisy, hidden, pooled, time_ids), noisy, target, timesteps,
+                            reduction="sum")
+    # noising is elementwise (no FLOPs) and, in Euler's scheduler, looks its step up by value,
+    # which fake tensors cannot: it runs on the real image
+    with torch.no_grad():
+        noisy, target = noised(scheduler, enc, noise, timesteps)
+    return counted_step_flops(unet, denoise, noisy, enc.hidden, enc.pooled, enc.time_ids, target, timesteps)

@@ -101,12 +101,16 @@ def test_image_run_reports_mfu(tmp_path, monkeypatch):
         "eval_fraction": 0.34, "sample_images": 0, "resolution": 128})
     phases, counted_in = [], []  # the run's phases so far; the phase each FLOP count ran in
     control = TrainControl(on_event=lambda e: phases.append(e.get("phase")))
-    count = speed.counted_step_flops
-    monkeypatch.setattr(speed, "counted_step_flops",
+    count = speed.step_flops
+    monkeypatch.setattr(speed, "step_flops",
                         lambda *a: counted_in.append(phases[-1]) or count(*a))
     summary = train_image(cfg, tmp_path / "run", progress=False, control=control)
     assert counted_in and "training" not in counted_in  # every bucket counted before the loop
     assert summary["mfu"] is not None and 0 < summary["mfu"] < 1.5
+    # the plan's speed of the same UNet run, timed on its denoiser before the run: beside the measured
+    report = summary["speed_report"]
+    assert report["predicted_images_per_s"] > 0 and report["measured_mfu"] == summary["mfu"]
+    assert report["predicted_source"].startswith(("calibrated on", "cached calibrated on"))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["flops"] > 0 for r in records)
     # one image's count is the same in every step of one bucket: linear in the images

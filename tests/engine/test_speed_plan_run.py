@@ -36,3 +36,20 @@ def test_a_budgeted_run_records_predicted_and_measured_tokens_per_s_and_mfu(tmp_
     kernels = {k["name"]: k for k in saved["fast_kernels"]}  # a CPU run: neither, each with why
     assert not kernels["liger_kernels"]["used"] and "CUDA" in kernels["liger_kernels"]["reason"]
     assert not kernels["compile_blocks"]["used"] and kernels["compile_blocks"]["reason"]
+
+
+@pytest.mark.slow
+def test_an_image_run_records_predicted_and_measured_images_per_s(tmp_path):
+    cfg = load_config("image-demo", {"max_steps": 3, "sample_images": 0, "monitor_hz": 0.0})
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed", summary.get("message")
+    saved = json.loads((tmp_path / "run" / "run.json").read_text())
+    report = saved["speed_report"]
+    assert report["predicted_images_per_s"] > 0 and report["measured_images_per_s"] > 0
+    assert report["predicted_images_per_s"] == saved["prediction"]["predicted_images_per_s"]
+    assert report["predicted_source"].startswith(("calibrated on", "cached calibrated on"))
+    assert report["measured_images_per_s"] == pytest.approx(saved["images_per_s"])
+    assert report["predicted_vs_measured"] == pytest.approx(
+        report["predicted_images_per_s"] / report["measured_images_per_s"] - 1)
+    assert report["predicted_mfu"] is None or 0 < report["predicted_mfu"] <= 1, report["predicted_mfu"]
+    assert report["measured_mfu"] == saved["mfu"] and report["measured_mfu"] > 0

@@ -18,10 +18,8 @@ import torch
 
 from lora_gui.engine.image.inputs import InputSource
 from lora_gui.engine.image.ranks import image_noise
-from lora_gui.models.denoise import denoise_loss, noised, unet_loss
+from lora_gui.models.denoise import step_flops
 from lora_gui.models.diffusion import Encoded
-from lora_gui.models.dit import FlowMatching
-from lora_gui.models.flops import counted_step_flops
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +44,10 @@ class BucketFlops:
     def count_pending(self, model: Any, scheduler: Any) -> None:
         """Counts every pending bucket (a failed count leaves that bucket without one)."""
         for key, inputs in self.pending.items():
-            def loss(latents, hidden, pooled, time_ids, noise, timesteps):  # noqa: ANN001, ANN202
-                return unet_loss(model, scheduler, Encoded(latents, hidden, pooled, time_ids), noise,
-                                 timesteps, reduction="sum")
-
-            def denoise(noisy, hidden, pooled, time_ids, target, timesteps):  # noqa: ANN001, ANN202
-                return denoise_loss(model, Encoded(noisy, hidden, pooled, time_ids), noisy, target,
-                                    timesteps, reduction="sum")
+            latents, hidden, pooled, time_ids, noise, timesteps = inputs
             try:
-                if isinstance(scheduler, FlowMatching):
-                    self.per_image[key] = counted_step_flops(model, loss, *inputs)
-                else:  # noising is elementwise (no FLOPs) and, in Euler's scheduler, looks its
-                    # step up by value, which fake tensors cannot: it runs on the real image
-                    latents, hidden, pooled, time_ids, noise, timesteps = inputs
-                    with torch.no_grad():
-                        noisy, target = noised(scheduler, Encoded(latents, hidden, pooled, time_ids),
-                                               noise, timesteps)
-                    self.per_image[key] = counted_step_flops(model, denoise, noisy, hidden, pooled,
-                                                             time_ids, target, timesteps)
+                self.per_image[key] = step_flops(model, scheduler, Encoded(latents, hidden, pooled, time_ids),
+                                                 noise, timesteps)
             except Exception as err:  # noqa: BLE001 (a count is a report: the run goes on without it)
                 # the message, not the error: a log handler that keeps records (pytest's, a UI
                 # log) would keep the error's traceback, and with it the step's tensors, alive

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lora_gui.config import RunConfig
 from lora_gui.engine.core.speed import run_speed
 from lora_gui.engine.core.summary import measured_records, memory_report, peaks_by_rank
+from lora_gui.memory.predict.image_speed import image_speed_report
 from lora_gui.models import diffusion as dm
 
 if TYPE_CHECKING:  # the loop imports this module
@@ -47,7 +48,8 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "micro_batch_caps": run.caps.caps, "switches": resolved_switches(cfg), "samples": [],
         "world_size": run.dist.world_size, "fsdp": False,
         "peak_bytes_by_rank": peaks_by_rank(records),
-        **run_speed(records, run.peak, run.dist.world_size),
+        **(speed := run_speed(records, run.peak, run.dist.world_size)),
+        **image_speed_report(run.prediction, records, speed.get("mfu")),
         "config": cfg.to_dict(),
     }
     summary["memory_report"] = memory_report(summary)

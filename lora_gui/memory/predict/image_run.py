@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,8 @@ class ImagePrediction:
             figure to set against run.json's ``train_peak_bytes``; the caching pass apart).
         step: the trace of the largest micro-batch.
         plan: the per-bucket plan under the budget (None without a budget or a fixed batch).
+        speed: the predicted images/s and MFU with their source
+            (:func:`lora_gui.memory.predict.image_speed.predicted_image_speed`; empty for video).
     """
 
     caps: BatchCaps
@@ -55,6 +57,7 @@ class ImagePrediction:
     train_peak_bytes: int | None = None
     step: TraceResult | None = None
     plan: planner.Plan | None = None
+    speed: dict[str, Any] = field(default_factory=dict)
 
     def figures(self, device_type: str) -> dict[str, Any] | None:
         """What run.json's ``prediction`` holds (None without a prediction)."""
@@ -62,7 +65,7 @@ class ImagePrediction:
             return None
         return {"peak_bytes": self.peak_bytes, "train_peak_bytes": self.train_peak_bytes,
                 "source": "predicted", "device": device_type, "kernel": self.step.info.get("kernel"),
-                "batch_size": self.step.info.get("batch_size")}
+                "batch_size": self.step.info.get("batch_size"), **self.speed}
 
 
 def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, budget: int | None,
@@ -81,7 +84,36 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
 
         return video_run_prediction(cfg, model, data, budget, device, weights_dtype, world_size)
     if dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
-        return dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
+        out = dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
+    else:
+        out = unet_run_prediction(cfg, model, data, budget, device, weights_dtype, world_size)
+    if out.peak_bytes is not None:  # the speed the plan predicts, beside its peak
+        out.speed = run_speed(cfg, model, data, out.caps, device, weights_dtype, world_size)
+    return out
+
+
+def run_speed(cfg: RunConfig, model: ImageModel, data: ImageData, caps: BatchCaps, device: torch.device,
+              weights_dtype: torch.dtype, world_size: int = 1) -> dict[str, Any]:
+    """The run's predicted images/s and MFU (:mod:`lora_gui.memory.predict.image_speed`): its
+    steps as it trains them, each cut by the plan's caps, timed on the run's own denoiser."""
+    from lora_gui.memory.predict.image_speed import image_step_time_model, predicted_image_speed, run_steps
+
+    steps = run_steps(cfg, data.buckets)
+    if not steps:
+        return {}
+    cap = lambda b: caps.cap(latent_tokens(b)) if caps.caps else None  # noqa: E731
+    sizes: dict[tuple[int, int], int] = {}
+    for bucket, images in steps:
+        share = math.ceil(images / world_size)
+        sizes[bucket] = max(sizes.get(bucket, 0), min(share, cap(bucket) or share))
+    timing, source = image_step_time_model(cfg, model, sizes, device.type, weights_dtype)
+    return predicted_image_speed(timing, source, steps, cap, world_size)
+
+
+def unet_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, budget: int | None,
+                        device: torch.device, weights_dtype: torch.dtype, world_size: int = 1,
+                        ) -> ImagePrediction:
+    """An SD 1.x / SDXL run's caps and predicted peak (:func:`image_run_prediction`)."""
     unet_config = {**dict(model.unet.config), "_class_name": "UNet2DConditionModel"}
     resident = sum(p.numel() * p.element_size()
                    for m in (model.vae, *model.text_encoders) for p in m.parameters())

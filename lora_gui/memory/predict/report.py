@@ -212,18 +212,22 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
 
 
 def speed_lines(figures: dict[str, Any] | None) -> list[str]:
-    """The speed the plan predicts beside its peak: the run's tokens/s and MFU (useful FLOPs of
-    its real tokens over the predicted seconds and the measured matmul peak); none without a
-    step-time model (no budget, or a model this device cannot time for a plan)."""
+    """The speed the plan predicts beside its peak: the run's tokens/s (text) or images/s (image)
+    and MFU (useful FLOPs over the predicted seconds and the measured matmul peak); for text none
+    without a step-time model (no budget, or a model this device cannot time for a plan), for an
+    image run the reason it is not timed."""
     figures = figures or {}
-    speed = figures.get("predicted_tokens_per_s")
+    image = "predicted_images_per_s" in figures
+    speed = figures.get("predicted_images_per_s" if image else "predicted_tokens_per_s")
     if not speed:
-        return []
+        source = figures.get("speed_source")
+        return [f"  predicted speed: {source}"] if image and source else []
     mfu, peak = figures.get("predicted_mfu"), figures.get("peak_flops_per_s")
     of_peak = (f", MFU {mfu:.1%} of the measured matmul peak ({peak / 1e9:,.1f} GFLOP/s)"
                if mfu and peak else ", MFU not predicted (no FLOP count, or the matmul peak was measured "
                "while the machine was busy)")
-    return [f"  predicted speed: {speed:,.0f} tokens/s{of_peak} (source: step-time model "
+    rate = f"{speed:,.2f} images/s" if image else f"{speed:,.0f} tokens/s"
+    return [f"  predicted speed: {rate}{of_peak} (source: step-time model "
             f"{figures.get('speed_source', '?')}; the run records the measured figures beside them)"]
 
 
@@ -255,11 +259,24 @@ def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None) ->
         lines.append("  (the larger of the training step and the caching pass, which holds the VAE and "
                      "text encoders on the device, and the denoiser too unless latents are cached: "
                      f"{gb(step.info['encoding_pass_bytes'])})")
+    lines += speed_lines(pred.figures)
     if pred.plan is None:
         lines.append(_no_plan_verdict(pred, budget, " (fixed batch per bucket)"))
-        lines += [f"  {bucket:>13}  micro-batch {batch}" for bucket, batch in pred.bucket_batches]
+        lines += [f"  {bucket:>13}  micro-batch {batch}{_image_speed(pred.figures, bucket)}"
+                  for bucket, batch in pred.bucket_batches]
         return lines
-    return lines + _budget_lines(pred, budget, "bucket (h, w)", 13)
+    lines += _budget_lines(pred, budget, "bucket (h, w)", 13)
+    by_bucket = (pred.figures or {}).get("images_per_s_by_bucket") or {}
+    return lines + [f"  {bucket:>13}  predicted{_image_speed(pred.figures, bucket)}" for bucket in by_bucket]
+
+
+def _image_speed(figures: dict[str, Any] | None, bucket: str) -> str:
+    """A bucket's predicted images/s and MFU of a full step (empty when not predicted)."""
+    speed = ((figures or {}).get("images_per_s_by_bucket") or {}).get(bucket)
+    if not speed:
+        return ""
+    mfu = ((figures or {}).get("mfu_by_bucket") or {}).get(bucket)
+    return f"  ~{speed:,.2f} images/s a step" + (f", MFU {mfu:.1%}" if mfu else "")
 
 
 def _no_plan_verdict(pred: Prediction, budget: Budget | None, how: str = "", per: str = "",

@@ -228,10 +228,13 @@ def cache_key(device: str, what: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cached(key: str, measure: Callable[[], StepTimeModel | None] | None) -> StepTimeModel | None:
+def cached(key: str, measure: Callable[[], Any] | None, kind: Any = None) -> Any:
     """The calibration stored under ``key``, else ``measure()`` stored there (None, no model to
     time, is not stored; ``measure`` None: the stored one or None, nothing timed; a file that
-    cannot be read or written is logged and the measurement used as it is)."""
+    cannot be read or written is logged and the measurement used as it is). ``kind``: the
+    model's class, read back with its ``from_json`` (default :class:`StepTimeModel`; an image
+    run's is :class:`lora_gui.memory.predict.image_speed.ImageStepTimeModel`)."""
+    kind = kind or StepTimeModel
     path = cache_path()
     try:
         stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -239,7 +242,7 @@ def cached(key: str, measure: Callable[[], StepTimeModel | None] | None) -> Step
         log.warning("step time: cannot read the calibrations in %s (%s); measuring again", path, err)
         stored = {}
     if key in stored:
-        return StepTimeModel.from_json(stored[key], f"cached {stored[key]['source']}")
+        return kind.from_json(stored[key], f"cached {stored[key]['source']}")
     if measure is None:  # asked for a stored calibration only
         return None
     model = measure()
