@@ -96,12 +96,6 @@ def _video_blocks(base: nn.Module) -> list[nn.Module] | None:
     return transformer_blocks(base)
 
 
-def video_block_count(model: nn.Module) -> int:
-    """A video transformer's block count (``model`` may be a peft wrapper); 0 for other models."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return len(_video_blocks(base) or [])
-
-
 def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
     """The transformers decoder layers that recompute their forward in the backward, in order."""
     from transformers.modeling_layers import GradientCheckpointingLayer
