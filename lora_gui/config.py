@@ -99,9 +99,10 @@ class RunConfig(LoraSettings, DiTSettings, QuantizationSettings, VideoSettings, 
         self._check_adapter()
         if problem := self.preference_problem():
             raise ConfigError(problem)
-        if self.checkpoint_layers and self.task in ("image", "video"):
-            raise ConfigError("checkpoint_layers: applies to text runs (a decoder's layers); image runs "
-                              "checkpoint every block, leave it at 0")
+        if self.checkpoint_layers and self.task == "image":
+            raise ConfigError("checkpoint_layers: applies to text runs (a decoder's layers) and video "
+                              "runs (a video transformer's blocks); image runs checkpoint every block, "
+                              "leave it at 0")
         if self.checkpoint_layers and not self.gradient_checkpointing:
             raise ConfigError("checkpoint_layers: needs gradient_checkpointing: true (it says how "
                               "many layers are checkpointed)")

@@ -46,10 +46,11 @@ class MemorySettings:
     gradient_checkpointing: bool = option(False, "Recompute activations in backward: less memory, "
                                           "about 30% more compute.", "memory")
     checkpoint_layers: int = option(0, "Gradient checkpointing: checkpoint only this many of the "
-                                    "model's first decoder layers; the last ones keep their "
-                                    "activations and are not recomputed (faster, more memory; the "
-                                    "plan shows how much). 0 = every layer.", "memory", low=0,
-                                    high=1 << 16, tasks=TEXT)
+                                    "model's first decoder layers (text) or transformer blocks "
+                                    "(video); the last ones keep their activations and are not "
+                                    "recomputed (faster, more memory; the plan shows how much and "
+                                    "the fewest that fit a budget). 0 = every layer.", "memory",
+                                    low=0, high=1 << 16, tasks=(*TEXT, "video"))
     loss_chunk: int = option(-1, "Chunked loss: compute the cross-entropy over this many token "
                              "positions at a time instead of the whole batch's float32 logits (same "
                              "value; saves ~12 bytes x vocab per token). 0 = off; -1 = auto: "

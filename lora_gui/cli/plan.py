@@ -106,7 +106,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if cfg.task == "video":
         from lora_gui.memory.predict.video_run import video_plan_lines
 
-        print("\n".join([*video_plan_lines(cfg, pred, budget), question.rule]))
+        print("\n".join([*video_plan_lines(cfg, pred, budget), question.rule]), flush=True)
+        if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:
+            print("\n".join(report.checkpoint_layers_lines(cfg, budget, device)))
         return 0
     print("\n".join([*report.text_plan_lines(cfg, pred, budget, parallel.label(), kernels, short),
                      question.rule]), flush=True)  # on screen while the search below makes its plans

@@ -14,7 +14,8 @@ How a swapped block runs (:func:`_swapped_forward`):
   unpacks it into a fresh device copy, freed when that backward op is done;
 - with gradient checkpointing (non-reentrant, the block is the checkpointed unit), the forward
   saves nothing inside the block and the backward's recompute runs this same forward again: the
-  block's copies are made again and live until the recomputed graph's backward has used them.
+  block's copies are made again and live until the recomputed graph's backward has used them;
+  a block ``checkpoint_layers`` leaves unchecked runs as without checkpointing (the hook above).
 
 So the device holds at most about one swapped block's weights at a time (copies are made on the
 current CUDA stream, in order: no prefetch of the next block yet). On a CPU the same code runs:
@@ -131,7 +132,10 @@ def _swapped_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             originals.append((slot, key, host))
             slot[key] = copy  # the forward reads the copy
             del copy
-        checkpointed = bool(getattr(swap.base, "gradient_checkpointing", False))
+        # recomputed in the backward: checkpointing on and this block among the first
+        # checkpoint_layers (lora_gui.models.checkpointing marks each block)
+        checkpointed = bool(getattr(swap.base, "gradient_checkpointing", False)) \
+            and getattr(self, "_checkpointed", True)
         if not torch.is_grad_enabled() or checkpointed:  # nothing saved here outlives the call
             return type(self).forward(self, *args, **kwargs)
 

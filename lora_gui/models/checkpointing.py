@@ -21,9 +21,17 @@ LoRA gradients); the cost is the kept activations at the start of the backward. 
 traces the same split, so a plan says what each choice holds. transformers 5.x can skip layers
 too (``every_n_layers``), but it keeps the activations of layers between checkpointed ones,
 which are still alive when those are recomputed: a higher peak for the same forwards saved.
+
+A video transformer (diffusers' Wan, LTX-Video) does the same over its transformer blocks:
+diffusers' own switch is on, and the function it calls for each block
+(``_gradient_checkpointing_func``) checkpoints the first N blocks and calls the others as they
+are (each block's ``_checkpointed`` says which; block swap reads it to know whether a swapped
+block's saved weights must be packed as host references, :mod:`lora_gui.models.block_swap`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 
@@ -36,16 +44,18 @@ def enable_checkpointing(model: nn.Module, layers: int = 0) -> None:
     switch (``model`` may be a peft wrapper); for a transformers model without the input hook
     that non-reentrant checkpointing does not need (see the module doc).
 
-    ``layers``: checkpoint only the first ``layers`` decoder layers (0: every layer).
+    ``layers``: checkpoint only the first ``layers`` decoder layers, or a video transformer's
+    first ``layers`` blocks (0: every one).
 
     Raises:
-        ModelError: ``layers`` is more than the model's decoder layers, or the model is not a
-            transformers decoder.
+        ModelError: ``layers`` is more than the model's decoder layers or blocks, or the model is
+            neither a transformers decoder nor a video transformer.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if layers and not hasattr(base, "gradient_checkpointing_enable"):
-        raise ModelError("checkpoint_layers: only a transformers decoder can checkpoint some of its "
-                         "layers; set 0 to checkpoint every block")
+    if layers and not hasattr(base, "gradient_checkpointing_enable") and _video_blocks(base) is None:
+        raise ModelError("checkpoint_layers: only a text model's decoder layers or a video "
+                         "transformer's blocks can be checkpointed in part; set 0 to checkpoint "
+                         "every block")
     if hasattr(base, "gradient_checkpointing_enable"):  # transformers
         kwargs = {"use_reentrant": False, "context_fn": checkpoint_contexts}
         if hasattr(base, "activation_checkpointing_enable"):  # the name since transformers 5.x
@@ -57,8 +67,33 @@ def enable_checkpointing(model: nn.Module, layers: int = 0) -> None:
         if layers:
             _keep_last_layers(base, layers)
     else:  # diffusers: a module's own __call__, non-reentrant (as diffusers' default function)
-        base.enable_gradient_checkpointing(lambda module, *args: checkpoint(module.__call__, *args,
-                                                                            use_reentrant=False))
+        blocks = _video_blocks(base) or []
+        if layers > len(blocks):
+            raise ModelError(f"checkpoint_layers: {layers} is more than this model's {len(blocks)} "
+                             f"transformer blocks; set at most {len(blocks)}, or 0 to checkpoint every block")
+        for i, block in enumerate(blocks):
+            block._checkpointed = not layers or i < layers
+        base.enable_gradient_checkpointing(_checkpoint_block)
+
+
+def _checkpoint_block(module: nn.Module, *args: Any) -> Any:
+    """diffusers' ``_gradient_checkpointing_func``: the block's ``__call__`` checkpointed
+    (non-reentrant), or called as it is for a block ``checkpoint_layers`` leaves out."""
+    if not getattr(module, "_checkpointed", True):
+        return module(*args)
+    return checkpoint(module.__call__, *args, use_reentrant=False)
+
+
+def _video_blocks(base: nn.Module) -> list[nn.Module] | None:
+    """A diffusers video transformer's blocks in order (Wan's ``blocks``, LTX-Video's
+    ``transformer_blocks``), or None for any other model."""
+    from lora_gui.models.video import is_video_module
+
+    if not is_video_module(base):
+        return None
+    from lora_gui.models.block_swap import transformer_blocks
+
+    return transformer_blocks(base)
 
 
 def checkpointed_layers(model: nn.Module) -> list[nn.Module]:

@@ -251,7 +251,11 @@ def image_model_for_run(cfg: RunConfig, weights_dtype: torch.dtype, *, weights: 
     text_encoder_lora.attach(model, cfg)  # SD 1.x / SDXL with train_text_encoder
     set_attention_backend(model.unet, cfg.resolved_attn_backend(), cfg.image_window,
                           cfg.resolved_video_window() if cfg.task == "video" else None)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing and cfg.task == "video":  # the first checkpoint_layers blocks
+        from lora_gui.models.checkpointing import enable_checkpointing
+
+        enable_checkpointing(model.unet, cfg.checkpoint_layers)
+    elif cfg.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
     if cfg.task == "video":  # fp8 storage after LoRA: the adapter stays in its own dtype
         from lora_gui.models.video_quant import apply_base_storage

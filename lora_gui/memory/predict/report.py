@@ -241,8 +241,9 @@ def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list
     if found is None:
         return []
     n, pred = found
+    unit = "transformer block" if cfg.task == "video" else "decoder layer"
     return [f"Faster within the budget: checkpoint_layers={n} checkpoints only the first "
-            f"{'decoder layer' if n == 1 else f'{n} decoder layers'}; the others keep their activations "
+            f"{unit if n == 1 else f'{n} {unit}s'}; the others keep their activations "
             f"and are not recomputed. Predicted peak {gb(pred.peak_bytes)} (source: "
             f"predicted) of {gb(budget.bytes)}, the same micro-batches."]
 

@@ -293,19 +293,16 @@ def longest(cfg: RunConfig, budget_bytes: int, device: str | None = None, **text
 def fewest_checkpointed_layers(cfg: RunConfig, budget_bytes: int, device: str | None = None,
                                processes: int = 1, now: Prediction | None = None
                                ) -> tuple[int, Prediction] | None:
-    """(N, its prediction): the fewest first decoder layers a checkpointing text run can
-    checkpoint (``checkpoint_layers``) with its plan (:func:`predict`, the run's own) still under
-    ``budget_bytes`` and the same micro-batch in every bucket; the later layers then keep their
-    activations and skip their recompute. None when the run does not checkpoint or no fewer
-    layers than it checkpoints now fit. One plan per probe, about log2(layers) of them; ``now``:
-    the run's plan as it stands, when the caller has it."""
-    if cfg.task != "text" or not cfg.gradient_checkpointing:
+    """(N, its prediction): the fewest first decoder layers (a text run) or transformer blocks (a
+    video run) a checkpointing run can checkpoint (``checkpoint_layers``) with its plan
+    (:func:`predict`, the run's own) still under ``budget_bytes`` and the same micro-batch in every
+    bucket; the later ones then keep their activations and skip their recompute. None when the run
+    does not checkpoint, is an image run, or no fewer than it checkpoints now fit. One plan per
+    probe, about log2(layers) of them; ``now``: the run's plan as it stands, when the caller has it."""
+    if cfg.task == "image" or not cfg.gradient_checkpointing:
         return None
-    from lora_gui.memory.predict.model_configs import load_model_config
-    from lora_gui.memory.predict.run_plan import model_config_for
-
     now = now or predict(cfg, budget_bytes, device, processes=processes)
-    layers = getattr(load_model_config(model_config_for(cfg)).get_text_config(), "num_hidden_layers", 0)
+    layers = checkpointable_layers(cfg)
     low, high, best = 1, min(cfg.checkpoint_layers or layers, layers) - 1, None
     while low <= high:  # fewer checkpointed layers: a higher peak or smaller micro-batches
         mid = (low + high) // 2
@@ -315,3 +312,17 @@ def fewest_checkpointed_layers(cfg: RunConfig, budget_bytes: int, device: str | 
         else:
             low = mid + 1
     return best
+
+
+def checkpointable_layers(cfg: RunConfig) -> int:
+    """How many units ``checkpoint_layers`` counts: a text model's decoder layers, a video
+    transformer's blocks (its config's ``num_layers``: Wan and LTX-Video alike), from the config
+    alone (no weights read)."""
+    if cfg.task == "video":
+        from lora_gui.memory.predict.video_run import shape_config
+
+        return int(shape_config(cfg).get("num_layers", 0))
+    from lora_gui.memory.predict.model_configs import load_model_config
+    from lora_gui.memory.predict.run_plan import model_config_for
+
+    return int(getattr(load_model_config(model_config_for(cfg)).get_text_config(), "num_hidden_layers", 0))

@@ -114,8 +114,8 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda", fake: bool = True,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
                      lean_backward: bool = True, blocks_to_swap: int = 0, quantization: str = "none",
-                     optimizer: str = "adamw",
-                     video_window: tuple[int, int, int] | None = None) -> TraceResult:
+                     optimizer: str = "adamw", video_window: tuple[int, int, int] | None = None,
+                     checkpoint_layers: int = 0) -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
     ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``blocks_to_swap``: the last N
@@ -125,10 +125,12 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     bitsandbytes' 8-bit AdamW, as the run resolves it. ``video_window``: windowed space-time
     self-attention, traced with the blocked kernel the CPU run runs (a run on CUDA uses
     FlexAttention; :mod:`lora_gui.attention.video_window` says what each keeps).
+    ``checkpoint_layers``: with ``gradient_checkpointing``, only the first N blocks are
+    checkpointed, the run's own code (:mod:`lora_gui.models.checkpointing`); 0: every block.
 
     Raises:
         ValueError: a config that is not a video transformer's; a bucket off the model's grid;
-            ``blocks_to_swap`` off the model's block count (a ModelError).
+            ``blocks_to_swap`` or ``checkpoint_layers`` off the model's block count (a ModelError).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -177,13 +179,15 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
 
     res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
+                      checkpoint_layers=checkpoint_layers if gradient_checkpointing else 0,
                       autocast=run_autocast(device, dt), setup=swap if blocks_to_swap else None,
                       optimizer=optimizer)
     res.info.update(quantization=quantization, optimizer=optimizer, model_type=kind, batch_size=batch_size,
                     bucket=list(bucket), text_tokens=text_tokens,
                     video_window=list(video_window) if video_window else None,
                     video_tokens=batch_size * geometry.tokens(bucket), source="predicted",
-                    blocks_to_swap=blocks_to_swap)
+                    blocks_to_swap=blocks_to_swap,
+                    checkpoint_layers=checkpoint_layers if gradient_checkpointing else 0)
     return res
 
 
@@ -282,7 +286,7 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
             "weighting_scheme": model.noise_scheduler.weighting_scheme, "adapter": adapter_spec(cfg),
             "lean_backward": cfg.resolved_lean_backward(), "blocks_to_swap": cfg.blocks_to_swap,
             "quantization": cfg.quantization, "optimizer": cfg.resolved_optimizer(device.type),
-            "video_window": cfg.resolved_video_window()}
+            "video_window": cfg.resolved_video_window(), "checkpoint_layers": cfg.checkpoint_layers}
     used = sorted(set(data.buckets), key=geometry.tokens)
     per_rank = math.ceil(cfg.batch_size / world_size)
     out = VideoPrediction(BatchCaps())
@@ -368,7 +372,8 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "attention": cfg.resolved_attn_backend(),
             "adapter": adapter_spec(cfg), "lean_backward": cfg.resolved_lean_backward(),
             "blocks_to_swap": cfg.blocks_to_swap, "quantization": cfg.quantization,
-            "optimizer": cfg.resolved_optimizer(device), "video_window": cfg.resolved_video_window()}
+            "optimizer": cfg.resolved_optimizer(device), "video_window": cfg.resolved_video_window(),
+            "checkpoint_layers": cfg.checkpoint_layers}
     out = VideoPrediction(BatchCaps())
     batch, out.step = largest_that_fits(
         halvings(cfg.batch_size), lambda b: trace_video_step(config, batch_size=b, bucket=bucket, **step),

@@ -300,8 +300,9 @@ def _faster_hint(cfg: RunConfig, budget: int, processes: int, pred: Any) -> str:
     if found is None:
         return ""
     n, faster = found
+    unit = "block" if cfg.task == "video" else "layer"
     return (f"\n\nFaster within the budget: **checkpoint_layers {n}** (the first "
-            f"{'layer' if n == 1 else f'{n} layers'} recompute, the others keep their activations): "
+            f"{unit if n == 1 else f'{n} {unit}s'} recompute, the others keep their activations): "
             f"{gb(faster.peak_bytes)} predicted, the same micro-batches.")
 
 
