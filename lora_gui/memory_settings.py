@@ -49,7 +49,9 @@ class MemorySettings:
                                     "model's first decoder layers (text) or transformer blocks "
                                     "(video); the last ones keep their activations and are not "
                                     "recomputed (faster, more memory; the plan shows how much and "
-                                    "the fewest that fit a budget). 0 = every layer.", "memory",
+                                    "the fewest that fit a budget). 0 = every layer, or for a text "
+                                    "run under a budget with the fastest micro-batch choice, the "
+                                    "number of layers the plan predicts trains fastest.", "memory",
                                     low=0, high=1 << 16, tasks=(*TEXT, "video"))
     loss_chunk: int = option(-1, "Chunked loss: compute the cross-entropy over this many token "
                              "positions at a time instead of the whole batch's float32 logits (same "

@@ -74,10 +74,12 @@ def test_plan_card_and_budget_flags_are_checked():
 
 
 def test_plan_says_how_few_layers_a_checkpointing_run_can_checkpoint():
-    """With checkpointing on and room in the budget, the plan names the fewest layers to
-    checkpoint with the same micro-batches (the search itself: tests/models/test_checkpoint_layers.py)."""
+    """With checkpointing on every layer (here: the largest micro-batches, so the plan does not
+    choose the layers itself) and room in the budget, the plan names the fewest layers to
+    checkpoint with the same micro-batches (the search itself: tests/models/test_checkpoint_layers.py;
+    the plan's own choice: tests/memory/test_checkpoint_choice.py)."""
     roomy = plan("--preset", "text-demo", "--set", "gradient_checkpointing=true", "--set", "precision=fp32",
-                 "--device", "cpu", "--budget-gb", "0.1")
+                 "--set", "batch_choice=largest", "--device", "cpu", "--budget-gb", "0.1")
     assert roomy.returncode == 0, roomy.stderr
     assert "Faster within the budget: checkpoint_layers=3 " in roomy.stdout
 

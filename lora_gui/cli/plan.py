@@ -118,7 +118,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{args.world_size} processes on one (source: predicted; not counted: loading, each "
               "process's own memory)")
     if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:
-        print("\n".join(report.checkpoint_layers_lines(cfg, budget, device)))
+        print("\n".join(report.checkpoint_layers_lines(cfg, budget, device, now=pred)))
     _print_fits(cfg, device)
     return 0
 

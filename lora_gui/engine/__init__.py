@@ -38,5 +38,5 @@ def check_inputs(cfg: RunConfig) -> None:
     if cfg.task in ("image", "video"):
         from lora_gui.engine.image.clips import load_run_data as check
     else:
-        from lora_gui.engine.text.train import check_text_inputs as check
+        from lora_gui.engine.text.inputs import check_text_inputs as check
     check(cfg)

@@ -109,7 +109,8 @@ def test_fewest_layers_keep_the_plan_under_the_budget_with_the_same_micro_batche
     from lora_gui.memory.predict.run import fewest_checkpointed_layers, predict
     from lora_gui.presets import load_config
 
-    cfg = apply_overrides(load_config("text-demo", {}), {"gradient_checkpointing": True, "precision": "fp32"})
+    cfg = apply_overrides(load_config("text-demo", {}), {"gradient_checkpointing": True, "precision": "fp32",
+                                                         "batch_choice": "largest"})  # every layer kept
     budget = 100_000_000
     now = predict(cfg, budget, "cpu")
     n, pred = fewest_checkpointed_layers(cfg, budget, "cpu", now=now)

@@ -157,7 +157,8 @@ def test_prediction_panel_estimate_and_plan_name_their_source():
 
 @pytest.mark.slow
 def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
-    roomy = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.1)
+    # the largest micro-batches: the plan keeps every layer checkpointed rather than choosing
+    roomy = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.1, batch_choice="largest")
     text, _, _ = handle.prediction_view(roomy, 1, exact=True)
     assert "**fits**" in text and "Faster within the budget: **checkpoint_layers 3**" in text
     # on the page the plan comes first, the line after the search's further plans
@@ -165,7 +166,7 @@ def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
     assert "**fits**" in plan_text and "checkpoint_layers" not in plan_text
     assert hinted == text and hinted.startswith(plan_text)
     # a budget that needs every layer checkpointed: the plan alone, no second view
-    tight = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.055)
+    tight = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.055, batch_choice="largest")
     (only,) = handle.prediction_views(tight, 1)
     assert "**fits**" in only[0] and "checkpoint_layers" not in only[0]
     text, _, _ = handle.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint

@@ -75,12 +75,16 @@ def _optimized_speed(base: RunConfig, device: str, seq_len: int, budget: int, me
     """Optimized under the budget: checkpointing only if needed; batch = the planner's at the
     bucket of the median sample."""
     from lora_gui.memory.predict import run_plan
+    from lora_gui.memory.predict.checkpoint_choice import choose_checkpoint_layers
 
     over = {**mode_overrides("optimized", seq_len, most, base), "gradient_checkpointing": False}
     cfg = apply_overrides(base, {"max_seq_len": seq_len, "batch_size": most, **over})
     if _predicted_peak(cfg, device, 1, seq_len) > budget:
-        over["gradient_checkpointing"] = True
         cfg = apply_overrides(cfg, {"gradient_checkpointing": True})
+        depth = choose_checkpoint_layers(cfg, None, budget, device)  # as the run would choose, said outright
+        cfg = depth.applied(cfg) if depth is not None else cfg
+        over |= {"gradient_checkpointing": cfg.gradient_checkpointing,
+                 "checkpoint_layers": cfg.checkpoint_layers}
     plan = run_plan.plan_run(cfg, budget, device)
     caps = {int(b.bucket): b.micro_batch for b in plan.buckets}
     bucket = min((n for n in caps if n >= median), default=max(caps))

@@ -60,6 +60,7 @@ from lora_gui.engine.core.speed import headroom, run_peak, run_speed, step_speed
 from lora_gui.engine.core.state import TrainState
 from lora_gui.engine.core.summary import memory_report, run_summary
 from lora_gui.engine.core.trackers import check_trackers, closing_values
+from lora_gui.engine.text.inputs import check_text_inputs
 from lora_gui.engine.text.preference import (
     load_start_adapter,
     preference_summary,
@@ -75,6 +76,7 @@ from lora_gui.engine.text.steps import (
     run_step,
     steps_per_epoch,
 )
+from lora_gui.memory.predict.checkpoint_choice import choose_checkpoint_layers
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.run_predict import padding_mask_kept
 from lora_gui.memory.predict.run_speed import speed_report
@@ -270,6 +272,22 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
     accelerator = new_accelerator(device, mixed)
+    budget = int(cfg.budget_gb * GB) or None
+    plan_budget, card_context = budget_for_plan(budget, accelerator.device, CUDA_CONTEXT_BYTES)
+    # a CPU run plans the precision it chose ('auto' times the model first; GPUs: as configured)
+    plan_cfg = cfg if accelerator.device.type != "cpu" else apply_overrides(
+        cfg, {"precision": {"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)})
+    sharded = accelerator.distributed_type == DistributedType.FSDP or (dist.active and fsdp.fsdp_requested())
+    parallel = Parallel(dist.world_size, sharded) if dist.active else None
+    # checkpointing without a layer count: the plan's fastest depth (the same call as `plan`'s),
+    # taken on the main process so that every rank checkpoints the same layers
+    lengths = [len(s) for s in data.train]
+    depth = dist.on_main(lambda: choose_checkpoint_layers(plan_cfg, source, plan_budget,
+                                                          accelerator.device.type, parallel, lengths))
+    if depth is not None:
+        cfg, plan_cfg = depth.applied(cfg), depth.applied(plan_cfg)
+        log.info("checkpointing the first %d of %d decoder layers: the fastest depth that fits the "
+                 "budget (~%.0f tokens/s predicted)", depth.layers, depth.of_layers, depth.tokens_per_s)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model, cfg.checkpoint_layers)
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,
@@ -293,16 +311,13 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     # skip gradient checkpointing (more activation memory than planned) and dropout; a resumed run
     # does not pass through the first evaluation, which used to switch them on
     model.train()
-    budget = int(cfg.budget_gb * GB) or None
-    plan_budget, card_context = budget_for_plan(budget, accelerator.device, CUDA_CONTEXT_BYTES)
-    # a CPU run plans the precision it chose ('auto' times the model first; GPUs: as configured)
-    plan_cfg = cfg if accelerator.device.type != "cpu" else apply_overrides(
-        cfg, {"precision": {"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)})
     caps, predicted, prediction = _memory_plan(plan_cfg, source, plan_budget, accelerator.device,
                                                Parallel(dist.world_size, sharded) if dist.active else None,
-                                               [len(s) for s in data.train], added_rows, data.train)
+                                               lengths, added_rows, data.train)
     if prediction is not None:
         prediction.update(card_context)
+        if depth is not None:
+            prediction["checkpointing"] = depth.to_json()
     # no lora_init pass on this process (a resume loaded its result, or FSDP ran it on the main
     # process alone): the steps' peak is this process's
     if init_peak is None and prediction and "step_peak_bytes" in prediction:
@@ -416,29 +431,6 @@ def _final_eval(run: TextSession) -> tuple[float | None, float | None]:
         log.warning("evaluation ran out of memory: %s", err)
         return None, None
     return loss, full
-
-
-def check_text_inputs(cfg: RunConfig) -> None:
-    """Reads the run's data and resolves the model and its length limit (before a run is
-    replaced: bad input must not cost the old run)."""
-    source = text_models.resolve_model_source(cfg.model)
-    limit = text_models.max_positions(source)
-    if limit is not None and cfg.max_seq_len > limit:
-        raise ConfigError(f"max_seq_len: {cfg.max_seq_len} is above the model's limit of {limit}")
-    load_text_data(cfg, text_models.load_tokenizer(source))  # every format, as the run reads it
-    if cfg.offload_checkpoints or cfg.embeddings_on_host:
-        _check_host_memory(cfg, source)
-
-
-def _check_host_memory(cfg: RunConfig, source: str) -> None:
-    """Refuses host-side switches that need more host memory than is free (the estimate's host
-    bytes equal the trace's), before the first step rather than swapping the machine to a halt."""
-    from lora_gui.memory.predict.run_plan import estimated_step
-    from lora_gui.memory.runtime.host import check_host_memory, host_available_bytes
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    need = int(estimated_step(cfg, device, source).info.get("host_bytes") or 0)
-    check_host_memory(need, host_available_bytes(), "offloaded checkpoints and host-side embeddings")
 
 
 @writes_run_folder(check_text_inputs)  # inputs checked before a run is replaced; lock released

@@ -180,6 +180,7 @@ def text_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None, par
         lines.append(f"  peak micro-batch: {figures['batch_size']}{rows} x {figures['seq_len']} tokens, mask "
                      f"{figures['mask']}, attention kernel on {pred.device}: {figures['kernel']} ({data})")
     lines += speed_lines(figures)
+    lines += depth_lines(figures)
     lines += [f"  {name:<18} {gb(nbytes):>14}" for name, nbytes in step.breakdown.items()]
     lines += [f"  + {name:<16} {gb(nbytes):>14}  (CUDA-only overhead, not in the trace)"
               for name, nbytes in step.cuda_overheads.items() if nbytes]  # none when planning for a CPU
@@ -231,13 +232,33 @@ def speed_lines(figures: dict[str, Any] | None) -> list[str]:
             f"{figures.get('speed_source', '?')}; the run records the measured figures beside them)"]
 
 
-def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str) -> list[str]:
+def depth_lines(figures: dict[str, Any] | None) -> list[str]:
+    """The checkpointed layers the plan chose for a checkpointing run without a layer count
+    (:mod:`lora_gui.memory.predict.checkpoint_choice`), with every layer's predicted speed beside
+    it; empty when the plan did not choose."""
+    depth = (figures or {}).get("checkpointing")
+    if not depth:
+        return []
+    n, of = depth["checkpoint_layers"], depth["decoder_layers"]
+    chosen = ("none of the decoder layers (gradient checkpointing off)" if n == 0 else
+              f"every decoder layer ({of})" if n == of else f"the first {n} of {of} decoder layers")
+    every = depth["every_layer_predicted_tokens_per_s"]
+    versus = (f"; every layer: {every:,.0f} tokens/s" if every and n != of else
+              "" if every else "; every layer does not fit")
+    return [f"  checkpointed: {chosen}, the fastest depth that fits the budget "
+            f"({depth['predicted_tokens_per_s']:,.0f} tokens/s predicted over the run's samples{versus}; "
+            "set checkpoint_layers to choose yourself)"]
+
+
+def checkpoint_layers_lines(cfg: RunConfig, budget: Budget, device: str, now: Prediction | None = None
+                            ) -> list[str]:
     """With checkpointing on and room in the budget: the fewest layers to checkpoint
     (``checkpoint_layers``) with the same micro-batches, so that the others skip their
-    recompute. Empty otherwise."""
+    recompute. Empty otherwise, and when the plan chose the depth itself. ``now``: the run's
+    plan as it stands, when the caller has it."""
     from lora_gui.memory.predict.run import fewest_checkpointed_layers
 
-    found = fewest_checkpointed_layers(cfg, budget.bytes, device)
+    found = fewest_checkpointed_layers(cfg, budget.bytes, device, now=now)
     if found is None:
         return []
     n, pred = found

@@ -73,8 +73,15 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
             first batches of them; the form lets the planner read them from the data).
     """
     from lora_gui.memory.predict import run_plan, run_predict
+    from lora_gui.memory.predict.checkpoint_choice import choose_checkpoint_layers, chooses_checkpointing
     from lora_gui.memory.runtime.guard import BatchCaps
 
+    depth, weights = None, lengths  # checkpointing without a layer count: the run's depth, chosen alike
+    if budget and chooses_checkpointing(cfg):
+        if weights is None and source is not None:  # the run weighs the depths by its samples' lengths
+            weights = run_predict.data_lengths(cfg, source)[0]
+        depth = choose_checkpoint_layers(cfg, source, budget, device, parallel, weights)
+        cfg = depth.applied(cfg) if depth is not None else cfg
     if cfg.lora_init == "eva" and samples is None and lengths is None and source is not None:
         samples, tokenizer_len, chat = run_predict.train_samples(cfg, source)  # once: steps and EVA
         lengths = [len(s) for s in samples]
@@ -93,7 +100,9 @@ def text_memory_plan(cfg: RunConfig, source: str | None, budget: int | None, dev
         per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
         timing = step_time_model(cfg, run_plan.model_config_for(cfg, source), device,
                                  run_plan.step_kwargs(cfg, device))  # cached by plan_run
-        figures |= predicted_speed(timing, plan, per_rank, lengths, cfg.pad_multiple)
+        figures |= predicted_speed(timing, plan, per_rank, weights, cfg.pad_multiple)
+    if depth is not None:
+        figures["checkpointing"] = depth.to_json()
     # FSDP: the lora_init pass runs on the main process before sharding, over the whole base
     resident = {**pred.step.breakdown, "frozen_weights": pred.step.info.get(
         "frozen_whole_bytes", pred.step.breakdown.get("frozen_weights", 0))}
@@ -302,6 +311,8 @@ def fewest_checkpointed_layers(cfg: RunConfig, budget_bytes: int, device: str | 
     if cfg.task == "image" or not cfg.gradient_checkpointing:
         return None
     now = now or predict(cfg, budget_bytes, device, processes=processes)
+    if now.figures.get("checkpointing"):  # the plan chose its depth already (the fastest that fits)
+        return None
     layers = checkpointable_layers(cfg)
     low, high, best = 1, min(cfg.checkpoint_layers or layers, layers) - 1, None
     while low <= high:  # fewer checkpointed layers: a higher peak or smaller micro-batches

@@ -133,6 +133,8 @@ def plan(preset: str, model: str, max_seq_len: float, resolution: float, budget_
     figure, text, buckets, cards = _outputs(pred.plan, pred.step, rows, budget, device,
                                             "the run's largest micro-batch", pred.peak_bytes,
                                             image=cfg.task == "image")
+    depth = report.depth_lines(pred.figures)  # the layers a checkpointing run's plan chose
+    text += "".join(f"\n\n{line.strip()[0].upper()}{line.strip()[1:]}" for line in depth)
     note = gpu_share.parallel_note(parallel, pred.step)
     return figure, f"{text}\n\n{note}" if note else text, buckets, cards
 
