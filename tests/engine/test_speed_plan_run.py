@@ -53,3 +53,27 @@ def test_an_image_run_records_predicted_and_measured_images_per_s(tmp_path):
         report["predicted_images_per_s"] / report["measured_images_per_s"] - 1)
     assert report["predicted_mfu"] is None or 0 < report["predicted_mfu"] <= 1, report["predicted_mfu"]
     assert report["measured_mfu"] == saved["mfu"] and report["measured_mfu"] > 0
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_times_its_step_once_and_before_it_loads_its_weights(tmp_path, small_corpus,
+                                                                            monkeypatch):
+    """On a GPU the timing builds a second model of the run's architecture: timed before the
+    weights are loaded, it never sits beside them (here on the CPU, where a set precision makes
+    the step's settings known before loading, as a GPU's always are)."""
+    from lora_gui.memory.predict import step_time
+    from lora_gui.models import text as text_models
+
+    monkeypatch.setenv(step_time.CACHE_ENV, str(tmp_path / "cache"))  # nothing stored yet
+    order = []
+    calibrate, load = step_time.calibrate, text_models.load_model_for
+    monkeypatch.setattr(step_time, "calibrate", lambda *a, **k: order.append("timed") or calibrate(*a, **k))
+    monkeypatch.setattr(text_models, "load_model_for",
+                        lambda *a, **k: order.append("loaded") or load(*a, **k))
+    cfg = apply_overrides(load_config("text-demo"), {
+        "data": str(small_corpus), "max_seq_len": 128, "batch_size": 4, "max_steps": 1, "precision": "fp32",
+        "budget_gb": 0.2, "monitor_hz": 0.0, "eval_fraction": 0.1})
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed", summary.get("message")
+    assert order[:2] == ["timed", "loaded"] and order.count("timed") == 1, order
+    assert summary["speed_report"]["predicted_source"].startswith("cached calibrated on")

@@ -79,7 +79,7 @@ from lora_gui.engine.text.steps import (
 from lora_gui.memory.predict.checkpoint_choice import choose_checkpoint_layers
 from lora_gui.memory.predict.parallel import Parallel
 from lora_gui.memory.predict.run_predict import padding_mask_kept
-from lora_gui.memory.predict.run_speed import speed_report
+from lora_gui.memory.predict.run_speed import speed_report, time_before_loading
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory
@@ -242,6 +242,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     device = run_device(dist)
     mixed = choose_precision(cfg.precision, device)  # on CPU: measured on the model below
     dtype = weights_dtype(mixed, device.type, text=True)
+    time_before_loading(cfg, source, device.type)  # the plan's step timing, before the weights
     # FSDP: a lora_init that reads the weights runs on the main process, which alone loads them
     from_main = fsdp_loading.main_loads_only(dist)
     if from_main:  # FSDP: the main process loads, the others build on meta and receive shards
