@@ -21,7 +21,9 @@ def test_the_checkpointing_bench_writes_both_arms_at_the_same_budget(tmp_path, m
     table = json.loads(out.read_text())
     assert table["meta"]["planner"] and "--checkpointing" in table["meta"]["command"]
     (largest, fastest) = table["rows"]
-    assert [largest[1], fastest[1]] == ["largest", "fastest"] and largest[0] == fastest[0]  # one budget
+    assert [largest[1], fastest[1]] == ["largest", "fastest"]
+    # the fastest plan's budget: the largest plan's peak, at most the budget asked for
+    assert float(fastest[0].split()[0]) <= float(largest[0].split()[0]) == 0.06
     assert largest[2] == "every one"  # the plan before the choice checkpoints every layer
     assert float(fastest[4]) <= float(largest[4])  # predicted peak MiB: the same or lower
     assert fastest[7].endswith(")") and "x (per round: " in fastest[7]

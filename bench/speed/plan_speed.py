@@ -18,9 +18,10 @@ measured answer to "is the largest micro-batch the fastest on this machine".
 ``largest`` checkpoints every layer at the largest micro-batches (the plan before the
 throughput-aware choice); ``fastest`` lets the plan choose how many layers to checkpoint
 (:mod:`lora_gui.memory.predict.checkpoint_choice`, weighted as this bench trains: 8 rows of every
-bucket) and its micro-batches. Both are planned under the budget the ``largest`` plan peaks at
-(its largest bucket's predicted peak, planned again at that budget until it stays the same), so
-the fastest plan's predicted peak is the same or lower.
+bucket) and its micro-batches. ``largest`` is planned under ``--budgets``, ``fastest`` under the
+peak the ``largest`` plan predicts (its largest bucket's), so the fastest plan's predicted peak is
+the same or lower. (Planning ``largest`` again at its own peak is not stable: the estimate that
+bounds the search is a little above the trace, so a bucket can lose a row each time.)
 Each arm trains its own copy of the model (same weights) checkpointed as its plan says.
 """
 
@@ -61,13 +62,8 @@ def _plans(base, gb: float, checkpointing: bool) -> tuple[dict, dict]:
     budget = int(gb * GB)
     largest_cfg = apply_overrides(base, {"batch_choice": "largest", "budget_gb": gb})
     largest = plan_run(largest_cfg, budget, "cpu")
-    while checkpointing:  # the budget the largest plan peaks at, planned again until it holds
-        peak = max(b.peak_bytes for b in largest.buckets if b.micro_batch)
-        if peak == budget:
-            break
-        # planned at its own peak, a bucket can lose a row (the estimate that bounds the search is
-        # above the trace), which lowers the peak again
-        budget, largest = peak, plan_run(largest_cfg, peak, "cpu")
+    if checkpointing:  # the fastest plan under the peak the largest plan reaches: never above it
+        budget = max(b.peak_bytes for b in largest.buckets if b.micro_batch)
     fast_cfg = apply_overrides(base, {"batch_choice": "fastest", "budget_gb": budget / GB})
     rows = [b.bucket for b in largest.buckets if b.micro_batch for _ in range(base.batch_size)]
     depth = choose_checkpoint_layers(fast_cfg, None, budget, "cpu", None, rows)
@@ -132,7 +128,8 @@ def main() -> None:
         ratios = [f / s for f, s in zip(speeds["fastest"], speeds["largest"], strict=True)]
         peak = {c: max(b.peak_bytes for b in p.buckets if b.micro_batch) for c, p in plans.items()}
         fast = plans["fastest"].buckets
-        print(f"\nbudget {plans['fastest'].budget_bytes / GB:g} GB; step time: {_source(fast)}")
+        print(f"\nbudget {plans['largest'].budget_bytes / GB:g} GB (fastest: "
+              f"{plans['fastest'].budget_bytes / GB:g} GB); step time: {_source(fast)}")
         print("| choice | checkpointed | micro-batch per bucket | predicted peak MiB (largest bucket's plan) "
               "| tokens/s (median of rounds) | per round |")
         print("|---|---|---|---|---|---|")
