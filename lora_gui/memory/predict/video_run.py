@@ -345,12 +345,10 @@ def bundled_video_config(name: str) -> dict[str, Any] | None:
 
 def check_clip_shape(cfg: RunConfig, config: dict[str, Any]) -> None:
     """The run's clip on a bundled config's grid, each refusal naming its field and value (the
-    trace would only say the clip is off the grid); the plan of a pipeline's clips leaves this to
-    its data reader, which names ``video_frames`` too.
+    trace would only say the clip is off the grid; a pipeline's clips: its data reader).
 
     Raises:
-        VideoDataError: naming video_frames.
-        ConfigError: naming resolution.
+        VideoDataError (naming video_frames) / ConfigError (naming resolution).
     """
     from lora_gui.data.video_batches import clip_size
     from lora_gui.data.videos import check_video_frames
