@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.units import gb
 
@@ -92,3 +94,25 @@ def test_a_bundled_unet_without_a_budget_plans_as_a_run_without_one():
     assert res.returncode == 0, res.stderr
     assert "No budget to judge against: every bucket at batch_size 2" in res.stdout
     assert "24 GB" not in res.stdout and "Budget" not in res.stdout
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"video_frames": "10"}, "video_frames: 10 is not 4k+1 frames for this model; use 9 or 13"),
+    ({"resolution": "72x32"},
+     "resolution: 72x32 is not a multiple of wan2.1-t2v-1.3b's 16 px grid on both sides"),
+])
+def test_a_video_clip_off_the_grid_names_the_field_and_value_as_the_plan_tab_does(fields, words):
+    """A bundled Wan config with a clip off its grid: `plan` refuses it before any trace, in the
+    Plan tab's words (one check on the engine side, both front ends call it)."""
+    from lora_gui.ui.tabs import plan_handlers
+
+    shape = {"resolution": "64x32", "video_frames": "5", **fields}
+    sets = [arg for key, value in shape.items() for arg in ("--set", f"{key}={value}")]
+    res = plan("--set", "task=video", "--set", "model=wan2.1-t2v-1.3b", "--device", "cpu",
+               "--budget-gb", "24", *sets)
+    assert res.returncode != 0 and res.stdout == ""
+    assert res.stderr.strip() == f"error: {words}"
+    _, tab, _, _ = plan_handlers.plan("text-demo", "wan2.1-t2v-1.3b", 0, 0, 24, "cpu", False, "none",
+                                      video_resolution=shape["resolution"],
+                                      video_frames=int(shape["video_frames"]))
+    assert tab.startswith(f"Error: {words}"), tab

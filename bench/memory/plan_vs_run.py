@@ -48,13 +48,13 @@ def row(preset: str, budget_gb: float | None, form_gb: str | None) -> list[str]:
 
 
 def main() -> None:
-    from lora_gui.ui.tabs import train_handlers
+    from lora_gui.ui.tabs import train_handlers, train_prediction_handlers
 
     rows = []
     for preset in PRESETS:
         values = train_handlers.form_values(preset)  # as the dashboard fills the form, its budget too
         values["max_steps"] = STEPS
-        shown, *_ = train_handlers.prediction_view(values, 1, True)
+        shown, *_ = train_prediction_handlers.prediction_view(values, 1, True)
         form_gb = shown.split("Predicted peak: **", 1)[1].split(" GB", 1)[0]  # as the form rounds it
         rows.append(row(preset, values["budget_gb"], form_gb))
         rows.append(row(preset, None, None))

@@ -50,7 +50,7 @@ def walk(entry: Callable[[], object]) -> tuple[set[str], set[tuple[str, str]]]:
 
 def entries() -> dict[str, Callable[[], object]]:
     from lora_gui.cli import main
-    from lora_gui.ui.tabs.train_handlers import prediction_view
+    from lora_gui.ui.tabs.train_prediction_handlers import prediction_view
 
     def form(preset: str) -> Callable[[], object]:
         from lora_gui.config import RunConfig

@@ -30,6 +30,7 @@ from lora_gui.data.drawings import NEW_SHAPE, caption, combos, picture
 from lora_gui.engine.image.train import train_image
 from lora_gui.models import diffusion as dm
 from lora_gui.models.build_drawing import draw_pictures
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -81,7 +82,7 @@ def base_readout(count: int, steps: int) -> str:
     pairs cycled, size unnamed) and how the detector reads the pictures (markdown table)."""
     from lora_gui.data.drawings import PRETRAIN_SHAPES
 
-    pipe = dm.load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
+    pipe = load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
     lines = ["| prompt shape | read as that shape | colour right | background right | shapes seen |",
              "|---|---|---|---|---|"]
     for shape in PRETRAIN_SHAPES:
@@ -115,7 +116,7 @@ def main() -> None:
     stars, circles = prompts_for(NEW_SHAPE, args.samples), prompts_for("circle", args.controls)
     rows, pictures = {}, {}
     for name, adapter in (("before", None), ("after", args.out / "adapter")):
-        pipe = dm.load_pipeline(source, adapter)
+        pipe = load_pipeline(source, adapter)
         pictures[name] = draw_pictures(pipe, stars, steps=args.steps)
         controls = draw_pictures(pipe, circles, steps=args.steps)
         rows[name] = {"star": read(pictures[name], stars, NEW_SHAPE),

@@ -39,6 +39,7 @@ from lora_gui.data.clip_detector import read_clip
 from lora_gui.engine import train
 from lora_gui.models import diffusion as dm
 from lora_gui.models.build_video import draw_clips
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -111,7 +112,7 @@ def main() -> None:
     control = prompts_for(list(PRETRAIN_COLOURS), 1)
     rows, clips = {}, {}
     for name, adapter in (("before", None), ("after", args.out / "adapter")):
-        pipe = dm.load_pipeline(source, adapter)
+        pipe = load_pipeline(source, adapter)
         clips[name] = draw_clips(pipe, pink, steps=args.steps)
         rows[name] = {"pink": read(clips[name], pink),
                       "control": read(draw_clips(pipe, control, steps=args.steps), control)}

@@ -164,10 +164,11 @@ class ImageTrial:
 
     def __init__(self, run: RunInfo, device: str | None = None) -> None:
         from lora_gui.models import diffusion as dm
+        from lora_gui.models.diffusion_files import load_pipeline
 
         self.run = run
         self.device = device or device_name()
-        self.pipe = dm.load_pipeline(dm.resolve_pipeline_source(run.cfg.model), run.adapter, self.device)
+        self.pipe = load_pipeline(dm.resolve_pipeline_source(run.cfg.model), run.adapter, self.device)
 
     def pictures(self, prompt: str, *, seed: int = 0, scale: float = 1.0, steps: int | None = None):
         """(base, adapter) PIL images from the same prompt and seed; ``scale`` weighs the LoRA."""
@@ -192,12 +193,13 @@ class VideoTrial:
 
     def __init__(self, run: RunInfo, device: str | None = None) -> None:
         from lora_gui.models import diffusion as dm
+        from lora_gui.models.diffusion_files import load_pipeline
 
         self.run = run
         self.device = device or device_name()
         source = dm.resolve_pipeline_source(run.cfg.model)
         self.kind = dm.pipeline_kind(source)
-        self.pipe = dm.load_pipeline(source, run.adapter, self.device)
+        self.pipe = load_pipeline(source, run.adapter, self.device)
 
     def clips(self, prompt: str, folder: Path, *, seed: int = 0, scale: float = 1.0,
               steps: int | None = None) -> tuple[Path, Path]:

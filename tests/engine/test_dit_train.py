@@ -15,7 +15,8 @@ from lora_gui.data.build_images import build as build_pictures
 from lora_gui.engine.core.records import read_records
 from lora_gui.memory.predict.dit_plan import check_text_cache
 from lora_gui.models.build_dit import build as build_dit
-from lora_gui.models.diffusion import ModelError, load_image_model, load_pipeline, pipeline_kind
+from lora_gui.models.diffusion import ModelError, load_image_model, pipeline_kind
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.models.dit import FLUX_LORA_TARGETS, SD3_LORA_TARGETS, density_from_uniform
 
 KINDS = ("sd3", "flux")

@@ -17,7 +17,8 @@ from lora_gui.config import ConfigError, RunConfig, apply_overrides
 from lora_gui.data.build_images import build as build_pictures
 from lora_gui.engine.image.train import train_image
 from lora_gui.models import image_adapter
-from lora_gui.models.diffusion import load_pipeline, resolve_pipeline_source
+from lora_gui.models.diffusion import resolve_pipeline_source
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 BUILTIN = resolve_pipeline_source("builtin")

@@ -9,7 +9,7 @@ import torch
 from lora_gui.data.build_images import build
 from lora_gui.engine.image.train import train_image
 from lora_gui.models.build_diffusion import build_sdxl_pipeline
-from lora_gui.models.diffusion import load_pipeline
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 from tests.engine.test_image_adapters import check_kohya_file
 
@@ -62,7 +62,7 @@ def test_sdxl_variant_is_predicted_saved_and_loads_back(sdxl_dir, tmp_path, name
     data = tmp_path / "pics"
     build(data, count=4)
     trained = {}
-    real_save = image_train.dm.save_adapter
+    real_save = image_train.diffusion_files.save_adapter
 
     def keep_unet(model, out, export_kohya=False):  # the UNet as training left it (run after the
         trained["model"] = model                     # run: a forward here would count in its peak)
@@ -73,7 +73,7 @@ def test_sdxl_variant_is_predicted_saved_and_loads_back(sdxl_dir, tmp_path, name
                                     "sample_images": 0, "precision": "fp32", "resolution": 128,
                                     "lr": 1e-2, "export_kohya": True, **SDXL_VARIANTS[name]})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(image_train.dm, "save_adapter", keep_unet)
+        mp.setattr(image_train.diffusion_files, "save_adapter", keep_unet)
         summary = train_image(cfg, tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["steps"] == 2
     report = summary["memory_report"]

@@ -12,7 +12,8 @@ from lora_gui.cli import main
 from lora_gui.data.build_images import build
 from lora_gui.engine.core.records import read_records
 from lora_gui.engine.image.train import epoch_plan, table_batch, train_image
-from lora_gui.models.diffusion import ModelError, load_pipeline, resolve_pipeline_source
+from lora_gui.models.diffusion import ModelError, resolve_pipeline_source
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 SUMMARY_KEYS = {"status", "message", "final_loss", "eval_loss", "steps", "images", "images_per_s",

@@ -45,7 +45,7 @@ def _shown_gb(text: str) -> str:
 @pytest.mark.parametrize("preset", ["text-demo", "chat-demo", "preference-demo", "image-demo"])
 def test_the_form_plan_and_the_run_it_starts_give_the_same_bytes(preset, tmp_path, monkeypatch, capsys):
     from lora_gui.memory.predict import predict
-    from lora_gui.ui.tabs import train_handlers
+    from lora_gui.ui.tabs import train_handlers, train_prediction_handlers
 
     values = train_handlers.form_values(preset)  # as the dashboard fills the form (its budget too)
     changes = {"max_steps": STEPS, "monitor_hz": 0.0, "eval_fraction": 0.1}
@@ -54,7 +54,7 @@ def test_the_form_plan_and_the_run_it_starts_give_the_same_bytes(preset, tmp_pat
     values.update(changes)
     cfg, errors = train_handlers.config_from_form(values)
     assert cfg is not None, errors
-    shown, *_ = train_handlers.prediction_view(values, 1, True)
+    shown, *_ = train_prediction_handlers.prediction_view(values, 1, True)
     form = predict(cfg)
 
     sets = [f"{k}={v}" for k, v in {**changes, "budget_gb": cfg.budget_gb}.items()]

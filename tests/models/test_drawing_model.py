@@ -11,13 +11,14 @@ from lora_gui.data.drawing_detector import detect
 from lora_gui.data.drawings import NEW_SHAPE
 from lora_gui.models import diffusion as dm
 from lora_gui.models.build_drawing import TEXT_TOKENS, all_captions, draw_pictures
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 
 @pytest.fixture(scope="module")
 def pipe():
     torch.set_num_threads(1)
-    return dm.load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
+    return load_pipeline(dm.resolve_pipeline_source("builtin:drawing"))
 
 
 def test_bundled_drawing_model_is_a_small_sd3_pipeline():

@@ -71,12 +71,8 @@ def test_an_ltx_adapter_saved_with_export_kohya_loads_in_diffusers_as_its_diffus
     from diffusers import LTXPipeline
 
     from lora_gui.config import RunConfig, apply_overrides
-    from lora_gui.models.diffusion import (
-        KOHYA_FILE,
-        image_model_for_run,
-        resolve_pipeline_source,
-        save_adapter,
-    )
+    from lora_gui.models.diffusion import image_model_for_run, resolve_pipeline_source
+    from lora_gui.models.diffusion_files import KOHYA_FILE, save_adapter
 
     cfg = apply_overrides(RunConfig(), {"task": "video", "model": "builtin:ltx", "lora_rank": RANK,
                                         "lora_alpha": ALPHA, "export_kohya": True})

@@ -13,7 +13,8 @@ from lora_gui.config import ConfigError
 from lora_gui.data.build_images import build
 from lora_gui.engine.core.records import read_records
 from lora_gui.models import text_encoder_lora
-from lora_gui.models.diffusion import load_pipeline, resolve_pipeline_source
+from lora_gui.models.diffusion import resolve_pipeline_source
+from lora_gui.models.diffusion_files import load_pipeline
 from lora_gui.presets import load_config
 
 

@@ -9,6 +9,7 @@ import pytest
 from lora_gui.config import RunConfig
 from lora_gui.ui import common, forms
 from lora_gui.ui.tabs import train_handlers as handle
+from lora_gui.ui.tabs import train_prediction_handlers as predicted
 
 
 @pytest.fixture()
@@ -143,15 +144,15 @@ def test_save_as_preset_writes_the_differences_and_is_loadable(runs_root):
 
 @pytest.mark.slow
 def test_prediction_panel_estimate_and_plan_name_their_source():
-    text, fig, rows = handle.prediction_view(values(budget_gb=2.0), 1, exact=False)
+    text, fig, rows = predicted.prediction_view(values(budget_gb=2.0), 1, exact=False)
     assert "source: predicted" in text and "quick estimate" in text and fig.data
     assert "Micro-batch " in text and " at 1024 tokens: the " in text  # which choice it shows
-    text, fig, rows = handle.prediction_view(values(budget_gb=2.0), 1, exact=True)
+    text, fig, rows = predicted.prediction_view(values(budget_gb=2.0), 1, exact=True)
     assert "the run's own plan" in text and rows and rows[-1][0] == "1024 tokens"
     assert "Predicted speed: **" in text and "tokens/s**, MFU " in text  # beside the peak
-    text, _, _ = handle.prediction_view(values(mode="traditional", budget_gb=0.05), 1, exact=False)
+    text, _, _ = predicted.prediction_view(values(mode="traditional", budget_gb=0.05), 1, exact=False)
     assert "does not fit" in text and "gradient_checkpointing" in text
-    text, fig, _ = handle.prediction_view(values(lr=5), 1, exact=False)
+    text, fig, _ = predicted.prediction_view(values(lr=5), 1, exact=False)
     assert "waits for valid settings" in text and fig is None
 
 
@@ -159,17 +160,17 @@ def test_prediction_panel_estimate_and_plan_name_their_source():
 def test_plan_panel_names_the_fewest_layers_to_checkpoint_within_the_budget():
     # the largest micro-batches: the plan keeps every layer checkpointed rather than choosing
     roomy = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.1, batch_choice="largest")
-    text, _, _ = handle.prediction_view(roomy, 1, exact=True)
+    text, _, _ = predicted.prediction_view(roomy, 1, exact=True)
     assert "**fits**" in text and "Faster within the budget: **checkpoint_layers 3**" in text
     # on the page the plan comes first, the line after the search's further plans
-    (plan_text, _, _), (hinted, _, _) = handle.prediction_views(roomy, 1)
+    (plan_text, _, _), (hinted, _, _) = predicted.prediction_views(roomy, 1)
     assert "**fits**" in plan_text and "checkpoint_layers" not in plan_text
     assert hinted == text and hinted.startswith(plan_text)
     # a budget that needs every layer checkpointed: the plan alone, no second view
     tight = values(gradient_checkpointing=True, precision="fp32", budget_gb=0.055, batch_choice="largest")
-    (only,) = handle.prediction_views(tight, 1)
+    (only,) = predicted.prediction_views(tight, 1)
     assert "**fits**" in only[0] and "checkpoint_layers" not in only[0]
-    text, _, _ = handle.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint
+    text, _, _ = predicted.prediction_view(roomy, 1, exact=False)  # the quick estimate: no hint
     assert "checkpoint_layers" not in text
 
 
@@ -194,7 +195,7 @@ def test_a_plan_for_settings_the_page_has_since_changed_is_dropped():
 
 
 def test_shown_forms_remember_a_bounded_number_of_pages():
-    shown = handle.ShownForms(keep=2)
+    shown = predicted.ShownForms(keep=2)
     for page in ("a", "b", "c"):
         shown.mark(page, {"lr": 1.0}, 1)
     assert not shown.is_current("b", {"lr": 2.0}, 1) and shown.is_current("b", {"lr": 1.0}, 1)
@@ -264,9 +265,9 @@ def test_differs_from_preset_names_each_changed_setting_and_the_card():
 
 
 def test_gauge_draws_the_peak_against_the_budget():
-    half = handle.gauge(50 * 2**20, 100 * 2**20, cells=10)
+    half = predicted.gauge(50 * 2**20, 100 * 2**20, cells=10)
     assert half.startswith("`█████░░░░░`") and "50%" in half and "predicted" in half
-    over = handle.gauge(150 * 2**20, 100 * 2**20, cells=10)
+    over = predicted.gauge(150 * 2**20, 100 * 2**20, cells=10)
     assert "██████████▓▓▓▓▓" in over and "150%" in over
 
 
@@ -317,7 +318,7 @@ def test_image_runs_hide_the_text_only_settings(form):
 
 
 def test_a_missing_data_path_is_flagged_before_start_and_nothing_fits():
-    text, fig, _ = handle.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
+    text, fig, _ = predicted.prediction_view(values(data="/no/such/corpus.txt"), 1, exact=False)
     assert "waits for valid settings" in text and "fits" not in text and fig is None
     # the path and what is wrong with it are said once, beside the data field
     assert "/no/such/corpus.txt" not in text

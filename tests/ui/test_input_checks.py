@@ -13,6 +13,7 @@ import pytest
 from lora_gui.ui import common, forms, input_checks, run_status
 from lora_gui.ui.tabs import runs_handlers
 from lora_gui.ui.tabs import train_handlers as handle
+from lora_gui.ui.tabs import train_prediction_handlers as predicted
 
 
 @pytest.fixture()
@@ -137,7 +138,7 @@ def test_the_launched_run_error_loses_the_cli_prefix():
 
 def test_one_task_at_a_time_in_the_form_and_the_image_estimate_is_no_verdict(runs_root):
     image = handle.form_values("image-768")
-    text, _, _ = handle.prediction_view(image, 1, exact=False)
+    text, _, _ = predicted.prediction_view(image, 1, exact=False)
     assert "fits" not in text.replace("whether a run fits", "") and " GB" not in text
     field = {f.name: f for f in forms.settings_fields()}
     assert "q_proj" not in forms.help_for(field["lora_targets"], "image")

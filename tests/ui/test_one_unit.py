@@ -11,7 +11,7 @@ import pytest
 from lora_gui.cli import main
 from lora_gui.engine.core.loop import progress_text
 from lora_gui.ui import charts, common
-from lora_gui.ui.tabs import compare_handlers, runs_handlers, train_handlers
+from lora_gui.ui.tabs import compare_handlers, runs_handlers, train_handlers, train_prediction_handlers
 from lora_gui.units import gb, gb_value
 
 MIB = 2**20
@@ -40,7 +40,7 @@ def test_a_figure_in_gb_keeps_three_significant_digits_below_one_gb(nbytes, show
 
 def test_the_train_pages_verdict_and_gauge_speak_gb(runs_root):
     values = {**train_handlers.form_values("text-demo"), "budget_gb": 2.0, "max_steps": 3}
-    text, figure, _ = train_handlers.prediction_view(values, 1, exact=True)
+    text, figure, _ = train_prediction_handlers.prediction_view(values, 1, exact=True)
     assert units(text) == {"GB"}, text
     assert "% of the budget" in text and "/ 2.00 GB, predicted)" in text
     assert figure.layout.yaxis.title.text == "GB"

@@ -10,6 +10,7 @@ import pytest
 from lora_gui.engine.jobs.launch import FSDP_CONFIG, launch_command
 from lora_gui.ui import common, gpu_share
 from lora_gui.ui.tabs import train_handlers as handle
+from lora_gui.ui.tabs import train_prediction_handlers as predicted
 from lora_gui.units import gb
 
 
@@ -73,12 +74,12 @@ def test_the_train_tabs_plan_for_2_processes_with_fsdp_is_the_clis(two_gpus, cap
     assert main(["plan", "--preset", "text-demo", "--set", "quantization=nf4", "--world-size", "2",
                  "--fsdp", "--budget-gb", "2", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
-    text, _, _ = handle.prediction_view(values(quantization="nf4", budget_gb=2.0), 2, True, gpu_share.FSDP)
+    text, _, _ = predicted.prediction_view(values(quantization="nf4", budget_gb=2.0), 2, True, gpu_share.FSDP)
     assert f"Predicted peak: **{gb(cli['peak_bytes'])}**" in text and "Per GPU: 2 GPUs, FSDP" in text
     cfg, _ = handle.config_from_form(values(quantization="nf4", budget_gb=2.0))
     assert predict(cfg, processes=2, fsdp=True).peak_bytes == cli["peak_bytes"]
     nf4 = values(quantization="nf4", budget_gb=2.0)
-    text, _, _ = handle.prediction_view(nf4, 2, True, gpu_share.FSDP_OFFLOAD)
+    text, _, _ = predicted.prediction_view(nf4, 2, True, gpu_share.FSDP_OFFLOAD)
     assert text.startswith("No prediction for these settings: parameter offload"), text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lora_gui.ui.tabs.train_handlers import _batch_and_speed
+from lora_gui.ui.tabs.train_prediction_handlers import _batch_and_speed
 
 
 def test_the_quick_estimate_says_which_micro_batch_it_shows():

@@ -16,7 +16,8 @@ from lora_gui.ui.tabs import try_handlers
 
 def video_run(root):
     """A run folder as a finished video run leaves it: its settings and an adapter."""
-    from lora_gui.models.diffusion import image_model_for_run, save_adapter
+    from lora_gui.models.diffusion import image_model_for_run
+    from lora_gui.models.diffusion_files import save_adapter
 
     out = root / "runs" / "clips"
     out.mkdir(parents=True)

@@ -20,6 +20,7 @@ from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.memory.runtime.guard import free_memory
 from lora_gui.models import diffusion as dm
 from lora_gui.models.diffusion import Encoded, ImageModel, encode_pixels
+from lora_gui.models.diffusion_files import load_pipeline
 
 RunData = ImageData | video_batches.VideoData
 
@@ -96,7 +97,7 @@ def generate_clips(cfg: RunConfig, source: str, adapter: Path, prompts: list[str
     prompt into out/samples (seeded, ``sample_steps`` steps, the run's size and longest frames)."""
     from lora_gui.models.video import text_length_for
 
-    pipe = dm.load_pipeline(source, adapter, device)
+    pipe = load_pipeline(source, adapter, device)
     kind = dm.pipeline_kind(source)
     width, height = video_batches.clip_size(cfg)
     folder = out / "samples"

@@ -13,6 +13,7 @@ from lora_gui.config import RunConfig
 from lora_gui.engine.core.checkpoint import write_atomic
 from lora_gui.memory.runtime.guard import free_memory
 from lora_gui.models import diffusion as dm
+from lora_gui.models.diffusion_files import load_pipeline
 
 
 def sample_prompts(data, sample_images: int) -> list[str]:
@@ -37,7 +38,7 @@ def generate_samples(cfg: RunConfig, source: str, adapter: Path, prompts: list[s
                      device: str) -> list[str]:
     """Loads the pipeline with the adapter (the caller has freed the training model first) and
     writes one PNG per prompt into out/samples (seeded, ``sample_steps`` denoising steps)."""
-    pipe = dm.load_pipeline(source, adapter, device)
+    pipe = load_pipeline(source, adapter, device)
     folder = out / "samples"
     folder.mkdir(exist_ok=True)
     paths = []

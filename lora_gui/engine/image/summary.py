@@ -9,7 +9,7 @@ from lora_gui.config import RunConfig
 from lora_gui.engine.core.speed import run_speed
 from lora_gui.engine.core.summary import measured_records, memory_report, peaks_by_rank
 from lora_gui.memory.predict.image_speed import image_speed_report
-from lora_gui.models import diffusion as dm
+from lora_gui.models.diffusion_files import KOHYA_FILE
 
 if TYPE_CHECKING:  # the loop imports this module
     from lora_gui.engine.image.train import ImageSession
@@ -40,7 +40,7 @@ def image_summary(run: ImageSession, status: str, message: str | None, eval_loss
         "memory_source": run.meter.source, **run.meter.coverage(), "budget_bytes": run.meter.budget_bytes,
         "predicted_peak_bytes": run.predicted, "prediction": run.prediction,
         "oom_events": [e for e in run.events.snapshot() if e.get("event") == "oom"],
-        "adapter": str(adapter), "kohya_adapter": str(adapter / dm.KOHYA_FILE) if cfg.export_kohya else None,
+        "adapter": str(adapter), "kohya_adapter": str(adapter / KOHYA_FILE) if cfg.export_kohya else None,
         "device": str(run.accelerator.device), "precision": run.accelerator.mixed_precision,
         "optimizer": run.optimizer_name, "train_images": len(run.data.train),
         "eval_images": len(run.data.held_out), "resolution": cfg.resolution,

@@ -92,7 +92,7 @@ from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import MicroBatchOutOfMemory, free_memory
 from lora_gui.memory.runtime.meter import GB, PeakMeter
 from lora_gui.models import diffusion as dm
-from lora_gui.models import text_encoder_lora
+from lora_gui.models import diffusion_files, text_encoder_lora
 from lora_gui.models.denoise import unet_loss
 from lora_gui.models.precision import choose_precision, weights_dtype
 
@@ -320,7 +320,7 @@ def train_image(cfg: RunConfig, out: str | Path, *, resume: bool = False, overwr
     control.phase("saving")
     adapter = out / "adapter"
     if run.dist.is_main:
-        adapter = dm.save_adapter(run.pipeline, out, cfg.export_kohya)
+        adapter = diffusion_files.save_adapter(run.pipeline, out, cfg.export_kohya)
     summary = image_summary(run, status, message, final_eval, adapter)
     if not run.dist.is_main:  # samples and run.json are the main process's
         return summary

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lora_gui.config import RunConfig
+from lora_gui.config import ConfigError, RunConfig
 from lora_gui.data.video_batches import VideoData, VideoGeometry, clip_tokens
 from lora_gui.memory.predict.encode_trace import (
     CACHE_BYTES_PER_VALUE,
@@ -343,6 +343,24 @@ def bundled_video_config(name: str) -> dict[str, Any] | None:
     return config if config.get("_class_name") in video else None
 
 
+def check_clip_shape(cfg: RunConfig, config: dict[str, Any]) -> None:
+    """The run's clip on a bundled config's grid, each refusal naming its field and value (the
+    trace would only say the clip is off the grid; a pipeline's clips: its data reader).
+
+    Raises:
+        VideoDataError (naming video_frames) / ConfigError (naming resolution).
+    """
+    from lora_gui.data.video_batches import clip_size
+    from lora_gui.data.videos import check_video_frames
+
+    geometry = shape_geometry(config)
+    check_video_frames(cfg.video_frames, geometry.temporal)
+    width, height = clip_size(cfg)
+    if width % geometry.grid or height % geometry.grid:
+        raise ConfigError(f"resolution: {width}x{height} is not a multiple of {cfg.model}'s "
+                          f"{geometry.grid} px grid on both sides")
+
+
 def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
                      device: str) -> VideoPrediction:
     """`plan` for a bundled video config (no pipeline, no data): one clip bucket, the run's
@@ -352,13 +370,14 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
     config has no VAE weights to trace); a run on the real pipeline plans it.
 
     Raises:
-        ValueError: a clip off the model's grid.
+        VideoDataError / ConfigError: a clip off the model's grid (:func:`check_clip_shape`).
     """
     from lora_gui.data.video_batches import clip_size
     from lora_gui.models.adapters import adapter_spec
     from lora_gui.models.precision import planned_weights_dtype
     from lora_gui.models.video import lora_targets
 
+    check_clip_shape(cfg, config)
     text = config["_text"]
     geometry = shape_geometry(config)
     bucket = (*clip_size(cfg), cfg.video_frames)

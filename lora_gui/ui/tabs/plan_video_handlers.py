@@ -123,6 +123,7 @@ def video_config(preset: str, model: str, resolution: Any, video_frames: Any, bl
     Raises:
         ConfigError / UserError: naming the field (a bad size, frames off the model's grid...).
     """
+    from lora_gui.memory.predict.video_run import bundled_video_config, check_clip_shape
     from lora_gui.ui import input_checks, paths
 
     model = (model or "").strip()
@@ -147,31 +148,10 @@ def video_config(preset: str, model: str, resolution: Any, video_frames: Any, bl
     if cfg.task != "video":
         raise ConfigError(f"model: {model} is not a video model; pick a video preset or a video model "
                           f"({', '.join((*VIDEO_PIPELINES, *bundled_video_names()))})")
-    check_shape(cfg)
-    return cfg
-
-
-def check_shape(cfg: RunConfig) -> None:
-    """A bundled config's clip on the model's grid, each refusal naming its field (the trace
-    itself would only say the clip is off the grid). A pipeline's clips are checked by the plan
-    (its data reader names ``video_frames``).
-
-    Raises:
-        ConfigError / VideoDataError: naming video_frames or resolution.
-    """
-    from lora_gui.data.video_batches import clip_size
-    from lora_gui.data.videos import check_video_frames
-    from lora_gui.memory.predict.video_run import bundled_video_config, shape_geometry
-
     config = bundled_video_config(cfg.model)
-    if config is None:
-        return
-    geometry = shape_geometry(config)
-    check_video_frames(cfg.video_frames, geometry.temporal)
-    width, height = clip_size(cfg)
-    if width % geometry.grid or height % geometry.grid:
-        raise ConfigError(f"resolution: {width}x{height} is not a multiple of {cfg.model}'s "
-                          f"{geometry.grid} px grid on both sides")
+    if config is not None:  # a pipeline's clips are checked by the plan (its data reader)
+        check_clip_shape(cfg, config)  # before any trace, as plan refuses it
+    return cfg
 
 
 def _bucket_name(name: str) -> str:

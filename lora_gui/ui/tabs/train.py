@@ -23,6 +23,7 @@ from lora_gui.ui import (
 from lora_gui.ui.tabs import longest_handlers
 from lora_gui.ui.tabs import queue_handlers as queued
 from lora_gui.ui.tabs import train_handlers as handle
+from lora_gui.ui.tabs import train_prediction_handlers as prediction
 
 SIDE_MIN_WIDTH = 420  # px: below two of these the columns stack (one column on narrow screens)
 SAMPLED_TASKS = ("image", "video")  # runs that write samples: pictures, or mp4 clips
@@ -234,9 +235,9 @@ def build() -> dict[str, Any]:
 
     def estimate(data: dict, request: gr.Request) -> dict:
         cfg_values = form.named(data)
-        handle.SHOWN_FORMS.mark(request.session_hash, cfg_values, [data[processes], data[sharing]])
+        prediction.SHOWN_FORMS.mark(request.session_hash, cfg_values, [data[processes], data[sharing]])
         _, errors = handle.config_from_form(cfg_values)
-        text, fig, rows = handle.prediction_view(cfg_values, data[processes], False, data[sharing])
+        text, fig, rows = prediction.prediction_view(cfg_values, data[processes], False, data[sharing])
         ready = gr.update(interactive=not errors)  # Start waits while a field is marked
         return {**forms.error_updates(form, errors), panel["text"]: text, panel["chart"]: fig,
                 panel["table"]: rows, differs: handle.differs_from_preset(data[preset], cfg_values,
@@ -246,14 +247,14 @@ def build() -> dict[str, Any]:
     def plan(data: dict, request: gr.Request) -> Iterator[tuple]:
         values = form.named(data)
         shown = [data[processes], data[sharing]]
-        for view in handle.prediction_views(values, *shown):  # the plan, then its hint
-            if not handle.SHOWN_FORMS.is_current(request.session_hash, values, shown):
+        for view in prediction.prediction_views(values, *shown):  # the plan, then its hint
+            if not prediction.SHOWN_FORMS.is_current(request.session_hash, values, shown):
                 yield (gr.update(),) * len(view)  # the page's settings changed while this planned
                 return
             yield view
 
     def fill(name: str, card_name: str, request: gr.Request) -> dict:
-        handle.SHOWN_FORMS.mark(request.session_hash, {"preset": name}, None)  # a plan in flight is stale
+        prediction.SHOWN_FORMS.mark(request.session_hash, {"preset": name}, None)  # a plan in flight is stale
         filled = handle.form_values(name)
         budget = common.card_budget_gb(card_name)
         if budget is not None:  # the picked card stays the budget across presets
