@@ -179,8 +179,13 @@ def meta_pipeline(source: str, weights_dtype: torch.dtype) -> Any:
         torch.nn.Module.to(module, torch.float32 if name == "vae" else weights_dtype)
         parts[name] = module.requires_grad_(False).eval()
     pipeline = getattr(diffusers, index["_class_name"])
-    if "requires_safety_checker" in inspect.signature(pipeline.__init__).parameters:
+    needed = inspect.signature(pipeline.__init__).parameters
+    if "requires_safety_checker" in needed:
         parts["requires_safety_checker"] = False
+    missing = [n for n, p in needed.items() if n != "self" and p.default is inspect.Parameter.empty
+               and p.kind is p.POSITIONAL_OR_KEYWORD and n not in parts]
+    if missing:  # a folder whose model_index.json does not list every part
+        raise ValueError(f"model_index.json lists no {', '.join(missing)}")
     return pipeline(**parts)
 
 

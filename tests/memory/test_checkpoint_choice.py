@@ -139,3 +139,13 @@ def test_plan_and_the_plan_tab_name_the_chosen_depth(fixed_step_time, capsys):
     _, text, _, _ = plan_handlers.plan("text-demo", "builtin", 256, 0, 1, "cpu", True)
     assert not text.startswith("Error"), text
     assert said[0].upper() + said[1:] in text
+
+
+def test_the_train_forms_plan_names_the_chosen_depth(fixed_step_time):
+    from lora_gui.ui.tabs import train_handlers, train_prediction_handlers
+
+    values = {**train_handlers.form_values("text-demo"), "gradient_checkpointing": True,
+              "max_seq_len": 256, "budget_gb": 1.0, "precision": "fp32"}
+    text, _, _ = train_prediction_handlers.prediction_view(values, 1, exact=True)
+    assert "Checkpointed: none of the decoder layers (gradient checkpointing off), the fastest depth" in text
+    assert "Faster within the budget" not in text

@@ -174,6 +174,18 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         dist.on_main(lambda: save_run_config(out, cfg))
     sampler = image_sampler_state(cfg, data.buckets)
     device = run_device(dist)
+    budget = int(cfg.budget_gb * GB) or None
+    plan_budget, card_context = budget_for_plan(budget, device, CUDA_CONTEXT_BYTES)
+    dtype = weights_dtype(choose_precision(cfg.precision, device), device.type)
+
+    def plan() -> tuple:  # the form and `plan` call the same function on the same meta-device pipeline
+        # planned before the weights are loaded: the plan reads shapes only, and the speed timing it
+        # runs builds a second denoiser, which must not sit beside the loaded one on a GPU
+        shapes = dm.image_model_for_run(cfg, dtype, weights=False)
+        planned = image_run_prediction(cfg, shapes, data, plan_budget, device, dtype, dist.world_size)
+        return planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context}
+
+    caps, predicted, prediction = dist.on_main(plan)
     model, mixed, dtype = _load_model(cfg, device)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
@@ -182,14 +194,6 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         mixed = ckpt["trainer"]["precision"]
     if resume:
         dist.on_main(lambda: save_run_config(out, cfg))
-    budget = int(cfg.budget_gb * GB) or None
-    plan_budget, card_context = budget_for_plan(budget, device, CUDA_CONTEXT_BYTES)
-
-    def plan() -> tuple:  # the form and `plan` call the same function on the same modules
-        planned = image_run_prediction(cfg, model, data, plan_budget, device, dtype, dist.world_size)
-        return planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context}
-
-    caps, predicted, prediction = dist.on_main(plan)
     meter = PeakMeter(device, budget, every_step=cfg.measure_every_step)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))

@@ -82,6 +82,10 @@ def _batch_and_speed(pred: Any) -> str:
         lines.append(f"Predicted speed: **{figures['predicted_tokens_per_s']:,.0f} tokens/s**"
                      + (f", MFU {mfu:.1%}" if mfu else "")
                      + " (step time measured on this machine; the run records the measured speed beside it).")
+    from lora_gui.memory.predict.report import depth_lines
+
+    for line in depth_lines(figures):  # the layers a checkpointing run's plan chose to checkpoint
+        lines.append(f"{line.strip()[0].upper()}{line.strip()[1:]}.")
     return "".join("\n\n" + line for line in lines)
 
 
