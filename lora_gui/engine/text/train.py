@@ -78,8 +78,9 @@ from lora_gui.engine.text.steps import (
 )
 from lora_gui.memory.predict.checkpoint_choice import choose_checkpoint_layers
 from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.predict.run_plan import time_before_loading
 from lora_gui.memory.predict.run_predict import padding_mask_kept
-from lora_gui.memory.predict.run_speed import speed_report, time_before_loading
+from lora_gui.memory.predict.run_speed import speed_report
 from lora_gui.memory.predict.trace_result import CUDA_CONTEXT_BYTES
 from lora_gui.memory.runtime.cuda_context import budget_for_plan
 from lora_gui.memory.runtime.guard import BatchCaps, MicroBatchOutOfMemory

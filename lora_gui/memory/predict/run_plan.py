@@ -75,6 +75,22 @@ def cpu_mixed_precision(cfg: RunConfig, device: str) -> dict[str, str]:
     return {}
 
 
+def time_before_loading(cfg: RunConfig, source: str | None, device: str) -> None:
+    """Times the run's step (or finds it cached) before the run loads its weights, so that the
+    plan the run makes after loading reads the stored calibration: on a GPU the calibration builds
+    a second model of the run's architecture, which beside the loaded one could pass the budget.
+    Only where the plan will ask for it (a budget, a choice by speed) and where the step's settings
+    are known before loading (a GPU, or a precision other than 'auto', which a CPU run decides by
+    timing its loaded model)."""
+    from lora_gui.memory.predict.run_speed import step_time_model
+
+    if cfg.task != "text" or not cfg.budget_gb or cfg.batch_choice == "largest":
+        return
+    if device != "cuda" and cfg.precision == "auto":
+        return
+    step_time_model(cfg, model_config_for(cfg, source), device, step_kwargs(cfg, device))
+
+
 def plan_run(cfg: RunConfig, budget_bytes: int, device: str = "cuda", source: str | None = None,
              confirm: bool = True, parallel: Parallel | None = None) -> planner.Plan:
     """Micro-batch per length bucket for this run under the budget (source: predicted): the one

@@ -121,22 +121,6 @@ def step_time_model(cfg: RunConfig, config: Any, device: str,
             torch.cuda.empty_cache()
 
 
-def time_before_loading(cfg: RunConfig, source: str | None, device: str) -> None:
-    """Times the run's step (or finds it cached) before the run loads its weights, so that the
-    plan the run makes after loading reads the stored calibration: on a GPU the calibration builds
-    a second model of the run's architecture, which beside the loaded one could pass the budget.
-    Only where the plan will ask for it (a budget, a choice by speed) and where the step's settings
-    are known before loading (a GPU, or a precision other than 'auto', which a CPU run decides by
-    timing its loaded model)."""
-    from lora_gui.memory.predict.run_plan import model_config_for, step_kwargs
-
-    if cfg.task != "text" or not cfg.budget_gb or cfg.batch_choice == "largest":
-        return
-    if device != "cuda" and cfg.precision == "auto":
-        return
-    step_time_model(cfg, model_config_for(cfg, source), device, step_kwargs(cfg, device))
-
-
 FORWARD_SHARE = 1 / 3  # a forward is about a third of a forward and backward (2 of 6 FLOPs a weight)
 
 
