@@ -116,7 +116,7 @@ def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | N
         timing = step_time_model(depth_cfg, config, device, step)  # one calibration, every depth
         if timing is None:
             return None
-        source_text = timing.source
+        source_text = timing.source  # the last, depth 0, is the calibration's own: no recompute
         plan = planner.plan_text(config, budget, buckets, effective_batch=per_rank, max_batch=per_rank,
                                  confirm=False, parallel=parallel, step_time=timing,
                                  batch_choice="fastest", **step)
@@ -131,5 +131,4 @@ def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | N
     # of depths within rounding of the fastest, the deepest: the same speed for the least memory
     chosen = max((d for d in depths if d[1] >= fastest * (1 - 1e-9)), key=lambda d: d[0])
     every = next((s for k, s, _ in depths if k == of_layers), None)
-    base = source_text.split(", x")[0]  # the calibration's source, without one depth's recompute factor
-    return CheckpointChoice(chosen[0], of_layers, chosen[1], every, tuple(depths), base)
+    return CheckpointChoice(chosen[0], of_layers, chosen[1], every, tuple(depths), source_text)
