@@ -89,6 +89,7 @@ def test_a_budget_only_full_checkpointing_fits_keeps_every_layer(fixed_step_time
     assert need[LAYERS] < budget < min(need[k] for k in range(LAYERS)), need
     choice = choose_checkpoint_layers(apply_overrides(cfg, {"batch_size": 1}), None, budget, "cpu")
     assert choice is not None and choice.layers == LAYERS and [k for k, _, _ in choice.depths] == [LAYERS]
+    assert choice.source == "fixed for the test"  # the calibration's own, not a depth's recompute factor
     assert peaks  # the generous budget planned every depth
 
 
