@@ -104,7 +104,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join([*report.image_plan_lines(cfg, pred, budget), question.rule]))
         return 0
     if cfg.task == "video":
-        from lora_gui.memory.predict.video_run import video_plan_lines
+        from lora_gui.memory.predict.video_report import video_plan_lines
 
         print("\n".join([*video_plan_lines(cfg, pred, budget), question.rule]), flush=True)
         if budget is not None and args.world_size == 1 and pred.peak_bytes <= budget.bytes:

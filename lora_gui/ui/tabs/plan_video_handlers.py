@@ -5,7 +5,7 @@ One path with the CLI: the tab's fields become the same overrides ``plan --prese
 reads (:func:`lora_gui.ui.common.preset_config`), the budget is resolved by the same rule
 (:func:`lora_gui.memory.predict.report.resolve_question`), and the figures come from the same
 calls: :func:`lora_gui.memory.predict.predict` (a bundled Wan / LTX-Video config: one clip at
-resolution x video_frames) with :func:`lora_gui.memory.predict.video_run.video_plan_lines` for
+resolution x video_frames) with :func:`lora_gui.memory.predict.video_report.video_plan_lines` for
 the text, and :func:`lora_gui.memory.predict.longest` (``video_limits``) for the longest clip
 and the largest size. Every figure is in GB (:func:`lora_gui.units.gb`)."""
 
@@ -166,7 +166,8 @@ def plan(preset: str, model: str, budget_gb: float, device: str, checkpointing: 
     """Breakdown figure, verdict with the host memory block swap needs and the text ``plan``
     prints, a row per clip bucket, and no card table (source: predicted)."""
     from lora_gui.memory.predict import predict, report
-    from lora_gui.memory.predict.video_run import bundled_video_config, video_plan_lines
+    from lora_gui.memory.predict.video_report import video_plan_lines
+    from lora_gui.memory.predict.video_run import bundled_video_config
     from lora_gui.memory.runtime.host import check_host_memory, host_available_bytes
 
     try:
