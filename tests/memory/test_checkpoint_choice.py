@@ -150,3 +150,71 @@ def test_the_train_forms_plan_names_the_chosen_depth(fixed_step_time):
     text, _, _ = train_prediction_handlers.prediction_view(values, 1, exact=True)
     assert "Checkpointed: none of the decoder layers (gradient checkpointing off), the fastest depth" in text
     assert "Faster within the budget" not in text
+
+
+HOST_RATE = 1e-11  # seconds per byte to host memory and back: 100 GB/s, fixed for the test
+
+
+@pytest.fixture
+def gpu_step_time(monkeypatch):
+    """A GPU's step-time model with a timed host link, as every caller reads it: recompute and
+    offload costs added the way the real model adds them."""
+    def fixed(cfg, config, device, step, calibrate=True):
+        timing = StepTimeModel(0.0, 1e-5, 1e-8, device, "fixed for the test",
+                               host_round_trip_s_per_byte=HOST_RATE if device == "cuda" else None)
+        return run_speed.with_offload(run_speed.with_recompute(timing, cfg, config), cfg, config,
+                                      step["dtype"].itemsize)
+
+    monkeypatch.setattr(run_speed, "step_time_model", fixed)
+
+
+def test_offloading_is_chosen_on_a_gpu_only_when_it_alone_fits(gpu_step_time):
+    cfg = _cfg(batch_size=1)
+    roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
+    assert roomy is not None and roomy.offload is False and roomy.layers == 0  # the copies only cost time
+    offload_speed, offload_peak = roomy.offloaded  # a candidate on a GPU, and it fits 4 GB
+    every_speed, every_peak = next((s, p) for k, s, p in roomy.depths if k == LAYERS)
+    assert offload_peak < every_peak and offload_speed < every_speed  # less memory, slower
+    budget = (offload_peak + every_peak) // 2  # every layer checkpointed fits only offloaded
+    tight = choose_checkpoint_layers(cfg, None, budget, "cuda")
+    assert tight is not None and tight.offload and tight.layers == LAYERS and tight.depths == ()
+    assert tight.tokens_per_s == offload_speed and tight.every_layer_tokens_per_s is None
+    run = tight.applied(cfg)
+    assert (run.gradient_checkpointing, run.checkpoint_layers, run.offload_checkpoints) == \
+        (True, LAYERS, True)
+    assert tight.to_json()["offload_checkpoints"] is True
+    assert choose_checkpoint_layers(cfg, None, offload_peak - 1, "cuda") is None  # nothing fits
+
+
+def test_a_cpu_never_offloads(gpu_step_time):
+    """Host and device are the same memory on a CPU: no offload candidate, whatever the budget."""
+    choice = choose_checkpoint_layers(_cfg(batch_size=1), None, int(1.0 * GB), "cpu")
+    assert choice is not None and choice.offload is False and choice.offloaded is None
+
+
+def test_offloading_costs_each_checkpointed_input_a_round_trip():
+    from lora_gui.memory.predict.run_plan import model_config_for
+
+    config = model_config_for(_cfg(), None)
+    assert not isinstance(config, dict)
+    hidden = config.get_text_config().hidden_size
+    base = StepTimeModel(0.0, 1e-5, 1e-8, "cuda", "t", host_round_trip_s_per_byte=HOST_RATE)
+    on = run_speed.with_offload(base, _cfg(offload_checkpoints=True, checkpoint_layers=3), config, 2)
+    assert on.per_token_s == pytest.approx(1e-5 + 3 * hidden * 2 * HOST_RATE)
+    assert on.per_token_pair_s == base.per_token_pair_s and "host memory and back" in on.source
+    assert run_speed.with_offload(base, _cfg(), config, 2) == base  # no offload: unchanged
+    no_rate = StepTimeModel(0.0, 1e-5, 1e-8, "cpu", "t")
+    assert run_speed.with_offload(no_rate, _cfg(offload_checkpoints=True), config, 2) == no_rate
+
+
+def test_the_plan_says_when_it_chose_to_offload(gpu_step_time):
+    from lora_gui.memory.predict.report import depth_lines
+
+    roomy = choose_checkpoint_layers(_cfg(batch_size=1), None, int(4.0 * GB), "cuda")
+    budget = (roomy.offloaded[1] + next(p for k, _, p in roomy.depths if k == LAYERS)) // 2
+    tight = choose_checkpoint_layers(_cfg(batch_size=1), None, budget, "cuda")
+    (line,) = depth_lines({"checkpointing": tight.to_json()})
+    assert f"every decoder layer ({LAYERS}), each layer's input kept in host memory" in line
+    assert "every layer does not fit without offloading" in line
+    (plain,) = depth_lines({"checkpointing": roomy.to_json()})
+    assert "host memory" not in plain

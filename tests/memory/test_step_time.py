@@ -246,3 +246,11 @@ def test_a_stored_calibration_is_read_without_timing_anything(tmp_path, monkeypa
 def test_no_mfu_above_the_measured_peak():
     busy = StepTimeModel(0.0, 1e-9, 0.0, "cpu", "test", (), (1000, 100, 10), 1e6)  # peak measured slow
     assert busy.mfu(8, 8, 256) is None
+
+
+def test_the_host_link_rate_is_kept_with_the_calibration_and_not_timed_on_a_cpu():
+    with_rate = StepTimeModel(0.0, 1e-4, 1e-7, "cuda", "test", (), None, None, 4e-11)
+    assert StepTimeModel.from_json(json.loads(json.dumps(with_rate.to_json()))) == with_rate
+    older = {k: v for k, v in with_rate.to_json().items() if k != "host_round_trip_s_per_byte"}
+    assert StepTimeModel.from_json(older).host_round_trip_s_per_byte is None  # a calibration without it
+    assert step_time.host_round_trip_seconds_per_byte("cpu") is None  # the same memory: nothing to time

@@ -84,7 +84,7 @@ def _optimized_speed(base: RunConfig, device: str, seq_len: int, budget: int, me
         depth = choose_checkpoint_layers(cfg, None, budget, device)  # as the run would choose, said outright
         cfg = depth.applied(cfg) if depth is not None else cfg
         over |= {"gradient_checkpointing": cfg.gradient_checkpointing,
-                 "checkpoint_layers": cfg.checkpoint_layers}
+                 "checkpoint_layers": cfg.checkpoint_layers, "offload_checkpoints": cfg.offload_checkpoints}
     plan = run_plan.plan_run(cfg, budget, device)
     caps = {int(b.bucket): b.micro_batch for b in plan.buckets}
     bucket = min((n for n in caps if n >= median), default=max(caps))

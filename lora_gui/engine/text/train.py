@@ -288,8 +288,9 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
                                                           accelerator.device.type, parallel, lengths))
     if depth is not None:
         cfg, plan_cfg = depth.applied(cfg), depth.applied(plan_cfg)
-        log.info("checkpointing the first %d of %d decoder layers: the fastest depth that fits the "
-                 "budget (~%.0f tokens/s predicted)", depth.layers, depth.of_layers, depth.tokens_per_s)
+        log.info("checkpointing the first %d of %d decoder layers%s: the fastest depth that fits the "
+                 "budget (~%.0f tokens/s predicted)", depth.layers, depth.of_layers,
+                 ", their inputs kept in host memory" if depth.offload else "", depth.tokens_per_s)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model, cfg.checkpoint_layers)
     apply_long_context(model, offload_checkpoints=cfg.offload_checkpoints, mlp_chunk=cfg.mlp_chunk,

@@ -12,10 +12,18 @@ millisecond an estimate) and the device's step-time model their seconds; the dep
 highest predicted tokens/s over the run's own sample lengths wins, and of equally fast depths the
 deepest (it holds the least memory). The run's plan then traces the chosen depth like any other.
 
+On a GPU whose host link the calibration timed, one more candidate: every layer checkpointed with
+its input kept in host memory (``offload_checkpoints``), which frees the checkpointed inputs of
+every layer but one on the card and costs their round trip to the host
+(:func:`~lora_gui.memory.predict.run_speed.with_offload`, no overlap counted). It wins only when
+it is the fastest that fits: when it alone fits, or when the larger micro-batches it lets fit
+outrun the copies. Of equally fast candidates the one without offload wins. Not on a CPU: host
+and device are the same memory there.
+
 Nothing is chosen (the run checkpoints every layer, as it says) without a step-time model for the
 device (a plan for a GPU made where there is none), with ``batch_choice`` largest or headroom,
-with ``offload_checkpoints`` (the long-context path keeps every layer checkpointed), or when no
-depth fits the budget. ``plan``, the dashboard and the run call :func:`choose_checkpoint_layers`
+with ``offload_checkpoints`` set by the user (every layer stays checkpointed and offloaded), or
+when nothing fits the budget. ``plan``, the dashboard and the run call :func:`choose_checkpoint_layers`
 with the same inputs, and the run checkpoints what it returns.
 """
 
@@ -43,6 +51,9 @@ class CheckpointChoice:
         depths: (layers, predicted tokens/s, estimated peak bytes of the longest bucket's
             micro-batch) of every depth whose plan fits, deepest first.
         source: where the seconds come from (the step-time model's source).
+        offload: the chosen depth keeps the checkpointed layer inputs in host memory.
+        offloaded: (predicted tokens/s, estimated peak bytes) of every layer checkpointed and
+            offloaded, when that was a candidate (a GPU with a timed host link) and fits.
     """
 
     layers: int
@@ -51,13 +62,19 @@ class CheckpointChoice:
     every_layer_tokens_per_s: float | None
     depths: tuple[tuple[int, float, int], ...]
     source: str
+    offload: bool = False
+    offloaded: tuple[float, int] | None = None
 
     def applied(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` with this depth: every layer as an explicit count, none as checkpointing off."""
-        return with_depth(cfg, self.layers, self.of_layers)
+        """``cfg`` with this depth: every layer as an explicit count, none as checkpointing off,
+        and the checkpointed inputs in host memory or not."""
+        return replace(with_depth(cfg, self.layers, self.of_layers), offload_checkpoints=self.offload)
 
     def to_json(self) -> dict[str, Any]:
         return {"checkpoint_layers": self.layers, "decoder_layers": self.of_layers,
+                "offload_checkpoints": self.offload,
+                "offloaded_predicted_tokens_per_s": self.offloaded[0] if self.offloaded else None,
+                "offloaded_estimated_peak_bytes": self.offloaded[1] if self.offloaded else None,
                 "chosen_by": "the fastest predicted depth that fits the budget",
                 "predicted_tokens_per_s": self.tokens_per_s,
                 "every_layer_predicted_tokens_per_s": self.every_layer_tokens_per_s,
@@ -108,27 +125,44 @@ def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | N
         return None
     per_rank = max(1, -(-cfg.batch_size // (parallel.world_size if parallel else 1)))
     buckets = text_buckets(cfg)
-    depths: list[tuple[int, float, int]] = []
-    source_text = ""
-    for layers in range(of_layers, -1, -1):
-        depth_cfg = with_depth(cfg, layers, of_layers)
-        step = step_kwargs(depth_cfg, device)
-        timing = step_time_model(depth_cfg, config, device, step)  # one calibration, every depth
+
+    def speed_and_peak(run: RunConfig) -> tuple[Any, tuple[float, int] | None]:
+        """The step-time model of ``run`` and its (predicted tokens/s, estimated peak) when every
+        bucket fits the budget."""
+        step = step_kwargs(run, device)
+        timing = step_time_model(run, config, device, step)  # one calibration, every candidate
         if timing is None:
-            return None
-        source_text = timing.source  # the last, depth 0, is the calibration's own: no recompute
+            return None, None
         plan = planner.plan_text(config, budget, buckets, effective_batch=per_rank, max_batch=per_rank,
                                  confirm=False, parallel=parallel, step_time=timing,
                                  batch_choice="fastest", **step)
         if not all(b.micro_batch for b in plan.buckets):
-            continue
+            return timing, None
         speed = predicted_speed(timing, plan, per_rank, lengths, cfg.pad_multiple)["predicted_tokens_per_s"]
-        if speed:
-            depths.append((layers, speed, max(b.peak_bytes for b in plan.buckets)))
-    if not depths:
+        return timing, (speed, max(b.peak_bytes for b in plan.buckets)) if speed else None
+
+    depths: list[tuple[int, float, int]] = []
+    timing = None
+    for layers in range(of_layers, -1, -1):
+        timing, fits = speed_and_peak(with_depth(cfg, layers, of_layers))
+        if timing is None:
+            return None
+        if fits:
+            depths.append((layers, *fits))
+    source_text = timing.source  # the last, depth 0, is the calibration's own: no recompute
+    offloaded = None
+    if device == "cuda" and timing.host_round_trip_s_per_byte:  # the host link was timed: a GPU
+        every_offloaded = replace(with_depth(cfg, of_layers, of_layers), offload_checkpoints=True)
+        offloaded = speed_and_peak(every_offloaded)[1]
+    if not depths and not offloaded:
         return None
-    fastest = max(s for _, s, _ in depths)
-    # of depths within rounding of the fastest, the deepest: the same speed for the least memory
-    chosen = max((d for d in depths if d[1] >= fastest * (1 - 1e-9)), key=lambda d: d[0])
     every = next((s for k, s, _ in depths if k == of_layers), None)
-    return CheckpointChoice(chosen[0], of_layers, chosen[1], every, tuple(depths), source_text)
+    fastest = max([s for _, s, _ in depths] + ([offloaded[0]] if offloaded else []))
+    within = [d for d in depths if d[1] >= fastest * (1 - 1e-9)]  # within rounding of the fastest
+    if not within:  # only offloading reaches the fastest speed (or fits at all)
+        return CheckpointChoice(of_layers, of_layers, offloaded[0], every, tuple(depths), source_text,
+                                offload=True, offloaded=offloaded)
+    # of equally fast depths the deepest: the same speed for the least memory
+    chosen = max(within, key=lambda d: d[0])
+    return CheckpointChoice(chosen[0], of_layers, chosen[1], every, tuple(depths), source_text,
+                            offloaded=offloaded)

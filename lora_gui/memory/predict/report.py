@@ -243,8 +243,12 @@ def depth_lines(figures: dict[str, Any] | None) -> list[str]:
     chosen = ("none of the decoder layers (gradient checkpointing off)" if n == 0 else
               f"every decoder layer ({of})" if n == of else f"the first {n} of {of} decoder layers")
     every = depth["every_layer_predicted_tokens_per_s"]
-    versus = (f"; every layer: {every:,.0f} tokens/s" if every and n != of else
-              "" if every else "; every layer does not fit")
+    offload = depth.get("offload_checkpoints")
+    versus = (f"; every layer: {every:,.0f} tokens/s" if every and (n != of or offload) else
+              "" if every else "; every layer does not fit without offloading" if offload else
+              "; every layer does not fit")
+    if offload:
+        chosen += ", each layer's input kept in host memory until its recompute"
     return [f"  checkpointed: {chosen}, the fastest depth that fits the budget "
             f"({depth['predicted_tokens_per_s']:,.0f} tokens/s predicted over the run's samples{versus}; "
             "set checkpoint_layers to choose yourself)"]

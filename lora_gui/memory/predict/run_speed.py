@@ -110,11 +110,15 @@ def step_time_model(cfg: RunConfig, config: Any, device: str,
             model.zero_grad(set_to_none=True)
 
         timed = step_time.calibrate(step, cfg.max_seq_len, device)
-        return replace(timed, **counted(cfg, model, device))
+        return replace(timed, **counted(cfg, model, device),
+                       host_round_trip_s_per_byte=step_time.host_round_trip_seconds_per_byte(device))
 
     try:
         timed = step_time.cached(key, measure if calibrate else None)
-        return with_recompute(timed, cfg, config) if timed is not None else None
+        if timed is None:
+            return None
+        # the offloaded layer inputs are hidden states in the weights' dtype
+        return with_offload(with_recompute(timed, cfg, config), cfg, config, step["dtype"].itemsize)
     finally:
         if built and device == "cuda":
             built.clear()
@@ -138,6 +142,26 @@ def with_recompute(model: StepTimeModel, cfg: RunConfig, config: Any) -> StepTim
                    per_token_pair_s=model.per_token_pair_s * factor,
                    source=f"{model.source}, x{factor:.2f} per token for recomputing "
                           f"{share:.0%} of the layers' forward")
+
+
+def with_offload(model: StepTimeModel, cfg: RunConfig, config: Any, itemsize: int) -> StepTimeModel:
+    """The model for a run that keeps its checkpointed layer inputs in host memory
+    (``offload_checkpoints``): each checkpointed layer's input (hidden size x ``itemsize`` bytes
+    a token) goes to the host in the forward and comes back for the recompute, at the measured
+    round-trip rate. Counted as if no copy overlapped the compute (the run copies on a side
+    stream, so the step is at most this slow): a plan never promises more speed than offloading
+    gives. Unchanged without offload or without a measured rate (a CPU)."""
+    rate = model.host_round_trip_s_per_byte
+    if not (cfg.gradient_checkpointing and cfg.offload_checkpoints) or not rate:
+        return model
+    text = config.get_text_config()
+    layers = text.num_hidden_layers or 1
+    offloaded = min(cfg.checkpoint_layers or layers, layers)
+    per_token = offloaded * text.hidden_size * itemsize * rate
+    return replace(model, per_token_s=model.per_token_s + per_token,
+                   source=f"{model.source}, + {per_token * 1e9:,.1f} ns per token for {offloaded} layer "
+                          f"inputs to host memory and back at the measured {1 / rate / 1e9:,.1f} GB/s "
+                          "round trip (no overlap counted: an upper bound on its cost)")
 
 
 def predicted_speed(model: StepTimeModel | None, plan: Any, samples: int,

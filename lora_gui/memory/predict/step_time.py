@@ -45,7 +45,8 @@ CALIBRATION_REPEATS = 3  # timed steps per shape (the median is kept), after one
 # also fit beside what the card holds, and planning stays a matter of seconds
 MAX_CALIBRATION_PARAMS = {"cpu": 100_000_000, "cuda": 2_000_000_000}
 HEADROOM_SHARE = 0.9  # batch_choice 'headroom': keep at least this share of the fastest tokens/s
-CACHE_VERSION = 2  # 2: a calibration holds the step's FLOP count and the matmul peak (MFU)
+CACHE_VERSION = 3  # 2: the step's FLOP count and the matmul peak (MFU); 3: the host link's round trip
+HOST_COPY_BYTES = 64 * 2**20  # bytes timed to host memory and back (pinned) for the host link's rate
 CACHE_ENV = "LORA_GUI_CACHE_DIR"  # where calibrations are kept (default ~/.cache/lora_gui)
 
 
@@ -65,6 +66,9 @@ class StepTimeModel:
             attention), counted on the calibrated model; None: not counted.
         peak_flops_per_s: the device's measured matmul peak in the step's compute dtype
             (FLOP/s, :func:`lora_gui.models.flops.machine_peak`), the MFU's denominator.
+        host_round_trip_s_per_byte: seconds per byte copied to host memory and back (pinned,
+            measured on the GPU, :func:`host_round_trip_seconds_per_byte`): what offloading the
+            checkpointed layer inputs costs; None on a CPU, where it saves nothing.
     """
 
     overhead_s: float
@@ -75,6 +79,7 @@ class StepTimeModel:
     points: tuple[tuple[int, int, float], ...] = ()
     flops: tuple[int, int, int] | None = None
     peak_flops_per_s: float | None = None
+    host_round_trip_s_per_byte: float | None = None
 
     def seconds(self, rows: int, length: int) -> float:
         """Predicted seconds of one micro-batch of ``rows`` x ``length`` padded tokens."""
@@ -117,7 +122,8 @@ class StepTimeModel:
         """A model from :meth:`to_json` (``source``: in place of the stored one)."""
         return cls(row["overhead_s"], row["per_token_s"], row["per_token_pair_s"], row["device"],
                    source or row["source"], tuple(tuple(p) for p in row["points"]),
-                   tuple(row["flops"]) if row.get("flops") else None, row.get("peak_flops_per_s"))
+                   tuple(row["flops"]) if row.get("flops") else None, row.get("peak_flops_per_s"),
+                   row.get("host_round_trip_s_per_byte"))
 
 
 def plausible_mfu(share: float) -> float | None:
@@ -196,6 +202,27 @@ def calibrate(step: Callable[[int, int], None], longest: int, device: str) -> St
     (_, _, overhead), *points = time_steps(step, [OVERHEAD_SHAPE, *calibration_shapes(longest)], device)
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
     return fit(points, overhead, device, f"calibrated on {device_name(device)} ({when})")
+
+
+def host_round_trip_seconds_per_byte(device: str) -> float | None:
+    """Seconds per byte of a copy from the GPU to pinned host memory and back (the median of
+    :data:`CALIBRATION_REPEATS` round trips of :data:`HOST_COPY_BYTES`, after a warm-up): the
+    rate at which offloaded layer inputs travel. None on a CPU: host and device are the same
+    memory there, so offloading keeps nothing off it and a plan does not choose it."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return None
+    on_card = torch.empty(HOST_COPY_BYTES, dtype=torch.uint8, device="cuda")
+    on_host = torch.empty(HOST_COPY_BYTES, dtype=torch.uint8, pin_memory=True)
+    times = []
+    for _ in range(1 + CALIBRATION_REPEATS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        on_host.copy_(on_card, non_blocking=True)
+        on_card.copy_(on_host, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    del on_card, on_host
+    return statistics.median(times[1:]) / HOST_COPY_BYTES
 
 
 def device_name(device: str) -> str:
