@@ -62,6 +62,10 @@ def test_gpu_check_smoke_writes_planned_vs_measured_rows(tmp_path):
     grads = out["grads"][0]  # the rebuilds' gradients against none, float32 on a CPU
     assert grads["tensors"] > 0 and grads["within"] and grads["max_relative_difference"] <= 1e-5
     assert "## Cards" in (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
+    plan, *runs = out["offload"]  # a CPU never offloads: the plan says so, the on-card run still runs
+    assert plan["choice"]["offload_checkpoints"] is False and "a CPU" in plan["note"]
+    assert [r["row"] for r in runs] == ["on the card"] and runs[0]["measured_tokens_per_s"] > 0
+    assert runs[0]["peak_bytes"] <= runs[0]["budget_bytes"]
 
 
 def test_the_h200_report_pairs_each_row_with_its_plan():

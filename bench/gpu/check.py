@@ -7,8 +7,9 @@
     python -m bench.gpu.check --smoke --out /tmp/x  # on a CPU: tiny shapes, checks the code paths
 
 Sections run in the order of ``--sections`` (context, text, card, grads, nf4, dit, unet, flex,
-video, multi_gpu by default; card and grads in bench/gpu/cards.py, dit and unet in
-bench/gpu/denoisers.py, video in bench/gpu/video.py, multi_gpu in bench/gpu/multi_gpu.py, the
+video, offload, multi_gpu by default; card and grads in bench/gpu/cards.py, dit and unet in
+bench/gpu/denoisers.py, video in bench/gpu/video.py, offload in bench/gpu/offload_choice.py (the
+plan's offload choice run on the card), multi_gpu in bench/gpu/multi_gpu.py, the
 step each measures in bench/gpu/step_measure.py;
 ``peers``, TRL against lora_gui on the card, and ``image_peers``, diffusers' LoRA scripts against
 lora_gui on SDXL and Flux at 1,024 px, only when named: bench/gpu/peers.py,
@@ -72,6 +73,7 @@ from bench.docs.meta import stamp
 from bench.gpu import context as gpu_context
 from bench.gpu import image_peers as gpu_image_peers
 from bench.gpu import multi_gpu as gpu_multi
+from bench.gpu import offload_choice as gpu_offload
 from bench.gpu import peers as gpu_peers
 from bench.gpu import plans as gpu_plans
 from bench.gpu import video as gpu_video
@@ -274,6 +276,8 @@ def _markdown(result: dict[str, Any]) -> str:
         out += ["", *gpu_video.markdown(result["video"])]
     if result.get("multi_gpu"):
         out += ["", *gpu_multi.markdown(result["multi_gpu"])]
+    if result.get("offload"):
+        out += ["", *gpu_offload.markdown(result["offload"])]
     if result.get("image_peers"):
         out += ["", *gpu_image_peers.markdown(result["image_peers"])]
     out += ["", "## Cards: nf4 r32 under each card's memory (context counted; reserved vs plan)", "",
@@ -296,7 +300,7 @@ def _markdown(result: dict[str, Any]) -> str:
 
 
 # the order a lent card runs them in
-SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "video", "multi_gpu")
+SECTIONS = ("context", "text", "card", "grads", "nf4", "dit", "unet", "flex", "video", "offload", "multi_gpu")
 # asked for by name only (--sections ...,peers): needs TRL, a bench-only package (bench/gpu/peers.py)
 # image_peers: diffusers' scripts need torchvision, bench-only (bench/gpu/image_peers.py)
 OPTIONAL_SECTIONS = ("peers", "image_peers")
@@ -319,6 +323,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
                 "video": lambda: gpu_video.check_video(device, smoke=True, plan_only=PLAN_ONLY[0]),
                 "peers": lambda: gpu_peers.check_peers(smoke=True),
                 "multi_gpu": lambda: gpu_multi.check_multi_gpu(smoke=True),
+                "offload": lambda: gpu_offload.check_offload_choice(smoke=True),
                 "image_peers": lambda: gpu_image_peers.check_image_peers(smoke=True)}
     # the bundled text demo's model, a ~1B at short lengths and at 8k tokens (long context, whole
     # sequence in one step), the UNets at 512-1024 px, Flux-shaped with gradient checkpointing
@@ -335,6 +340,7 @@ def _sections(smoke: bool, device: str) -> dict[str, Any]:
             "flex": lambda: check_flex([1024, 2048, 4096, 8192, 16384, 32768], device),
             "video": lambda: gpu_video.check_video(device, plan_only=PLAN_ONLY[0]),
             "peers": gpu_peers.check_peers, "multi_gpu": gpu_multi.check_multi_gpu,
+            "offload": gpu_offload.check_offload_choice,
             "image_peers": gpu_image_peers.check_image_peers}
 
 
