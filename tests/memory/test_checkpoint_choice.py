@@ -218,3 +218,14 @@ def test_the_plan_says_when_it_chose_to_offload(gpu_step_time):
     assert "every layer does not fit without offloading" in line
     (plain,) = depth_lines({"checkpointing": roomy.to_json()})
     assert "host memory" not in plain
+
+
+def test_offloading_needs_the_host_memory_to_hold_the_inputs(gpu_step_time, monkeypatch):
+    from lora_gui.memory.predict import checkpoint_choice
+
+    cfg = _cfg(batch_size=1)
+    roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
+    budget = (roomy.offloaded[1] + next(p for k, _, p in roomy.depths if k == LAYERS)) // 2
+    monkeypatch.setattr(checkpoint_choice, "host_available_bytes", lambda: 1024)  # 1 KiB free
+    assert choose_checkpoint_layers(cfg, None, budget, "cuda") is None  # offloading alone fit: not now
+    assert choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda").offloaded is None

@@ -17,8 +17,8 @@ its input kept in host memory (``offload_checkpoints``), which frees the checkpo
 every layer but one on the card and costs their round trip to the host
 (:func:`~lora_gui.memory.predict.run_speed.with_offload`, no overlap counted). It wins only when
 it is the fastest that fits: when it alone fits, or when the larger micro-batches it lets fit
-outrun the copies. Of equally fast candidates the one without offload wins. Not on a CPU: host
-and device are the same memory there.
+outrun the copies, and only when the inputs fit the host memory free now. Of equally fast
+candidates the one without offload wins. Not on a CPU: host and device are the same memory there.
 
 Nothing is chosen (the run checkpoints every layer, as it says) without a step-time model for the
 device (a plan for a GPU made where there is none), with ``batch_choice`` largest or headroom,
@@ -36,6 +36,7 @@ from typing import Any
 from lora_gui.config import RunConfig
 from lora_gui.memory.predict import planner
 from lora_gui.memory.predict.parallel import Parallel
+from lora_gui.memory.runtime.host import host_available_bytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ def with_depth(cfg: RunConfig, layers: int, of_layers: int) -> RunConfig:
     return replace(cfg, gradient_checkpointing=True, checkpoint_layers=min(layers, of_layers))
 
 
+def offloaded_bytes(plan: planner.Plan, config: Any, itemsize: int) -> int:
+    """Host bytes of every layer's checkpointed input at the plan's largest micro-batch (layers x
+    rows x tokens x hidden x ``itemsize``, as :mod:`lora_gui.memory.predict.long_estimate` counts
+    them)."""
+    text = config.get_text_config()
+    tokens = max((b.micro_batch * b.bucket for b in plan.buckets), default=0)
+    return text.num_hidden_layers * tokens * text.hidden_size * itemsize
+
+
 def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | None, device: str,
                              parallel: Parallel | None = None, lengths: Sequence[int] | None = None,
                              ) -> CheckpointChoice | None:
@@ -128,7 +138,7 @@ def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | N
 
     def speed_and_peak(run: RunConfig) -> tuple[Any, tuple[float, int] | None]:
         """The step-time model of ``run`` and its (predicted tokens/s, estimated peak) when every
-        bucket fits the budget."""
+        bucket fits the budget (and, offloaded, its inputs fit the free host memory)."""
         step = step_kwargs(run, device)
         timing = step_time_model(run, config, device, step)  # one calibration, every candidate
         if timing is None:
@@ -138,6 +148,9 @@ def choose_checkpoint_layers(cfg: RunConfig, source: str | None, budget: int | N
                                  batch_choice="fastest", **step)
         if not all(b.micro_batch for b in plan.buckets):
             return timing, None
+        if run.offload_checkpoints and offloaded_bytes(plan, config, step["dtype"].itemsize) > (
+                host_available_bytes() or 0):
+            return timing, None  # host memory too short to hold the inputs: not a candidate
         speed = predicted_speed(timing, plan, per_rank, lengths, cfg.pad_multiple)["predicted_tokens_per_s"]
         return timing, (speed, max(b.peak_bytes for b in plan.buckets)) if speed else None
 
