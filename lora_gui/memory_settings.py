@@ -61,9 +61,9 @@ class MemorySettings:
     # long context: each switch trades speed for accelerator memory; the planner traces each one
     offload_checkpoints: bool = option(False, "Gradient checkpointing: keep each layer's saved "
                                        "input in host memory and bring it back for backward (no "
-                                       "accelerator memory for checkpoints; costs host copies). Off, "
-                                       "on a GPU under a budget with the fastest micro-batch choice, "
-                                       "the plan turns it on itself when that is the fastest way to fit.",
+                                       "accelerator memory for checkpoints; costs host copies). Left "
+                                       "off, a GPU run under a budget with the fastest micro-batch "
+                                       "choice turns it on by itself when that is the fastest way to fit.",
                                        "memory", tasks=TEXT)
     mlp_chunk: int = option(0, "Sequence-tiled MLP: run each layer's MLP and its LoRA over this "
                             "many tokens at a time, so its intermediates do not grow with the "
