@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.memory.fsdp_qlora_terms import BF16, PROCESSES, PUBLISHED_GB, _row, shapes
+from bench.memory.fsdp_qlora_terms import BF16, PROCESSES, PUBLISHED_GB, planned_row, shapes
 
 GIB = 2**30
 
@@ -38,7 +38,7 @@ def save_terms(results: dict[str, Any]) -> list[tuple[str, float, float, str]]:
     """(term, GB with offload, GB without, source) rows of the save's peak per GPU."""
     s = shapes()
     gb = 1e9
-    with_off, without = _row(results, "PEFT's LoRA", True), _row(results, "PEFT's LoRA", False)
+    with_off, without = planned_row(results, "PEFT's LoRA", True), planned_row(results, "PEFT's LoRA", False)
     scales = with_off["breakdown"]["frozen_weights"]  # with offload the GPU keeps the 4-bit scales alone
     shard = without["breakdown"]["frozen_weights"] - scales  # this rank's shard of the frozen weights
     lora_shard = s["lora_params"] * BF16 / PROCESSES

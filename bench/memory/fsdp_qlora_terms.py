@@ -41,7 +41,7 @@ def shapes() -> dict[str, int]:
             "lora_params": layers * sum(8 * (i + o) for i, o in linears)}  # r 8 on every Linear
 
 
-def _row(results: dict[str, Any], step: str, offload: bool) -> dict[str, Any]:
+def planned_row(results: dict[str, Any], step: str, offload: bool) -> dict[str, Any]:
     return next(r for r in results["rows"] if r["model"] == "llama-2-70b" and r["step"] == step
                 and r["offload"] is offload)
 
@@ -50,8 +50,8 @@ def terms(results: dict[str, Any]) -> list[tuple[str, float, float, str]]:
     """(term, GB with offload, GB without, source) rows, the planned row first."""
     s = shapes()
     gb = 1e9
-    with_off, without = _row(results, "PEFT's LoRA", True), _row(results, "PEFT's LoRA", False)
-    stock = _row(results, "stock", True)
+    with_off, without = planned_row(results, "PEFT's LoRA", True), planned_row(results, "PEFT's LoRA", False)
+    stock = planned_row(results, "stock", True)
     lora_plan = {k: sum(r["breakdown"].get(n, 0) for n in ("lora_params", "gradients", "optimizer_state"))
                  for k, r in (("offload", with_off), ("no_offload", without))}
     lora_shard = s["lora_params"] * BF16 / PROCESSES  # their LoRA weights' shard, bf16

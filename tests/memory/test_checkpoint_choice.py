@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from lora_gui.config import apply_overrides
+from lora_gui.config import RunConfig, apply_overrides
 from lora_gui.memory.predict import run_speed
 from lora_gui.memory.predict.checkpoint_choice import (
     choose_checkpoint_layers,
@@ -168,6 +168,12 @@ def gpu_step_time(monkeypatch):
     monkeypatch.setattr(run_speed, "step_time_model", fixed)
 
 
+def _offload_only_budget(cfg: RunConfig) -> int:
+    """A budget between what every layer needs offloaded and on the card (the roomy plan's peaks)."""
+    roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
+    return (roomy.offloaded[1] + next(p for k, _, p in roomy.depths if k == LAYERS)) // 2
+
+
 def test_offloading_is_chosen_on_a_gpu_only_when_it_alone_fits(gpu_step_time):
     cfg = _cfg(batch_size=1)
     roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
@@ -210,9 +216,9 @@ def test_offloading_costs_each_checkpointed_input_a_round_trip():
 def test_the_plan_says_when_it_chose_to_offload(gpu_step_time):
     from lora_gui.memory.predict.report import depth_lines
 
-    roomy = choose_checkpoint_layers(_cfg(batch_size=1), None, int(4.0 * GB), "cuda")
-    budget = (roomy.offloaded[1] + next(p for k, _, p in roomy.depths if k == LAYERS)) // 2
-    tight = choose_checkpoint_layers(_cfg(batch_size=1), None, budget, "cuda")
+    cfg = _cfg(batch_size=1)
+    roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
+    tight = choose_checkpoint_layers(cfg, None, _offload_only_budget(cfg), "cuda")
     (line,) = depth_lines({"checkpointing": tight.to_json()})
     assert f"every decoder layer ({LAYERS}), each layer's input kept in host memory" in line
     assert "every layer does not fit without offloading" in line
@@ -224,8 +230,7 @@ def test_offloading_needs_the_host_memory_to_hold_the_inputs(gpu_step_time, monk
     from lora_gui.memory.predict import checkpoint_choice
 
     cfg = _cfg(batch_size=1)
-    roomy = choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda")
-    budget = (roomy.offloaded[1] + next(p for k, _, p in roomy.depths if k == LAYERS)) // 2
+    budget = _offload_only_budget(cfg)
     monkeypatch.setattr(checkpoint_choice, "host_available_bytes", lambda: 1024)  # 1 KiB free
     assert choose_checkpoint_layers(cfg, None, budget, "cuda") is None  # offloading alone fit: not now
     assert choose_checkpoint_layers(cfg, None, int(4.0 * GB), "cuda").offloaded is None
