@@ -101,11 +101,16 @@ def plan_dit(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple
         kw = {**step, **change}
         return estimate_dit_step(config, batch_size=b, resolution=res, **kw).peak_bytes + resident
 
+    def step_peak(b: int, res: Any) -> int:  # a later micro-batch runs beside the earlier ones' gradients
+        return planner.accumulated_peak(
+            lambda n: estimate_dit_step(config, batch_size=n, resolution=res, **step), b,
+            effective_batch) + resident
+
     plans = []
     for res in resolutions:
-        mb = planner._largest(lambda b, res=res: peak(b, res), budget, max_batch)
+        mb = planner._largest(lambda b, res=res: step_peak(b, res), budget, max_batch)
         accum = math.ceil(effective_batch / mb) if mb else 0
-        plans.append(planner.BucketPlan(res, mb, accum, peak(max(mb, 1), res)))
+        plans.append(planner.BucketPlan(res, mb, accum, step_peak(max(mb, 1), res)))
     base = peak(1, largest)
     sugg: list[planner.Suggestion] = []
     if not all(p.micro_batch for p in plans):

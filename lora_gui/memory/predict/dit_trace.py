@@ -108,7 +108,8 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
                    device: str = "cuda", text_seq_len: int | None = None, lora_dropout: float = 0.0,
                    fake: bool = True, warm_steps: int = 0, attention: str = "sdpa",
                    weighting_scheme: str = "none", image_window: int = 0, adapter: Any = None,
-                   vae_factor: int = VAE_FACTOR, lean_backward: bool = True) -> TraceResult:
+                   vae_factor: int = VAE_FACTOR, lean_backward: bool = True,
+                   grads_before: bool = False) -> TraceResult:
     """Traces one LoRA training step of an SD3Transformer2DModel or FluxTransformer2DModel.
 
     Args:
@@ -127,6 +128,8 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
         adapter: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
         vae_factor: the pipeline VAE's downsampling (:func:`lora_gui.models.dit.vae_factor`; 8 for
             SD3 / Flux).
+        grads_before: the LoRA gradients exist before the forward (a micro-batch after the
+            first of an accumulated step).
 
     Returns:
         A :class:`~lora_gui.memory.predict.trace.TraceResult`.
@@ -177,7 +180,7 @@ def trace_dit_step(config: Any, *, batch_size: int, resolution: int | tuple[int,
 
     res = trace_step(model, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
-                      autocast=run_autocast(device, dt))
+                      autocast=run_autocast(device, dt), grads_before=grads_before)
     res.info.update(model_type=kind, batch_size=batch_size, resolution=(h, w), text_tokens=tokens,
                     image_tokens=(h // factor) * (w // factor), source="tracker" if not fake else "predicted")
     return res

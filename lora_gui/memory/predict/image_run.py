@@ -204,11 +204,15 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
         return caps[min(above)] if above else per_rank
 
     executed = executed_bucket_sizes(cfg, buckets, world_size)  # the steps the run trains, no more
-    sizes = {b: min(per_rank, cap(b), n) for b, n in executed.items()}
-    worst = max(sizes, key=lambda b: sizes[b] * b[0] * b[1])
-    traced = trace_unet_step(unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
-                             target_modules=lora_targets(cfg), lora_alpha=cfg.lora_alpha,
-                             attention=cfg.resolved_attn_backend(), text_seq_len=text_seq_len, **step)
+    traces = []
+    for grads_before, sizes in micro_batch_shapes(executed, per_rank, cap).items():
+        worst = max(sizes, key=lambda b: sizes[b] * b[0] * b[1])
+        traces.append(trace_unet_step(
+            unet_config, batch_size=sizes[worst], resolution=(worst[1], worst[0]),
+            target_modules=lora_targets(cfg), lora_alpha=cfg.lora_alpha,
+            attention=cfg.resolved_attn_backend(), text_seq_len=text_seq_len, grads_before=grads_before,
+            **step))
+    traced = max(traces, key=lambda t: t.peak_bytes)
     resident = 0 if cfg.resolved_cache_latents() != "off" else resident_bytes
     peak = traced.peak_bytes + resident
     traced.info["train_peak_bytes"] = peak
@@ -226,6 +230,24 @@ def image_memory_plan(cfg: RunConfig, unet_config: dict[str, Any], buckets: list
                      "step (%s)", gb(encoding), gb(peak))
             peak = encoding
     return caps, traced, peak, plan
+
+
+def micro_batch_shapes(executed: dict[tuple[int, int], int], per_rank: int, cap: Any,
+                       ) -> dict[bool, dict[tuple[int, int], int]]:
+    """The micro-batches of the run's steps whose peaks the prediction traces, by whether the
+    LoRA gradients exist before them: each bucket's first micro-batch of a step, and where a step
+    holds more than one, its largest later micro-batch, which runs beside the gradients the
+    earlier ones left (gradient accumulation adds into them). ``executed``: the most images a
+    step of each (width, height) bucket trains on this process; ``cap(bucket)``: its micro-batch
+    cap. A bucket whose steps fit one micro-batch has no later one."""
+    first, later = {}, {}
+    for bucket, images in executed.items():
+        images = min(per_rank, images)
+        size = min(cap(bucket) or images, images)
+        first[bucket] = size
+        if images > size:
+            later[bucket] = min(size, images - size)
+    return {False: first, **({True: later} if later else {})}
 
 
 def unet_encoding_pass(cfg: RunConfig, step: TraceResult, source: str, encoder_bytes: int,
@@ -332,19 +354,23 @@ def dit_memory_plan(cfg: RunConfig, model: ImageModel, data: ImageData, budget: 
             caps.caps = {latent_tokens(b): min(cfg.batch_size, table_batch(cfg, b)) for b in used}
     per_rank = math.ceil(cfg.batch_size / world_size)
     executed = executed_bucket_sizes(cfg, data.buckets, world_size)  # the steps the run trains, no more
-    sizes = {b: min(per_rank, caps.cap(latent_tokens(b)) or per_rank, n) for b, n in executed.items()}
-    by_area = lambda b: sizes[b] * b[0] * b[1]  # noqa: E731
-    by_tiles = lambda b: sizes[b] * traced_area(b, factor, cfg.image_window)  # noqa: E731
-    # the largest micro-batch by pixels and, with windowed attention, by whole tiles (which one
-    # holds more depends on the model's width): both are traced, the larger counts
-    worst = {max(sizes, key=lambda b: (by_area(b), by_tiles(b))),
-             max(sizes, key=lambda b: (by_tiles(b), by_area(b)))}
+    shapes = micro_batch_shapes(executed, per_rank, lambda b: caps.cap(latent_tokens(b)))
+    worst = []
+    for grads_before, sizes in shapes.items():
+        by_area = lambda b, sizes=sizes: sizes[b] * b[0] * b[1]  # noqa: E731
+        by_tiles = lambda b, sizes=sizes: sizes[b] * traced_area(b, factor, cfg.image_window)  # noqa: E731
+        # the largest micro-batch by pixels and, with windowed attention, by whole tiles (which one
+        # holds more depends on the model's width): both are traced, the larger counts
+        largest = {max(sizes, key=lambda b: (by_area(b), by_tiles(b))),
+                   max(sizes, key=lambda b: (by_tiles(b), by_area(b)))}
+        worst += [(b, sizes[b], grads_before) for b in sorted(largest)]
     try:
-        out.step = max((trace_dit_step(config, batch_size=sizes[b], resolution=(b[1], b[0]),
+        out.step = max((trace_dit_step(config, batch_size=size, resolution=(b[1], b[0]),
                                        target_modules=dit.lora_targets(model.kind, cfg.lora_targets),
                                        lora_alpha=cfg.lora_alpha, attention=cfg.resolved_attn_backend(),
-                                       weighting_scheme=model.noise_scheduler.weighting_scheme, **step)
-                        for b in sorted(worst)), key=lambda t: t.peak_bytes)
+                                       weighting_scheme=model.noise_scheduler.weighting_scheme,
+                                       grads_before=grads_before, **step)
+                        for b, size, grads_before in worst), key=lambda t: t.peak_bytes)
         out.peak_bytes, out.train_peak_bytes, encoding = run_peak(
             cfg, model, data, device, out.step.peak_bytes + resident,
             out.step.breakdown.get("optimizer_state", 0))

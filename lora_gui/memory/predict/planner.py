@@ -224,6 +224,18 @@ def _text_suggestions(cfg: Any, budget: int, seq: int, base: TraceResult, step: 
     return sorted((s for s in out if s.saving_bytes > 0), key=lambda s: -s.saving_bytes)  # int8 can cost more
 
 
+def accumulated_peak(estimate: Callable[[int], TraceResult], micro_batch: int, images: int) -> int:
+    """The estimated peak of a step of ``images`` images cut into micro-batches of at most
+    ``micro_batch``: the first micro-batch's, or a later one's (the largest, ``images -
+    micro_batch`` at most) beside the LoRA gradients the earlier ones left, whichever is higher
+    (all of them counted: an upper bound on those alive at the first one's peak)."""
+    first = estimate(micro_batch)
+    if images <= micro_batch:
+        return first.peak_bytes
+    later = estimate(min(micro_batch, images - micro_batch))
+    return max(first.peak_bytes, later.peak_bytes + later.breakdown.get("lora_params", 0))
+
+
 def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tuple[int, int]], *,
                effective_batch: int = 8, max_batch: int = 64, parallel: Parallel | None = None,
                resident: int = 0, **step: Any) -> Plan:
@@ -252,10 +264,13 @@ def plan_image(config: Any, budget_bytes: float, resolutions: Sequence[int | tup
     saving = saving_bytes(est(1, largest, resident_free=True), config, parallel)  # FSDP: the UNet's share
     budget, reported = budget + saving, budget  # search one-GPU peaks; report per GPU
 
+    def step_peak(b: int, res: Any) -> int:
+        return accumulated_peak(lambda n: est(n, res), b, effective_batch)
+
     for res in resolutions:
-        mb = _largest(lambda b, res=res: est(b, res).peak_bytes, budget, max_batch)
+        mb = _largest(lambda b, res=res: step_peak(b, res), budget, max_batch)
         accum = math.ceil(effective_batch / mb) if mb else 0
-        plans.append(BucketPlan(res, mb, accum, est(max(mb, 1), res).peak_bytes))
+        plans.append(BucketPlan(res, mb, accum, step_peak(max(mb, 1), res)))
     sugg: list[Suggestion] = []
     if not all(p.micro_batch for p in plans):
         if not step.get("gradient_checkpointing"):

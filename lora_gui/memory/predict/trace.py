@@ -244,7 +244,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
                     dtype: torch.dtype | str = torch.bfloat16, device: str = "cuda",
                     text_seq_len: int = 77, lora_dropout: float = 0.0, fake: bool = True,
                     warm_steps: int = 0, attention: str = "sdpa", adapter: Any = None,
-                    lean_backward: bool = True) -> TraceResult:
+                    lean_backward: bool = True,
+                    grads_before: bool = False) -> TraceResult:
     """Traces one LoRA training step of a diffusers ``UNet2DConditionModel`` (noise-prediction MSE).
 
     Inputs: noisy latents (B, in_channels, res/8, res/8), timesteps, text-encoder hidden states
@@ -266,6 +267,8 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
         adapter: the run's :class:`lora_gui.models.adapters.AdapterSpec` (None: LoRA).
         lean_backward: frozen layers keep only what their backward reads, as an optimized run's
             do (``RunConfig.resolved_lean_backward``).
+        grads_before: the LoRA gradients exist before the forward (a micro-batch after the
+            first of an accumulated step).
 
     Returns:
         A :class:`TraceResult`.
@@ -327,7 +330,7 @@ def trace_unet_step(config: Any, *, batch_size: int, resolution: int | tuple[int
 
     res = trace_step(unet, fake=fake, device=device, make_inputs=make_inputs, loss_fn=loss_fn, head=None,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=warm_steps,
-                      autocast=run_autocast(device, dt))
+                      autocast=run_autocast(device, dt), grads_before=grads_before)
     kernel = "+".join(res.info["sdpa_kernels"]) if attention == "sdpa" else "eager"
     res.info.update(model_type="unet2d-condition", batch_size=batch_size, resolution=(h, w), kernel=kernel,
                     source="tracker" if not fake else "predicted")
