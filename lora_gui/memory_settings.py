@@ -90,8 +90,11 @@ class MemorySettings:
                                "highest predicted tokens/s (step time measured on this device; of "
                                "equally fast ones the smallest); headroom: the smallest that keeps 90% "
                                "of the fastest tokens/s (more memory left free); largest: the largest "
-                               "that fits.", "memory", choices=("fastest", "headroom", "largest"),
-                               tasks=TEXT, label="Micro-batch choice")
+                               "that fits. Image runs take the largest micro-batch that fits; with "
+                               "fastest, a run with gradient checkpointing also weighs it off and "
+                               "trains without it when the plan predicts more images/s inside the "
+                               "budget.", "memory", choices=("fastest", "headroom", "largest"),
+                               tasks=(*TEXT, "image"), label="Micro-batch choice")
     # -- fast kernels from libraries on CUDA (lora_gui.models.fast_kernels) ---------------------
     liger_kernels: str = option("auto", "CUDA: Liger-Kernel's fused RMSNorm, RoPE, SwiGLU and (without "
                                 "loss_chunk) fused linear cross-entropy, from the optional liger-kernel "

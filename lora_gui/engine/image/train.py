@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,9 +183,15 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         # runs builds a second denoiser, which must not sit beside the loaded one on a GPU
         shapes = dm.image_model_for_run(cfg, dtype, weights=False)
         planned = image_run_prediction(cfg, shapes, data, plan_budget, device, dtype, dist.world_size)
-        return planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context}
+        return (planned.caps, planned.peak_bytes, {**planned.figures(device.type), **card_context},
+                planned.applied(cfg).gradient_checkpointing)
 
-    caps, predicted, prediction = dist.on_main(plan)
+    caps, predicted, prediction, checkpointing = dist.on_main(plan)
+    asked = cfg  # run.json keeps the settings as given; the run trains with the plan's choice
+    if checkpointing != cfg.gradient_checkpointing:  # every rank: the main process's choice
+        cfg = replace(cfg, gradient_checkpointing=checkpointing)
+        log.info("gradient checkpointing off: the plan predicts the run faster without it, inside the "
+                 "budget (%s images/s against %s)", *_speeds(prediction))
     model, mixed, dtype = _load_model(cfg, device)
     ckpt = dist.on_main(lambda: read_resume_checkpoint(out, sampler, model.unet)) if resume else None
     if ckpt is not None:  # a resumed run keeps the precision it started with
@@ -193,7 +199,7 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
         text_encoder_lora.load_checkpoint_part(latest_checkpoint(out), model)
         mixed = ckpt["trainer"]["precision"]
     if resume:
-        dist.on_main(lambda: save_run_config(out, cfg))
+        dist.on_main(lambda: save_run_config(out, asked))
     meter = PeakMeter(device, budget, every_step=cfg.measure_every_step)
     modules = (model.unet, model.vae, *model.text_encoders)
     meter.track(t for m in modules for t in (*m.parameters(), *m.buffers()))
@@ -225,6 +231,12 @@ def _setup(cfg: RunConfig, out: Path, resume: bool, overwrite: bool,
     session.plan_event(budget, **cache, optimizer=optimizer_name,
                        bucket_names=clips.bucket_names(data))
     return session
+
+
+def _speeds(prediction: dict[str, Any]) -> tuple[str, str]:
+    """The predicted images/s without and with checkpointing, for the log line."""
+    speed = prediction["image_checkpointing"]["predicted_images_per_s"]
+    return f"{speed['off']:,.2f}", f"{speed['on']:,.2f}"
 
 
 def run_image_step(run: ImageSession, step: Step, n_images: int | None = None) -> dict[str, Any]:

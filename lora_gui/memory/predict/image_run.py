@@ -50,6 +50,8 @@ class ImagePrediction:
         plan: the per-bucket plan under the budget (None without a budget or a fixed batch).
         speed: the predicted images/s and MFU with their source
             (:func:`lora_gui.memory.predict.image_speed.predicted_image_speed`; empty for video).
+        checkpoint_choice: whether the run checkpoints, when its plan chose
+            (:mod:`lora_gui.memory.predict.image_checkpoint_choice`; None: as set).
     """
 
     caps: BatchCaps
@@ -58,14 +60,20 @@ class ImagePrediction:
     step: TraceResult | None = None
     plan: planner.Plan | None = None
     speed: dict[str, Any] = field(default_factory=dict)
+    checkpoint_choice: Any = None
+
+    def applied(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` with the checkpointing the plan chose (unchanged when it did not choose)."""
+        return self.checkpoint_choice.applied(cfg) if self.checkpoint_choice is not None else cfg
 
     def figures(self, device_type: str) -> dict[str, Any] | None:
         """What run.json's ``prediction`` holds (None without a prediction)."""
         if self.peak_bytes is None or self.step is None:
             return None
+        chosen = {"image_checkpointing": self.checkpoint_choice.to_json()} if self.checkpoint_choice else {}
         return {"peak_bytes": self.peak_bytes, "train_peak_bytes": self.train_peak_bytes,
                 "source": "predicted", "device": device_type, "kernel": self.step.info.get("kernel"),
-                "batch_size": self.step.info.get("batch_size"), **self.speed}
+                "batch_size": self.step.info.get("batch_size"), **self.speed, **chosen}
 
 
 def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, budget: int | None,
@@ -73,8 +81,11 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
                          world_size: int = 1) -> ImagePrediction:
     """The run's micro-batch caps per bucket (adaptive: the planner under a budget, else
     batch_table) and its predicted peak, per process (with several, a process trains at most
-    ceil(batch_size / world_size) images of a step). The image run calls it with its loaded
-    model; the form and the CLI with the same pipeline on the meta device.
+    ceil(batch_size / world_size) images of a step); a checkpointing run under a budget with the
+    fastest choice, planned with checkpointing off too, takes the faster plan that fits
+    (:mod:`lora_gui.memory.predict.image_checkpoint_choice`; the run applies
+    :meth:`ImagePrediction.applied`). The image run calls it with the pipeline on the meta device,
+    as the form and the CLI do.
 
     Raises:
         ModelError / ConfigError: buckets, embedding cache or export settings the run refuses.
@@ -83,6 +94,20 @@ def image_run_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, bud
         from lora_gui.memory.predict.video_run import video_run_prediction
 
         return video_run_prediction(cfg, model, data, budget, device, weights_dtype, world_size)
+    from lora_gui.memory.predict import image_checkpoint_choice
+
+    def planned(run: RunConfig) -> ImagePrediction:
+        return _image_prediction(run, model, data, budget, device, weights_dtype, world_size)
+
+    out = planned(cfg)
+    if image_checkpoint_choice.chooses_image_checkpointing(cfg, budget):
+        out = image_checkpoint_choice.choose(cfg, budget, out, planned)
+    return out
+
+
+def _image_prediction(cfg: RunConfig, model: ImageModel, data: ImageData, budget: int | None,
+                      device: torch.device, weights_dtype: torch.dtype, world_size: int) -> ImagePrediction:
+    """One image plan with the run's settings as they are (:func:`image_run_prediction`)."""
     if dit.is_dit_kind(model.kind):  # SD3 / Flux: flow-matching step, patch-size checks
         out = dit_memory_plan(cfg, model, data, budget, device, weights_dtype, world_size)
     else:

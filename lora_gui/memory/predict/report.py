@@ -235,7 +235,12 @@ def speed_lines(figures: dict[str, Any] | None) -> list[str]:
 def depth_lines(figures: dict[str, Any] | None) -> list[str]:
     """The checkpointed layers the plan chose for a checkpointing run without a layer count
     (:mod:`lora_gui.memory.predict.checkpoint_choice`), with every layer's predicted speed beside
-    it; empty when the plan did not choose."""
+    it, or for an image run whether it checkpoints at all
+    (:mod:`lora_gui.memory.predict.image_checkpoint_choice`); empty when the plan did not choose."""
+    if (figures or {}).get("image_checkpointing"):  # an image run: checkpointing on or off
+        from lora_gui.memory.predict.image_checkpoint_choice import choice_lines
+
+        return choice_lines(figures["image_checkpointing"])
     depth = (figures or {}).get("checkpointing")
     if not depth:
         return []
@@ -286,6 +291,7 @@ def image_plan_lines(cfg: RunConfig, pred: Prediction, budget: Budget | None) ->
                      "text encoders on the device, and the denoiser too unless latents are cached: "
                      f"{gb(step.info['encoding_pass_bytes'])})")
     lines += speed_lines(pred.figures)
+    lines += depth_lines(pred.figures)
     if pred.plan is None:
         lines.append(_no_plan_verdict(pred, budget, " (fixed batch per bucket)"))
         lines += [f"  {bucket:>13}  micro-batch {batch}{_image_speed(pred.figures, bucket)}"

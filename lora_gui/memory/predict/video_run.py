@@ -84,6 +84,10 @@ class VideoPrediction:
                 "host_bytes": self.step.info.get("host_bytes", 0),  # block swap's host weights
                 "blocks_to_swap": self.step.info.get("blocks_to_swap", 0)}
 
+    def applied(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` unchanged: a video run checkpoints the blocks its ``checkpoint_layers`` says."""
+        return cfg
+
 
 def build_video_transformer(config: dict[str, Any], *, dtype: torch.dtype, lora_rank: int,
                             lora_alpha: float | None, target_modules: Any, adapter: Any = None,
