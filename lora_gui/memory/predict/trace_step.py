@@ -242,3 +242,16 @@ def _replay(tracker: _PhaseTracker):
     step = [(r.nbytes, r.born, r.died) for r in tracker.records if r.born > start]
     return replay_records(two_steps(kept, state, step, fixed=(*[cublas] * handles, cublaslt)),
                           expandable=expandable_segments_planned())
+
+
+def accumulated_trace(trace: Callable[[int, bool], TraceResult], micro_batch: int,
+                      images: int) -> TraceResult:
+    """The higher-peaked trace of a step of ``images`` samples cut into micro-batches of at most
+    ``micro_batch``: its first micro-batch (``trace(size, False)``), or its largest later one
+    (``images - micro_batch`` at most), which starts with every LoRA gradient the earlier ones
+    left (``trace(size, True)``: gradient accumulation adds into them)."""
+    first = trace(micro_batch, False)
+    if images <= micro_batch:
+        return first
+    later = trace(min(micro_batch, images - micro_batch), True)
+    return later if later.peak_bytes > first.peak_bytes else first

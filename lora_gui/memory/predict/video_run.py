@@ -49,7 +49,7 @@ from lora_gui.memory.predict.trace import (
     attach_lora,
     run_autocast,
 )
-from lora_gui.memory.predict.trace_step import trace_step
+from lora_gui.memory.predict.trace_step import accumulated_trace, trace_step
 from lora_gui.memory.runtime.guard import BatchCaps
 from lora_gui.memory.runtime.tracker import StorageTracker
 
@@ -118,7 +118,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                      attention: str = "sdpa", weighting_scheme: str = "none", adapter: Any = None,
                      lean_backward: bool = True, blocks_to_swap: int = 0, quantization: str = "none",
                      optimizer: str = "adamw", video_window: tuple[int, int, int] | None = None,
-                     checkpoint_layers: int = 0) -> TraceResult:
+                     checkpoint_layers: int = 0, grads_before: bool = False) -> TraceResult:
     """Traces one LoRA training step of a WanTransformer3DModel or LTXVideoTransformer3DModel on
     ``batch_size`` clips of ``bucket`` (width, height, frames) with ``text_tokens`` x
     ``text_width`` prompt embeddings (and LTX-Video's prompt mask). ``blocks_to_swap``: the last N
@@ -130,6 +130,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
     FlexAttention; :mod:`lora_gui.attention.video_window` says what each keeps).
     ``checkpoint_layers``: with ``gradient_checkpointing``, only the first N blocks are
     checkpointed, the run's own code (:mod:`lora_gui.models.checkpointing`); 0: every block.
+    ``grads_before``: the LoRA gradients exist before the forward (a later micro-batch of a step).
 
     Raises:
         ValueError: a config that is not a video transformer's; a bucket off the model's grid;
@@ -184,7 +185,7 @@ def trace_video_step(config: dict[str, Any], *, batch_size: int, bucket: Bucket,
                       gradient_checkpointing=gradient_checkpointing, warm_steps=0,
                       checkpoint_layers=checkpoint_layers if gradient_checkpointing else 0,
                       autocast=run_autocast(device, dt), setup=swap if blocks_to_swap else None,
-                      optimizer=optimizer)
+                      optimizer=optimizer, grads_before=grads_before)
     res.info.update(quantization=quantization, optimizer=optimizer, model_type=kind, batch_size=batch_size,
                     bucket=list(bucket), text_tokens=text_tokens,
                     video_window=list(video_window) if video_window else None,
@@ -297,21 +298,27 @@ def video_run_prediction(cfg: RunConfig, model: Any, data: VideoData, budget: in
     held, caching = (0 if device.type == "cuda" else clip_held_bytes(
         data, geometry, channels, step["text_tokens"], step["text_width"], embed_dtype, cache,
         caching_pass=p, text_mask=model.kind == "ltx") for p in (False, True))
-    traces: dict[tuple[Bucket, int], TraceResult] = {}
+    traces: dict[tuple[Bucket, int, bool], TraceResult] = {}
+    clips = {b: min(per_rank, math.ceil(data.buckets.count(b) / world_size)) for b in used}  # a step's
 
-    def traced(bucket: Bucket, batch: int) -> TraceResult:
-        if (bucket, batch) not in traces:
-            traces[bucket, batch] = trace_video_step(config, batch_size=batch, bucket=bucket, **step)
-        return traces[bucket, batch]
+    def traced(bucket: Bucket, batch: int) -> TraceResult:  # a step of micro-batches of ``batch``
+        def one(size: int, grads_before: bool) -> TraceResult:
+            if (bucket, size, grads_before) not in traces:
+                traces[bucket, size, grads_before] = trace_video_step(
+                    config, batch_size=size, bucket=bucket, grads_before=grads_before, **step)
+            return traces[bucket, size, grads_before]
+        return accumulated_trace(one, batch, clips[bucket])
 
     if budget and cfg.resolved_image_batch() == "adaptive":  # the largest micro-batch that fits
         for bucket in used:
             out.caps.caps[clip_tokens(bucket)] = largest_that_fits(
                 list(range(per_rank, 0, -1)), lambda m, b=bucket: traced(b, m), budget - resident - held)[0]
-    sizes = {b: min(per_rank, out.caps.cap(clip_tokens(b)) or per_rank,
-                    math.ceil(data.buckets.count(b) / world_size)) for b in used}
-    worst = max(used, key=lambda b: (sizes[b] * geometry.tokens(b), b))
-    out.step = traced(worst, sizes[worst])
+    sizes = {b: min(clips[b], out.caps.cap(clip_tokens(b)) or per_rank) for b in used}
+    later = {b: min(sizes[b], clips[b] - sizes[b]) for b in used}  # the largest later micro-batch
+    worst = {max(used, key=lambda b: (sizes[b] * geometry.tokens(b), b))}
+    if any(later.values()):
+        worst.add(max(used, key=lambda b: (later[b] * geometry.tokens(b), b)))
+    out.step = max((traced(b, sizes[b]) for b in sorted(worst)), key=lambda t: t.peak_bytes)
     train_peak = out.step.peak_bytes + resident + held
     modules = [*encoders] if denoiser_waits_for_cache(cache, device.type) else [model.unet, *encoders]
     # the caching pass encodes one clip at a time; without a cache each step encodes its micro-batch
@@ -397,9 +404,12 @@ def plan_video_shape(cfg: RunConfig, config: dict[str, Any], budget: int | None,
             "optimizer": cfg.resolved_optimizer(device), "video_window": cfg.resolved_video_window(),
             "checkpoint_layers": cfg.checkpoint_layers}
     out = VideoPrediction(BatchCaps())
-    batch, out.step = largest_that_fits(
-        halvings(cfg.batch_size), lambda b: trace_video_step(config, batch_size=b, bucket=bucket, **step),
-        budget - resident if budget else None)
+    def traced(size: int, grads_before: bool) -> TraceResult:
+        return trace_video_step(config, batch_size=size, bucket=bucket, grads_before=grads_before, **step)
+
+    batch, out.step = largest_that_fits(halvings(cfg.batch_size),
+                                        lambda b: accumulated_trace(traced, b, cfg.batch_size),
+                                        budget - resident if budget else None)
     out.caps.caps = {clip_tokens(bucket): batch}
     out.peak_bytes = out.train_peak_bytes = out.step.peak_bytes + resident
     return out
