@@ -10,6 +10,7 @@ from lora_gui.cli import main
 from lora_gui.memory.predict.dit_plan import plan_dit, resident_bytes, what_fits_where_dit
 from lora_gui.memory.predict.dit_trace import estimate_dit_step, text_encoder_params, trace_dit_step
 from lora_gui.memory.predict.model_configs import load_model_config
+from lora_gui.memory.predict.planner import accumulated_peak
 from lora_gui.models.build_dit import FLUX_TRANSFORMER, SD3_TRANSFORMER
 
 TINY = {
@@ -52,12 +53,19 @@ def test_estimate_matches_the_trace_between_and_beyond_its_calibration(kind):
 
 def test_plan_picks_the_largest_batch_that_fits_and_suggests_caching():
     step = {**STEP, "device": "cuda"}
-    one = estimate_dit_step(TINY["flux"], batch_size=1, resolution=1024, **step).peak_bytes
-    four = estimate_dit_step(TINY["flux"], batch_size=4, resolution=1024, **step).peak_bytes
+    def at_1024(n: int):
+        return estimate_dit_step(TINY["flux"], batch_size=n, resolution=1024, **step)
+
+    one = at_1024(1).peak_bytes
+    # a step of 8 cut 4 + 4: the second micro-batch runs beside the first one's LoRA gradients
+    four = accumulated_peak(at_1024, 4, 8)
+    assert four == at_1024(4).peak_bytes + at_1024(4).breakdown["lora_params"]
     plan = plan_dit(TINY["flux"], four + 1, [512, 1024], effective_batch=8, max_batch=8, **step)
     sizes = dict((b.bucket, b.micro_batch) for b in plan.buckets)
     assert sizes[1024] == 4 and sizes[512] > 4 and plan.fits
     assert all(b.peak_bytes <= four + 1 for b in plan.buckets)
+    alone = plan_dit(TINY["flux"], at_1024(4).peak_bytes + 1, [1024], effective_batch=8, max_batch=8, **step)
+    assert alone.buckets[0].micro_batch == 3  # 4 alone fits, 4 + 4 does not
     resident = 10**9  # text encoders kept on the device
     tight = plan_dit(TINY["flux"], one + resident // 2, [1024], resident=resident, **step)
     assert not tight.fits and tight.suggestions[0].switch.startswith("cache_latents=disk")
