@@ -23,30 +23,19 @@ def test_a_later_micro_batch_of_a_step_is_traced_beside_the_earlier_ones_gradien
 
 
 @pytest.mark.slow
-def test_a_run_of_equal_micro_batches_is_predicted_with_the_gradients_they_accumulate(tmp_path):
-    """Steps of 8 images cut 4 + 4 under the budget (before: 1.4% under the tracker)."""
+@pytest.mark.parametrize("preset, batch, budget_gb, caps", [
+    ("image-demo", 8, 0.009, {"64": 4}),  # 8 images cut 4 + 4 (before: 1.4% under the tracker)
+    ("video-demo", 4, 0.0042, {"48": 2}),  # 4 clips cut 2 + 2 (before: 3.8% under the tracker)
+])
+def test_a_run_of_equal_micro_batches_is_predicted_with_the_gradients_they_accumulate(
+        tmp_path, preset, batch, budget_gb, caps):
     from lora_gui.engine import train
 
-    cfg = load_config("image-demo", {"max_steps": 2, "sample_images": 0, "monitor_hz": 0.0,
-                                     "image_batch": "adaptive", "budget_gb": 0.009, "batch_size": 8})
+    cfg = load_config(preset, {"max_steps": 2, "sample_images": 0, "monitor_hz": 0.0,
+                               "image_batch": "adaptive", "budget_gb": budget_gb, "batch_size": batch})
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["status"] == "completed", summary.get("message")
     saved = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert saved["micro_batch_caps"] == {"64": 4}, saved["micro_batch_caps"]
-    error = saved["memory_report"]["predicted_vs_measured"]
-    assert 0 <= error <= 0.03, (saved["prediction"]["peak_bytes"], saved["peak_bytes"])
-
-
-@pytest.mark.slow
-def test_a_video_run_of_equal_micro_batches_is_predicted_with_its_accumulated_gradients(tmp_path):
-    """Steps of 4 clips cut 2 + 2 under the budget (before: 3.8% under the tracker)."""
-    from lora_gui.engine import train
-
-    cfg = load_config("video-demo", {"max_steps": 2, "sample_images": 0, "monitor_hz": 0.0,
-                                     "image_batch": "adaptive", "budget_gb": 0.0042, "batch_size": 4})
-    summary = train(cfg, tmp_path / "run", progress=False)
-    assert summary["status"] == "completed", summary.get("message")
-    saved = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert saved["micro_batch_caps"] == {"48": 2}, saved["micro_batch_caps"]
+    assert saved["micro_batch_caps"] == caps, saved["micro_batch_caps"]
     predicted, measured = saved["prediction"]["peak_bytes"], saved["peak_bytes"]
     assert 0 <= predicted / measured - 1 <= 0.03, (predicted, measured)
