@@ -58,7 +58,7 @@ def one_run(cfg, steps: int, folder: Path) -> dict[str, Any]:
             "predicted_images_per_s": report["predicted_images_per_s"],
             "checkpointing": saved["config"]["gradient_checkpointing"],
             "caps": saved["micro_batch_caps"], "predicted_peak": saved["prediction"]["peak_bytes"],
-            "measured_peak": saved["peak_bytes"], "budget": cfg.budget_gb}
+            "measured_peak": saved["peak_bytes"]}
 
 
 def main() -> None:
@@ -86,7 +86,7 @@ def main() -> None:
             for c in ("largest", "fastest"):
                 last = runs[c][-1]
                 speeds = [x["images_per_s"] for x in runs[c]]
-                row = [f"{gb:g} GB", c, f"{last['budget']:.4g} GB", "on" if last["checkpointing"] else "off",
+                row = [f"{gb:g} GB", c, "on" if last["checkpointing"] else "off",
                        ", ".join(f"{k}: {v}" for k, v in sorted(last["caps"].items())),
                        f"{last['predicted_peak'] / 2**20:.2f}", f"{last['measured_peak'] / 2**20:.2f}",
                        f"{last['predicted_images_per_s']:.1f}", f"{statistics.median(speeds):.1f}",
@@ -95,7 +95,7 @@ def main() -> None:
                        f"{', '.join(f'{x:.2f}' for x in ratios)})"]
                 table.append(row)
                 print(" | ".join(row))
-    columns = ["budget", "batch_choice", "planned under", "gradient checkpointing (as trained)",
+    columns = ["budget (both arms)", "batch_choice", "gradient checkpointing (as trained)",
                "micro-batch cap per bucket (latent pixels)", "predicted peak MiB (source: predicted)",
                "measured peak MiB (source: measured, tracker)", "predicted images/s",
                "measured images/s (median of rounds)", "per round",
